@@ -1,0 +1,26 @@
+"""Shared test helpers: where the official GPT-2 files live, and the rule that CI never skips them."""
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = REPO / "tests" / "fixtures"
+OFFICIAL = REPO.parent / "shared" / "gpt2-official"  # read from there, never copied into the repo
+
+
+def official_path(relative):
+    """Path to an official file under ../shared/gpt2-official; skips locally, but fails under CI=true, when absent."""
+    path = OFFICIAL / relative
+    if not path.exists():
+        message = f"{path} is missing: place the official GPT-2 files in ../shared/gpt2-official/ beside the repo"
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return path
+
+
+@pytest.fixture
+def official_124m():
+    """The folder of official 124M files (tokenizer, hparams, checkpoint index; no data file)."""
+    return official_path("124M")
