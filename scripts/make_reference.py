@@ -1,0 +1,132 @@
+"""Build the reference fixtures from Hugging Face transformers, an implementation independent of ours.
+
+For every config in tests/fixtures/configs.json it makes the seeded weights with `random_params`, copies them into a
+`GPT2LMHeadModel` module by module, runs it on a fixed token sequence and saves what HF computed:
+
+- tests/fixtures/reference_<name>.npz: `inputs`, `logits` (for 124M only the rows in `positions`, to stay small), and
+  for "tiny" also `greedy_prompt` and `greedy_ids` from `generate(do_sample=False)`.
+- tests/fixtures/hf_tiny/: "tiny" written by `save_pretrained` (names carry the `transformer.` prefix).
+- tests/fixtures/hf_tiny_hub/: "tiny" in the hub's style (no prefix, with the `h.N.attn.bias` mask buffers).
+
+The weights themselves are not committed: tests regenerate them from the seed.
+
+Rerun (reference tools live in a venv outside the repo; they are never runtime dependencies):
+    python3 -m venv ../refvenv
+    ../refvenv/bin/pip install torch==2.13.0 && ../refvenv/bin/pip install transformers safetensors
+    ../refvenv/bin/pip install --no-deps -e .
+    ../refvenv/bin/python scripts/make_reference.py
+"""
+import json
+from pathlib import Path
+
+import numpy as np
+import safetensors.numpy
+import torch
+import transformers
+
+from gpt2_numpy.random_params import random_params
+
+FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures"
+N_INPUTS = {"tiny": 64, "odd_heads": 48, "124M": 128}  # tiny and odd_heads fill their whole context
+POSITIONS_124M = [0, 1, 63, 127]
+GREEDY_PROMPT_LEN, GREEDY_NEW_TOKENS = 8, 24
+
+
+def hf_model(hparams, params):  # our layout -> GPT2LMHeadModel holding the same numbers
+    config = transformers.GPT2Config(
+        vocab_size=hparams["n_vocab"],
+        n_positions=hparams["n_ctx"],
+        n_embd=hparams["n_embd"],
+        n_layer=hparams["n_layer"],
+        n_head=hparams["n_head"],
+        activation_function="gelu_new",
+        layer_norm_epsilon=1e-5,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        tie_word_embeddings=True,
+        # GPT-2's <|endoftext|> id exists only in the full vocabulary
+        bos_token_id=50256 if hparams["n_vocab"] > 50256 else None,
+        eos_token_id=50256 if hparams["n_vocab"] > 50256 else None,
+    )
+    config._attn_implementation = "eager"
+    model = transformers.GPT2LMHeadModel(config).eval()
+    t = model.transformer
+
+    def put(param, array):
+        assert tuple(param.shape) == array.shape, (tuple(param.shape), array.shape)
+        param.data.copy_(torch.from_numpy(np.ascontiguousarray(array)))
+
+    def put_norm(module, norm):
+        put(module.weight, norm["g"])
+        put(module.bias, norm["b"])
+
+    def put_dense(module, dense):  # HF's Conv1D stores weights [in, out], as OpenAI and we do
+        put(module.weight, dense["w"])
+        put(module.bias, dense["b"])
+
+    put(t.wte.weight, params["wte"])
+    put(t.wpe.weight, params["wpe"])
+    for hf_block, block in zip(t.h, params["blocks"]):
+        put_norm(hf_block.ln_1, block["ln_1"])
+        put_dense(hf_block.attn.c_attn, block["attn"]["c_attn"])
+        put_dense(hf_block.attn.c_proj, block["attn"]["c_proj"])
+        put_norm(hf_block.ln_2, block["ln_2"])
+        put_dense(hf_block.mlp.c_fc, block["mlp"]["c_fc"])
+        put_dense(hf_block.mlp.c_proj, block["mlp"]["c_proj"])
+    put_norm(t.ln_f, params["ln_f"])
+    assert model.lm_head.weight.data_ptr() == t.wte.weight.data_ptr(), "lm_head must be tied to wte"
+    return model
+
+
+def fixed_inputs(name, hparams, seed):  # -> int64 [n_seq]
+    return np.random.default_rng(seed + 1000).integers(0, hparams["n_vocab"], N_INPUTS[name])
+
+
+@torch.no_grad()
+def make_reference(name, hparams, seed):
+    params = random_params(hparams, seed)
+    model = hf_model(hparams, params)
+    inputs = fixed_inputs(name, hparams, seed)
+    logits = model(torch.from_numpy(inputs)[None]).logits[0].numpy()
+    arrays = {"inputs": inputs, "logits": logits}
+    if name == "124M":
+        arrays = {"inputs": inputs, "positions": np.array(POSITIONS_124M), "logits": logits[POSITIONS_124M]}
+    if name == "tiny":
+        prompt = inputs[:GREEDY_PROMPT_LEN]
+        out = model.generate(
+            torch.from_numpy(prompt)[None],
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            do_sample=False,
+            max_new_tokens=GREEDY_NEW_TOKENS,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+        arrays.update(greedy_prompt=prompt, greedy_ids=out[0, len(prompt) :].numpy())
+        save_hf_fixtures(model, hparams)
+    arrays["versions"] = np.array([f"torch {torch.__version__}", f"transformers {transformers.__version__}"])
+    np.savez_compressed(FIXTURES / f"reference_{name}.npz", **arrays)
+    print(f"{name}: logits {logits.shape}, |logit| max {np.abs(logits).max():.2f}")
+
+
+def save_hf_fixtures(model, hparams):
+    model.save_pretrained(FIXTURES / "hf_tiny", safe_serialization=True)
+    hub_dir = FIXTURES / "hf_tiny_hub"
+    hub_dir.mkdir(exist_ok=True)
+    tensors = {name: tensor.numpy() for name, tensor in model.transformer.state_dict().items()}
+    n_ctx = hparams["n_ctx"]
+    causal = np.tril(np.ones((n_ctx, n_ctx), np.float32))[None, None]  # the hub's files carry this buffer per layer
+    tensors.update({f"h.{i}.attn.bias": causal for i in range(hparams["n_layer"])})
+    safetensors.numpy.save_file(tensors, hub_dir / "model.safetensors", metadata={"format": "pt"})
+    (hub_dir / "config.json").write_text(json.dumps(model.config.to_dict(), indent=2))
+
+
+def main():
+    torch.manual_seed(0)
+    configs = json.loads((FIXTURES / "configs.json").read_text())
+    for name, config in configs.items():
+        make_reference(name, config["hparams"], config["seed"])
+
+
+if __name__ == "__main__":
+    main()
