@@ -1,0 +1,198 @@
+"""The forward pass against Hugging Face's logits (scripts/make_reference.py) and against math."""
+import json
+import math
+
+import numpy as np
+import pytest
+
+from gpt2_numpy import model
+from gpt2_numpy.model import (
+    attention,
+    causal_mask,
+    gelu,
+    gpt2,
+    gpt2_cached,
+    layer_norm,
+    new_cache,
+    softmax,
+)
+from gpt2_numpy.random_params import random_params
+from tests.conftest import FIXTURES
+
+CONFIGS = json.loads((FIXTURES / "configs.json").read_text())
+HF_TOLERANCE = 1e-4  # max |logit difference| vs HF in float32; measured about 2e-5 on all three configs
+CACHE_TOLERANCE = 1e-5  # cached vs full pass: only the summation order of the matmuls differs
+
+
+def load_reference(name):  # -> hparams, params, reference arrays
+    config = CONFIGS[name]
+    return config["hparams"], random_params(config["hparams"], config["seed"]), np.load(FIXTURES / f"reference_{name}.npz")
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_reference("tiny")
+
+
+@pytest.mark.parametrize("name", ["tiny", "odd_heads", "124M"])
+def test_logits_match_hugging_face(name):
+    hparams, params, reference = load_reference(name)
+    logits = gpt2(reference["inputs"], **params, n_head=hparams["n_head"])
+    assert logits.shape == (len(reference["inputs"]), hparams["n_vocab"])
+    assert logits.dtype == np.float32
+    if "positions" in reference.files:
+        logits = logits[reference["positions"]]
+    assert np.abs(logits - reference["logits"]).max() <= HF_TOLERANCE
+    np.testing.assert_array_equal(logits.argmax(-1), reference["logits"].argmax(-1))
+
+
+@pytest.mark.parametrize(
+    "wrong_piece, replacement",
+    [
+        ("causal_mask", lambda n_q, n_k: np.zeros((n_q, n_k), np.float32)),  # no mask: sees the future
+        ("split_heads", lambda x, n_head: x.reshape(n_head, x.shape[0], -1)),  # heads cut across positions
+    ],
+)
+def test_fixture_detects_a_wrong_mask_or_head_split(tiny, monkeypatch, wrong_piece, replacement):
+    hparams, params, reference = tiny
+    monkeypatch.setattr(model, wrong_piece, replacement)
+    logits = gpt2(reference["inputs"], **params, n_head=hparams["n_head"])
+    assert np.abs(logits - reference["logits"]).max() > 1.0
+
+
+def feed_in_chunks(params, n_head, inputs, sizes):  # -> logits of every position, fed through the KV cache
+    cache = new_cache(params["wpe"], params["blocks"], n_head)
+    rows, start = [], 0
+    for size in sizes:
+        logits, cache = gpt2_cached(inputs[start : start + size], cache, **params, n_head=n_head)
+        rows.append(logits)
+        start += size
+    assert start == len(inputs) == cache.n_past
+    return np.concatenate(rows)
+
+
+@pytest.mark.parametrize("sizes", [[1] * 64, [10, 1, 1, 7, 45], [64]])
+def test_kv_cache_matches_full_pass_at_every_position(tiny, sizes):
+    hparams, params, reference = tiny
+    full = gpt2(reference["inputs"], **params, n_head=hparams["n_head"])
+    cached = feed_in_chunks(params, hparams["n_head"], reference["inputs"], sizes)
+    assert cached.dtype == np.float32
+    assert np.abs(cached - full).max() <= CACHE_TOLERANCE
+
+
+def test_kv_cache_last_only_returns_the_last_row(tiny):
+    hparams, params, reference = tiny
+    cache = new_cache(params["wpe"], params["blocks"], hparams["n_head"])
+    last, _ = gpt2_cached(reference["inputs"][:20], cache, **params, n_head=hparams["n_head"], last_only=True)
+    assert last.shape == (1, hparams["n_vocab"])
+    assert np.abs(last[0] - reference["logits"][19]).max() <= HF_TOLERANCE
+
+
+def test_a_cached_step_processes_only_the_new_token(tiny, monkeypatch):
+    hparams, params, reference = tiny
+    cache = new_cache(params["wpe"], params["blocks"], hparams["n_head"])
+    gpt2_cached(reference["inputs"][:40], cache, **params, n_head=hparams["n_head"])
+    rows_seen = []
+    real_linear = model.linear
+    monkeypatch.setattr(model, "linear", lambda x, w, b: rows_seen.append(len(x)) or real_linear(x, w, b))
+    gpt2_cached(reference["inputs"][40:41], cache, **params, n_head=hparams["n_head"])
+    assert rows_seen and set(rows_seen) == {1}
+
+
+def test_changing_a_later_token_never_changes_earlier_logits(tiny):
+    hparams, params, reference = tiny
+    inputs = reference["inputs"].copy()
+    before = gpt2(inputs, **params, n_head=hparams["n_head"])
+    inputs[30] = (inputs[30] + 1) % hparams["n_vocab"]
+    after = gpt2(inputs, **params, n_head=hparams["n_head"])
+    assert np.abs(after[:30] - before[:30]).max() <= 1e-6
+    assert np.abs(after[30:] - before[30:]).max() > 0.1
+
+
+def test_every_intermediate_stays_float32(tiny, monkeypatch):
+    hparams, params, reference = tiny
+    dtypes = set()
+    for name in ["gelu", "softmax", "layer_norm", "linear", "attention", "mha", "block", "ffn", "embed", "lm_head"]:
+        real = getattr(model, name)
+        monkeypatch.setattr(model, name, lambda *a, _real=real, **k: dtypes.add(_real(*a, **k).dtype) or _real(*a, **k))
+    gpt2(reference["inputs"][:8], **params, n_head=hparams["n_head"])
+    assert dtypes == {np.dtype(np.float32)}
+
+
+def test_softmax_rows_sum_to_one_and_ignore_shifts():
+    x = np.random.default_rng(0).standard_normal((5, 7), dtype=np.float32) * 10
+    probabilities = softmax(x)
+    np.testing.assert_allclose(probabilities.sum(-1), 1, atol=1e-6)
+    np.testing.assert_allclose(softmax(x + 50), probabilities, atol=1e-5)  # float32 rounding of x + 50 is ~4e-6
+    assert probabilities.dtype == np.float32
+
+
+def test_softmax_does_not_overflow_on_large_logits():
+    np.testing.assert_allclose(softmax(np.array([1000, 1000, 0], np.float32)), [0.5, 0.5, 0], atol=1e-7)
+
+
+def test_layer_norm_normalizes_before_the_affine():
+    x = np.random.default_rng(0).standard_normal((4, 64), dtype=np.float32) * 3 + 5
+    y = layer_norm(x, g=np.ones(64, np.float32), b=np.zeros(64, np.float32))
+    np.testing.assert_allclose(y.mean(-1), 0, atol=1e-5)
+    np.testing.assert_allclose(y.var(-1), 1, atol=1e-3)  # eps=1e-5 shrinks the variance by about eps/var(x)
+    g, b = np.full(64, 2, np.float32), np.full(64, 0.5, np.float32)
+    np.testing.assert_allclose(layer_norm(x, g, b), 2 * y + 0.5, atol=1e-5)
+
+
+def test_gelu_is_close_to_the_exact_erf_gelu():
+    points = np.array([-6, -3, -1.5, -1, -0.5, 0, 0.5, 1, 1.5, 3, 6], np.float32)
+    exact = np.array([x * 0.5 * (1 + math.erf(x / math.sqrt(2))) for x in points.tolist()])
+    approx = gelu(points)
+    assert approx.dtype == np.float32
+    assert np.abs(approx - exact).max() < 1e-3  # the tanh approximation is within ~2e-4 of the erf form
+
+
+def test_causal_mask_zeroes_attention_to_the_future():
+    n = 6
+    q = k = np.random.default_rng(0).standard_normal((2, n, 4), dtype=np.float32)
+    v = np.broadcast_to(np.eye(n, dtype=np.float32), (2, n, n))  # one-hot values expose the attention weights
+    weights = attention(q, k, v, causal_mask(n, n))
+    assert np.all(weights[:, np.triu_indices(n, 1)[0], np.triu_indices(n, 1)[1]] == 0)
+    np.testing.assert_allclose(weights.sum(-1), 1, atol=1e-6)
+    assert np.all(weights[:, np.tril_indices(n)[0], np.tril_indices(n)[1]] > 0)
+
+
+def test_causal_mask_for_new_queries_after_cached_keys():
+    # two new queries at positions 3 and 4 of 5 keys: the first must not see key 4
+    mask = causal_mask(2, 5)
+    assert np.isneginf(mask[0, 4]) and np.all(mask[0, :4] == 0) and np.all(mask[1] == 0)
+
+
+@pytest.mark.parametrize(
+    "inputs, fragment",
+    [([1, -1], "token id -1 is outside the vocabulary"), ([512], "token id 512 is outside the vocabulary")],
+)
+def test_out_of_range_ids_are_refused(tiny, inputs, fragment):
+    hparams, params, _ = tiny
+    with pytest.raises(ValueError, match=fragment):
+        gpt2(inputs, **params, n_head=hparams["n_head"])
+
+
+@pytest.mark.parametrize("inputs", [[], [1.0, 2.0], [[1, 2]]])
+def test_malformed_inputs_are_refused(tiny, inputs):
+    hparams, params, _ = tiny
+    with pytest.raises(ValueError, match="1-D sequence of integer token ids"):
+        gpt2(inputs, **params, n_head=hparams["n_head"])
+
+
+def test_too_long_a_sequence_is_refused(tiny):
+    hparams, params, _ = tiny
+    with pytest.raises(ValueError, match="65 positions exceed the model's context of n_ctx=64"):
+        gpt2([0] * 65, **params, n_head=hparams["n_head"])
+
+
+def test_the_cache_refuses_to_run_past_the_context_and_stays_intact(tiny):
+    hparams, params, reference = tiny
+    cache = new_cache(params["wpe"], params["blocks"], hparams["n_head"])
+    gpt2_cached(reference["inputs"][:60], cache, **params, n_head=hparams["n_head"])
+    with pytest.raises(ValueError, match="65 positions exceed"):
+        gpt2_cached([0] * 5, cache, **params, n_head=hparams["n_head"])
+    assert cache.n_past == 60
+    last, _ = gpt2_cached(reference["inputs"][60:61], cache, **params, n_head=hparams["n_head"])
+    assert np.abs(last[0] - reference["logits"][60]).max() <= HF_TOLERANCE
