@@ -1,5 +1,17 @@
 """GPT-2 inference in pure NumPy."""
-from gpt2_numpy.errors import CheckpointError, DownloadError, Gpt2NumpyError, TokenizerError
+from gpt2_numpy.errors import CheckpointError, DownloadError, Gpt2NumpyError, TokenizerError, UsageError
 from gpt2_numpy.model import gpt2, gpt2_cached, new_cache
+from gpt2_numpy.tokenizer import EOT_ID, load_tokenizer
 
-__all__ = ["gpt2", "gpt2_cached", "new_cache", "Gpt2NumpyError", "CheckpointError", "TokenizerError", "DownloadError"]
+__all__ = [
+    "gpt2",
+    "gpt2_cached",
+    "new_cache",
+    "load_tokenizer",
+    "EOT_ID",
+    "Gpt2NumpyError",
+    "UsageError",
+    "CheckpointError",
+    "TokenizerError",
+    "DownloadError",
+]

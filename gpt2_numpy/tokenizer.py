@@ -1,0 +1,209 @@
+"""GPT-2's byte-level BPE tokenizer: text <-> token ids, agreeing with OpenAI's encoder.py (and tiktoken's "gpt2").
+
+Encoding runs in three steps:
+1. A regex splits the text into words (letter runs, digit runs, punctuation runs, whitespace, English contractions).
+2. Each word's UTF-8 bytes are spelled with 256 printable stand-in characters, the alphabet of the vocabulary files.
+3. BPE merges adjacent parts of the word, best-ranked merge first, until no merge applies; each part is one token.
+
+Decoding maps ids back to bytes; bytes that end mid-way through a UTF-8 character become U+FFFD, and `stream_decoder()`
+holds such bytes back until the character is complete.
+"""
+import codecs
+import json
+import operator
+from itertools import chain, repeat
+from pathlib import Path
+
+import regex
+
+from gpt2_numpy.errors import TokenizerError
+
+EOT = "<|endoftext|>"
+EOT_ID = 50256
+# OpenAI's split: contractions, then runs of letters / digits / other symbols each with at most one leading space,
+# then whitespace; `\s+(?!\S)` leaves a run's last space to start the next word, so " world" stays one token.
+WORD_PATTERN = regex.compile(r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""")
+FILE_NAMES = {"OpenAI": ("encoder.json", "vocab.bpe"), "Hugging Face": ("vocab.json", "merges.txt")}
+CACHE_SIZE = 100_000  # words remembered between calls; most words of a text repeat, a few are new
+
+
+def bytes_to_unicode():  # -> {byte value: stand-in character}
+    # printable Latin-1 bytes stand for themselves; the other 68 (controls, space, ...) take chr(256), chr(257), ...
+    # in byte order, so every token is visible, space-free text in the vocabulary files
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    others = [byte for byte in range(256) if byte not in printable]
+    return {**{byte: chr(byte) for byte in printable}, **{byte: chr(256 + n) for n, byte in enumerate(others)}}
+
+
+class Tokenizer:
+    """GPT-2's tokenizer; build it with `load_tokenizer(model_dir)`.
+
+    `encode` treats the text "<|endoftext|>" as ordinary text by default, like OpenAI's encoder.py and tiktoken's
+    `encode_ordinary`: text from users cannot inject the end-of-text token by accident. Pass
+    `allowed_special={"<|endoftext|>"}` (or "all") to map it to its id, 50256.
+    """
+
+    def __init__(self, encoder, merges):  # encoder: {spelled token: id}, merges: [(left, right)], best first
+        self.encoder = encoder
+        self.n_vocab = len(encoder)
+        self.special_tokens = {EOT: encoder[EOT]}
+        self._merge_ranks = {pair: rank for rank, pair in enumerate(merges)}
+        # spelling a word: its UTF-8 bytes as Latin-1 characters, translated to the stand-ins; decoding: the reverse
+        self._spell = str.maketrans({chr(byte): char for byte, char in bytes_to_unicode().items()})
+        unspell = str.maketrans({char: chr(byte) for byte, char in bytes_to_unicode().items()})
+        self._id_bytes = [b""] * self.n_vocab
+        for token, token_id in encoder.items():
+            self._id_bytes[token_id] = token.translate(unspell).encode("latin-1")
+        self._cache = WordCache(self._encode_word)
+
+    def encode(self, text, allowed_special=()):  # -> list of ids
+        if not isinstance(text, str):
+            raise TypeError(f"encode() takes a str, not {type(text).__name__}; decode bytes to str first")
+        specials = self._allowed_specials(allowed_special)
+        if not specials:
+            return self._encode_ordinary(text)
+        # the capturing group keeps each special token in the split, at the odd positions
+        chunks = regex.split("(" + "|".join(map(regex.escape, specials)) + ")", text)
+        ids = []
+        for position, chunk in enumerate(chunks):
+            ids += [self.special_tokens[chunk]] if position % 2 else self._encode_ordinary(chunk)
+        return ids
+
+    def decode(self, ids):  # -> str; bytes that do not form whole UTF-8 characters become U+FFFD
+        return b"".join(map(self.token_bytes, ids)).decode("utf-8", errors="replace")
+
+    def stream_decoder(self):
+        return StreamDecoder(self)
+
+    def token_bytes(self, token_id):  # -> the bytes one id stands for
+        index = operator.index(token_id)  # ints and NumPy integers pass, floats raise TypeError
+        if not 0 <= index < self.n_vocab:
+            raise ValueError(f"token id {index} is outside the vocabulary: ids run from 0 to {self.n_vocab - 1}")
+        return self._id_bytes[index]
+
+    def _allowed_specials(self, allowed_special):  # -> special tokens to map to their ids, longest first
+        if allowed_special == "all":
+            return sorted(self.special_tokens, key=len, reverse=True)
+        if isinstance(allowed_special, str):
+            raise ValueError(f"allowed_special={allowed_special!r}: pass a set such as {{{EOT!r}}}, or 'all'")
+        unknown = set(allowed_special) - set(self.special_tokens)
+        if unknown:
+            known = [*self.special_tokens]
+            raise ValueError(f"allowed_special has unknown special tokens {sorted(unknown)}; known ones: {known}")
+        return sorted(allowed_special, key=len, reverse=True)
+
+    def _encode_ordinary(self, text):  # -> list of ids
+        # the hot loop runs in C: most words are in the cache, and only a new one calls back into Python
+        return list(chain.from_iterable(map(self._cache.__getitem__, WORD_PATTERN.findall(text))))
+
+    def _encode_word(self, word):  # -> tuple of ids
+        spelled = word.encode("utf-8").decode("latin-1").translate(self._spell)
+        # a word that is itself a token needs no merging: BPE rebuilds every GPT-2 token from its bytes (tested)
+        whole = self.encoder.get(spelled)
+        return (whole,) if whole is not None else tuple(self.encoder[part] for part in self._bpe(spelled))
+
+    def _bpe(self, spelled):  # "Ġhello" -> ["Ġhello"]: join the best-ranked adjacent pair everywhere, repeat
+        parts = list(spelled)
+        ranks, unranked = self._merge_ranks, len(self._merge_ranks)
+        while len(parts) > 1:
+            pair_ranks = list(map(ranks.get, zip(parts, parts[1:]), repeat(unranked)))
+            best = min(pair_ranks)
+            if best == unranked:  # no adjacent pair has a merge
+                break
+            parts = join_pairs(parts, pair_ranks, best)
+        return parts
+
+
+def join_pairs(parts, pair_ranks, best):  # -> parts with every pair ranked `best` joined, left to right
+    joined, copied = [], 0  # parts[:copied] are already in `joined`
+    while True:
+        try:
+            i = pair_ranks.index(best, copied)  # a rank names one pair, so equal ranks are the same pair
+        except ValueError:
+            return joined + parts[copied:]
+        joined += parts[copied:i]
+        joined.append(parts[i] + parts[i + 1])
+        copied = i + 2  # the right part is used up: "a a a" -> "aa a", as OpenAI's encoder does
+
+
+class WordCache(dict):
+    """word -> tuple of ids; a word not yet seen is encoded once and remembered, up to CACHE_SIZE words."""
+
+    def __init__(self, encode_word):
+        super().__init__()
+        self._encode_word = encode_word
+
+    def __missing__(self, word):
+        if len(self) >= CACHE_SIZE:  # a rough bound on memory; the common words come back soon
+            self.clear()
+        word_ids = self[word] = self._encode_word(word)
+        return word_ids
+
+
+class StreamDecoder:
+    """Decodes ids one at a time for streaming output: `add` returns only characters whose bytes are all there (an
+    emoji split over several tokens appears once its last byte arrives); `finish` flushes the rest, with U+FFFD for
+    an incomplete character. Concatenated, the pieces equal `decode` of all the ids."""
+
+    def __init__(self, tokenizer):
+        self._token_bytes = tokenizer.token_bytes
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def add(self, token_id):  # -> newly completed text, often ""
+        return self._utf8.decode(self._token_bytes(token_id))
+
+    def finish(self):  # -> whatever is held back, as U+FFFD
+        return self._utf8.decode(b"", final=True)
+
+
+def load_tokenizer(model_dir):  # -> Tokenizer, from OpenAI's or Hugging Face's vocabulary files in model_dir
+    model_dir = Path(model_dir)
+    for vocab_name, merges_name in FILE_NAMES.values():
+        if (model_dir / vocab_name).exists():
+            encoder = read_encoder(model_dir / vocab_name)
+            return Tokenizer(encoder, read_merges(model_dir / merges_name, encoder))
+    expected = " or ".join(f"{vocab} + {merges} ({source})" for source, (vocab, merges) in FILE_NAMES.items())
+    raise TokenizerError(f"no vocabulary in {model_dir}: expected {expected}; download the model into that folder")
+
+
+def read_encoder(path):  # -> {spelled token: id}, checked to be ids 0..n-1 over the byte alphabet, with <|endoftext|>
+    try:
+        encoder = json.loads(read_text(path))
+    except json.JSONDecodeError as error:
+        raise malformed(path, f"it is not valid JSON ({error})") from None
+    ids = encoder.values() if isinstance(encoder, dict) else [None]
+    if not all(type(token_id) is int for token_id in ids) or sorted(ids) != list(range(len(encoder))):
+        raise malformed(path, "it must be one JSON object mapping each token to a distinct id from 0 up")
+    alphabet = set(bytes_to_unicode().values())
+    if not alphabet <= encoder.keys() or EOT not in encoder:
+        raise malformed(path, f"it lacks single-byte tokens or {EOT}")
+    if not set("".join(encoder)) <= alphabet:
+        raise malformed(path, "some tokens have characters outside GPT-2's byte alphabet")
+    return encoder
+
+
+def read_merges(path, encoder):  # -> [(left, right)], best first, each joining two tokens into a third
+    merges = []
+    for number, line in enumerate(read_text(path).split("\n"), start=1):
+        if not line or (number == 1 and line.startswith("#version")):  # the header line and the final newline
+            continue
+        pair = tuple(line.split(" "))
+        if len(pair) != 2 or pair[0] not in encoder or pair[1] not in encoder or "".join(pair) not in encoder:
+            raise malformed(path, f"line {number} ({line!r}) is not two tokens whose join is a token")
+        merges.append(pair)
+    return merges
+
+
+def read_text(path):  # -> the file's text, or TokenizerError naming the file
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise TokenizerError(f"{path} is missing: download the model again to restore its vocabulary files") from None
+    except OSError as error:
+        raise TokenizerError(f"cannot read {path} ({error.strerror}): check that it is a readable file") from None
+    except UnicodeDecodeError as error:
+        raise malformed(path, f"it is not UTF-8 text ({error.reason} at byte {error.start})") from None
+
+
+def malformed(path, problem):  # -> TokenizerError naming the file, the problem, and the fix
+    return TokenizerError(f"{path} is malformed: {problem}; download the model again to replace it")

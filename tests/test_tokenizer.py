@@ -1,0 +1,240 @@
+"""The tokenizer against tiktoken's GPT-2 encoding built from OpenAI's official files, and tiktoken's known answers."""
+import json
+import shutil
+from functools import partial
+
+import numpy as np
+import pytest
+import tiktoken
+import tiktoken.load
+
+from gpt2_numpy import tokenizer as tokenizer_module
+from gpt2_numpy.errors import TokenizerError
+from gpt2_numpy.tokenizer import EOT, EOT_ID, load_tokenizer
+from tests.conftest import official_path
+from tests.text_samples import large_texts, sample_strings
+
+# the sha256 values tiktoken pins for its "gpt2" encoding: the reference is built from exactly OpenAI's files
+VOCAB_BPE_SHA256 = "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"
+ENCODER_JSON_SHA256 = "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"
+GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+N_STRINGS = 12_000
+
+
+@pytest.fixture(scope="module")
+def official():
+    return official_path("124M")
+
+
+@pytest.fixture(scope="module")
+def tokenizer(official):
+    return load_tokenizer(official)
+
+
+@pytest.fixture(scope="module")
+def reference(official):
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TIKTOKEN_CACHE_DIR", "")  # read the official files directly; leave no copies in /tmp
+        ranks = tiktoken.load.data_gym_to_mergeable_bpe_ranks(
+            str(official / "vocab.bpe"), str(official / "encoder.json"), VOCAB_BPE_SHA256, ENCODER_JSON_SHA256
+        )
+    return tiktoken.Encoding("gpt2_official", pat_str=GPT2_PATTERN, mergeable_ranks=ranks, special_tokens={EOT: 50256})
+
+
+@pytest.fixture(scope="module")
+def strings():
+    return sample_strings(N_STRINGS, seed=0)
+
+
+def mismatches(ours, theirs, inputs):  # -> the first few inputs on which the two functions disagree, for the report
+    return [value for value in inputs if ours(value) != theirs(value)][:5]
+
+
+def test_encode_matches_tiktoken_on_generated_strings(tokenizer, reference, strings):
+    assert mismatches(tokenizer.encode, reference.encode_ordinary, strings) == []
+
+
+@pytest.mark.parametrize("name", large_texts())
+def test_encode_matches_tiktoken_on_large_texts(tokenizer, reference, name):
+    text = large_texts()[name]
+    assert len(text) > 10_000
+    assert tokenizer.encode(text) == reference.encode_ordinary(text)
+
+
+@pytest.mark.parametrize(
+    "text, ids",  # from tiktoken's tests/test_encoding.py
+    [
+        ("hello world", [31373, 995]),
+        ("", []),
+        ("0", [15]),
+        ("00", [405]),
+        ("000", [830]),
+        ("0000", [2388]),
+        ("00000", [20483]),
+        ("000000", [10535]),
+        ("0000000", [24598]),
+        ("00000000", [8269]),
+        ("000000000", [10535, 830]),
+        ("0000000000000000", [25645]),
+    ],
+)
+def test_known_answers(tokenizer, text, ids):
+    assert tokenizer.encode(text) == ids
+    assert tokenizer.decode(ids) == text
+
+
+@pytest.mark.parametrize("allowed", [{EOT}, "all"])
+def test_allowed_end_of_text_becomes_its_id(tokenizer, allowed):
+    assert tokenizer.encode("hello <|endoftext|>", allowed_special=allowed) == [31373, 220, 50256]
+
+
+def test_end_of_text_is_ordinary_text_by_default(tokenizer, reference):
+    text = "a<|endoftext|>b <|endoftext|>"
+    assert EOT_ID not in tokenizer.encode(text)
+    assert tokenizer.encode(text) == reference.encode_ordinary(text)
+
+
+def test_allowed_end_of_text_matches_tiktoken(tokenizer, reference, strings):
+    joined = [EOT.join(strings[n : n + 3]) + EOT * (n % 2) for n in range(0, 600, 3)]
+    ours, theirs = partial(tokenizer.encode, allowed_special="all"), partial(reference.encode, allowed_special="all")
+    assert mismatches(ours, theirs, joined) == []
+
+
+def test_vocabulary_facts(tokenizer, reference):
+    assert (tokenizer.n_vocab, EOT_ID) == (reference.n_vocab, reference.eot_token) == (50257, 50256)
+    assert tokenizer.decode([EOT_ID]) == EOT
+
+
+def test_every_token_is_rebuilt_by_merging_its_bytes(tokenizer):
+    # why encode may take a word that is itself a token without running BPE: BPE would end at that token anyway
+    assert [token for token in tokenizer.encoder if token != EOT and tokenizer._bpe(token) != [token]] == []
+
+
+def test_round_trip(tokenizer, strings):
+    assert [text for text in strings if tokenizer.decode(tokenizer.encode(text)) != text] == []
+
+
+def random_id_runs(count, seed=0):  # -> id lists, about half of the ids single bytes, so characters are often cut
+    rng = np.random.default_rng(seed)
+    pool = np.concatenate([np.arange(256).repeat(200), np.arange(50257)])  # GPT-2's ids 0..255 are the byte tokens
+    return [rng.choice(pool, rng.integers(1, 12)).tolist() for _ in range(count)]
+
+
+def test_decode_matches_tiktoken_on_random_ids(tokenizer, reference):
+    assert mismatches(tokenizer.decode, reference.decode, random_id_runs(3000)) == []
+
+
+def test_decode_of_a_cut_character_uses_replacement(tokenizer, reference):
+    ids = reference.encode_ordinary("🤖")
+    assert len(ids) > 1 and tokenizer.decode(ids[:-1]) == reference.decode(ids[:-1]) == "\ufffd"
+
+
+def stream(tokenizer, ids):  # -> [text returned by each add(), then by finish()]
+    decoder = tokenizer.stream_decoder()
+    return [decoder.add(token_id) for token_id in ids] + [decoder.finish()]
+
+
+def test_stream_decoder_emits_each_character_once_complete(tokenizer, reference, strings):
+    for text in strings:
+        if "\ufffd" in text:
+            continue
+        ids = tokenizer.encode(text)
+        pieces = stream(tokenizer, ids)
+        assert "".join(pieces) == text
+        # after each id: exactly the whole characters so far, i.e. tiktoken's decode without its replacement char
+        assert ["".join(pieces[: n + 1]) for n in range(len(ids))] == [
+            reference.decode(ids[: n + 1]).removesuffix("\ufffd") for n in range(len(ids))
+        ]
+
+
+def test_stream_decoder_matches_decode_on_random_ids(tokenizer, reference):
+    assert mismatches(lambda ids: "".join(stream(tokenizer, ids)), reference.decode, random_id_runs(3000, seed=1)) == []
+
+
+def test_small_cache_changes_nothing(official, reference, monkeypatch):
+    monkeypatch.setattr(tokenizer_module, "CACHE_SIZE", 10)
+    small = load_tokenizer(official)
+    text = large_texts()["generated mix"]
+    assert small.encode(text) == reference.encode_ordinary(text)
+    assert len(small._cache) <= 10
+
+
+def test_decode_takes_numpy_ids(tokenizer):
+    assert tokenizer.decode(np.array([31373, 995])) == "hello world"
+
+
+@pytest.mark.parametrize("text", [b"hello", None, ["hello"]])
+def test_encode_rejects_non_strings(tokenizer, text):
+    with pytest.raises(TypeError, match="encode.. takes a str"):
+        tokenizer.encode(text)
+
+
+@pytest.mark.parametrize("allowed", [{"<|startoftext|>"}, EOT])
+def test_encode_rejects_unknown_allowed_special(tokenizer, allowed):
+    with pytest.raises(ValueError, match="allowed_special"):
+        tokenizer.encode("hi", allowed_special=allowed)
+
+
+@pytest.mark.parametrize("ids", [[50257], [-1], [31373, 10**9]])
+def test_ids_outside_the_vocabulary_raise(tokenizer, ids):
+    with pytest.raises(ValueError, match="outside the vocabulary: ids run from 0 to 50256"):
+        tokenizer.decode(ids)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        stream(tokenizer, ids)
+
+
+def test_hugging_face_file_names(official, reference, strings, tmp_path):
+    # Hugging Face's vocab.json / merges.txt hold the same data; write it with other JSON spacing, as HF does
+    encoder = json.loads((official / "encoder.json").read_text(encoding="utf-8"))
+    (tmp_path / "vocab.json").write_text(json.dumps(encoder, ensure_ascii=False, indent=2), encoding="utf-8")
+    shutil.copyfile(official / "vocab.bpe", tmp_path / "merges.txt")
+    hugging_face = load_tokenizer(tmp_path)
+    assert mismatches(hugging_face.encode, reference.encode_ordinary, strings[:1000]) == []
+
+
+def write_official_copy(official, folder, **replacements):  # -> folder with the two files, some replaced by bytes
+    for name in ("encoder.json", "vocab.bpe"):
+        if name in replacements:
+            (folder / name).write_bytes(replacements[name])
+        else:
+            shutil.copyfile(official / name, folder / name)
+    return folder
+
+
+@pytest.mark.parametrize(
+    "replacements, message",
+    [
+        ({"encoder.json": b'{"a": 0,'}, r"encoder\.json is malformed: it is not valid JSON"),
+        ({"encoder.json": b"[1, 2]"}, r"encoder\.json is malformed: it must be one JSON object"),
+        ({"encoder.json": b'{"a": 0, "b": 0}'}, r"encoder\.json is malformed: it must be one JSON object"),
+        ({"encoder.json": b'{"a": 0}'}, r"encoder\.json is malformed: it lacks single-byte tokens"),
+        ({"encoder.json": b"\xff\xfe"}, r"encoder\.json is malformed: it is not UTF-8"),
+        ({"encoder.json": b'{"a": "0"}'}, r"encoder\.json is malformed: it must be one JSON object"),
+        ({"encoder.json": b'{"a": 1, "b": "0"}'}, r"encoder\.json is malformed: it must be one JSON object"),
+        ({"vocab.bpe": b"#version: 0.2\n\xc4\xa0 t\nnot-a-pair\n"}, r"vocab\.bpe is malformed: line 3 \('not-a-pair'"),
+        ({"vocab.bpe": b"#version: 0.2\nx qqqqqqqqqqqq\n"}, r"vocab\.bpe is malformed: line 2"),
+    ],
+)
+def test_malformed_files_name_the_file(official, tmp_path, replacements, message):
+    with pytest.raises(TokenizerError, match=message + ".*download the model again"):
+        load_tokenizer(write_official_copy(official, tmp_path, **replacements))
+
+
+def test_stray_characters_in_encoder_json(official, tmp_path):
+    encoder = json.loads((official / "encoder.json").read_text(encoding="utf-8"))
+    encoder["hello world"] = encoder.pop("Ġworld")  # a real space never appears in a spelled token
+    bad = json.dumps(encoder).encode("utf-8")
+    with pytest.raises(TokenizerError, match=r"encoder\.json is malformed: some tokens have characters outside"):
+        load_tokenizer(write_official_copy(official, tmp_path, **{"encoder.json": bad}))
+
+
+def test_missing_merges_file_is_named(official, tmp_path):
+    shutil.copyfile(official / "encoder.json", tmp_path / "encoder.json")
+    with pytest.raises(TokenizerError, match=r"vocab\.bpe is missing: download the model again"):
+        load_tokenizer(tmp_path)
+
+
+def test_folder_without_vocabulary(tmp_path):
+    expected = r"no vocabulary in .*: expected encoder\.json \+ vocab\.bpe \(OpenAI\) or vocab\.json \+ merges\.txt"
+    with pytest.raises(TokenizerError, match=expected):
+        load_tokenizer(tmp_path)
