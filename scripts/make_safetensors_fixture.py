@@ -1,0 +1,30 @@
+"""Write tests/fixtures/dtypes.safetensors with the real safetensors library and torch, to test our F16/BF16 reading.
+
+The same float32 values (random ones, plus zeros, infinities, NaN, extremes and subnormals) are stored as "f32",
+"f16" and "bf16", and torch's own conversions back to float32 as "f16_as_f32" and "bf16_as_f32": our reader's
+conversion of "f16"/"bf16" must match torch's exactly.
+
+Rerun (reference tools live in a venv outside the repo; they are never runtime dependencies):
+    ../refvenv/bin/python scripts/make_safetensors_fixture.py
+"""
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+
+OUT = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "dtypes.safetensors"
+SPECIAL = [0.0, -0.0, np.inf, -np.inf, np.nan, 1.0, -2.5, 65504.0, 1e5, 6e-8, 1e-40, -3.4e38]
+
+
+def main():
+    rng = np.random.default_rng(0)
+    values = np.concatenate([rng.standard_normal(48, dtype=np.float32) * 10, np.array(SPECIAL, np.float32)])
+    f32 = torch.from_numpy(values.reshape(4, 15))
+    f16, bf16 = f32.to(torch.float16), f32.to(torch.bfloat16)
+    save_file({"f32": f32, "f16": f16, "bf16": bf16, "f16_as_f32": f16.float(), "bf16_as_f32": bf16.float()}, str(OUT))
+    print(f"wrote {OUT} ({OUT.stat().st_size:,} bytes)")
+
+
+if __name__ == "__main__":
+    main()

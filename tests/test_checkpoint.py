@@ -1,0 +1,249 @@
+"""load_params on checkpoints written by TensorFlow and by Hugging Face, and every kind of damage to them.
+
+Expected weights are random_params of the "tiny" config (what both fixture scripts saved); expected logits are
+Hugging Face's (scripts/make_reference.py).
+"""
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gpt2_numpy.checkpoint import load_params, verify_checkpoint
+from gpt2_numpy.errors import CheckpointError
+from gpt2_numpy.model import gpt2
+from gpt2_numpy.random_params import random_params
+from tests.conftest import FIXTURES
+
+TINY = json.loads((FIXTURES / "configs.json").read_text())["tiny"]
+HF_TOLERANCE = 1e-4  # max |logit difference| vs HF in float32 (as in test_model.py)
+DATA, INDEX, SAFETENSORS = "model.ckpt.data-00000-of-00001", "model.ckpt.index", "model.safetensors"
+FIXTURE_DIRS = ["tf_tiny", "hf_tiny", "hf_tiny_hub"]  # TF's SaveV2; save_pretrained; hub style (no prefix, buffers)
+
+
+def copy_fixture(tmp_path, name):  # -> a scratch copy of tests/fixtures/<name>
+    return shutil.copytree(FIXTURES / name, tmp_path / name)
+
+
+def assert_same_params(actual, expected):  # same nested keys, float32 arrays equal to the last bit
+    assert actual.keys() == expected.keys()
+    for key, value in expected.items():
+        if key == "blocks":
+            assert len(actual[key]) == len(value)
+            for actual_block, block in zip(actual[key], value):
+                assert_same_params(actual_block, block)
+        elif isinstance(value, dict):
+            assert_same_params(actual[key], value)
+        else:
+            assert actual[key].dtype == np.float32
+            np.testing.assert_array_equal(actual[key], value)
+
+
+@pytest.mark.parametrize("name", FIXTURE_DIRS)
+def test_fixture_holds_exactly_the_seeded_weights(name):
+    hparams, params = load_params(FIXTURES / name, verify=True)
+    assert hparams == TINY["hparams"]
+    assert_same_params(params, random_params(TINY["hparams"], TINY["seed"]))
+
+
+@pytest.mark.parametrize("name", FIXTURE_DIRS)
+def test_loaded_fixture_gives_hugging_faces_logits(name):
+    reference = np.load(FIXTURES / "reference_tiny.npz")
+    hparams, params = load_params(FIXTURES / name)
+    logits = gpt2(reference["inputs"], **params, n_head=hparams["n_head"])
+    assert np.abs(logits - reference["logits"]).max() <= HF_TOLERANCE
+    np.testing.assert_array_equal(logits.argmax(-1), reference["logits"].argmax(-1))
+
+
+def test_tf_weights_are_views_of_the_mapped_file_not_copies():
+    _, params = load_params(FIXTURES / "tf_tiny")
+    wte = params["wte"]
+    assert not wte.flags.owndata and not wte.flags.writeable  # a read-only view: the file is never written
+
+
+def test_checkpoint_file_names_the_prefix(tmp_path):
+    folder = copy_fixture(tmp_path, "tf_tiny")
+    for path in folder.glob("model.ckpt.*"):
+        path.rename(folder / path.name.replace("model.ckpt", "step-1000"))
+    (folder / "checkpoint").write_text('model_checkpoint_path: "step-1000"\nall_model_checkpoint_paths: "step-1000"\n')
+    assert_same_params(load_params(folder)[1], random_params(TINY["hparams"], TINY["seed"]))
+
+
+def read_safetensors_raw(path):  # -> (header dict, data bytes)
+    raw = path.read_bytes()
+    size = int.from_bytes(raw[:8], "little")
+    return json.loads(raw[8 : 8 + size]), raw[8 + size :]
+
+
+def write_safetensors_raw(path, header, data):
+    text = json.dumps(header).encode()
+    path.write_bytes(len(text).to_bytes(8, "little") + text + data)
+
+
+def write_float16_safetensors(path, arrays):  # {name: float32 array} -> a safetensors file of them as F16
+    header, offset = {}, 0
+    for name, array in arrays.items():
+        header[name] = {"dtype": "F16", "shape": list(array.shape), "data_offsets": [offset, offset + array.size * 2]}
+        offset += array.size * 2
+    write_safetensors_raw(path, header, b"".join(array.astype("<f2").tobytes() for array in arrays.values()))
+
+
+def half_rounded(params):  # params with every array rounded to float16 and back
+    return {key: [half_rounded(block) for block in value] if key == "blocks" else
+            half_rounded(value) if isinstance(value, dict) else value.astype(np.float16).astype(np.float32)
+            for key, value in params.items()}
+
+
+def test_float16_safetensors_load_as_float32(tmp_path):
+    folder = copy_fixture(tmp_path, "hf_tiny")
+    header, data = read_safetensors_raw(folder / SAFETENSORS)
+    header.pop("__metadata__")
+    write_float16_safetensors(folder / SAFETENSORS, {
+        name: np.frombuffer(data, "<f4", np.prod(entry["shape"]), entry["data_offsets"][0]).reshape(entry["shape"])
+        for name, entry in header.items()})
+    assert_same_params(load_params(folder)[1], half_rounded(random_params(TINY["hparams"], TINY["seed"])))
+
+
+def test_corrupt_data_loads_unverified_but_fails_verification(tmp_path):
+    folder = copy_fixture(tmp_path, "tf_tiny")
+    flip_byte(folder / DATA, 5000)  # inside model/wte, the first tensor TensorFlow wrote
+    assert not np.array_equal(load_params(folder)[1]["wte"], random_params(TINY["hparams"], TINY["seed"])["wte"])
+    with pytest.raises(CheckpointError, match=f"{DATA}: tensor model/wte fails its CRC32C check"):
+        verify_checkpoint(folder)
+
+
+def test_official_folder_without_its_data_file_names_it(official_124m):
+    with pytest.raises(CheckpointError, match=f"{DATA} is missing; download"):
+        load_params(official_124m)
+
+
+# --- Damage: each case mutates a scratch copy of a fixture and must raise CheckpointError saying what is wrong ---
+
+
+def edit_safetensors_header(path, edit):  # edit(header dict) changes it in place; the data bytes stay
+    header, data = read_safetensors_raw(path)
+    edit(header)
+    write_safetensors_raw(path, header, data)
+
+
+def edit_entry(path, name, **changes):  # changes one tensor's dtype / shape / data_offsets in the header
+    edit_safetensors_header(path, lambda header: header[name].update(changes))
+
+
+def edit_json(path, **changes):  # sets keys of a JSON file; a value of None deletes the key
+    config = json.loads(path.read_text())
+    config.update(changes)
+    path.write_text(json.dumps({key: value for key, value in config.items() if value is not None}))
+
+
+def flip_byte(path, position):
+    data = bytearray(path.read_bytes())
+    data[position] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def truncate(path, size):  # keeps the first size bytes (a negative size cuts that many from the end)
+    path.write_bytes(path.read_bytes()[:size])
+
+
+def replace_with_directory(path):  # unreadable even for root, which a chmod is not
+    path.unlink()
+    path.mkdir()
+
+
+def on(name, damage, *args, **kwargs):  # -> a damage to the file called name in the folder it is given
+    return lambda folder: damage(folder / name, *args, **kwargs)
+
+
+def append(path, data):
+    path.write_bytes(path.read_bytes() + data)
+
+
+def rename_entry(path, old, new):
+    edit_safetensors_header(path, lambda header: header.update({new: header.pop(old)}))
+
+
+def drop_field(path, name, field):
+    edit_safetensors_header(path, lambda header: header[name].pop(field))
+
+
+W = "transformer.h.0.attn.c_attn.weight"  # data_offsets [768, 49920], right after c_attn.bias at [0, 768]
+TF_DAMAGE = {  # id: (damage to a copy of tf_tiny, fragments the message must contain)
+    "data truncated": (on(DATA, truncate, -100), [DATA, "tensor model/ln_f/b needs bytes", "(truncated"]),
+    "data empty": (on(DATA, truncate, 0), [DATA, "tensor model/h0/attn/c_attn/b", "file ends at byte 0"]),
+    "data byte flipped": (on(DATA, flip_byte, -1), [DATA, "tensor model/ln_f/b fails its CRC32C check"]),
+    "data shard missing": (on(DATA, Path.unlink), [f"{DATA} is missing"]),
+    "data unreadable": (on(DATA, replace_with_directory), [f"{DATA} cannot be read"]),
+    "index byte flipped": (on(INDEX, flip_byte, 20), [INDEX, "block at byte 0 fails its CRC32C check"]),
+    "index trailer flipped": (on(INDEX, flip_byte, -49), [INDEX, "block at byte 916 fails its CRC32C check"]),
+    "index truncated": (on(INDEX, truncate, 500), [INDEX, "footer magic number is wrong"]),
+    "index empty": (on(INDEX, truncate, 0), [INDEX, "0 bytes is too short"]),
+    "footer magic wrong": (on(INDEX, flip_byte, -1), [INDEX, "footer magic number is wrong"]),
+    "index missing": (on(INDEX, Path.unlink), [f"{INDEX} is missing"]),
+    "checkpoint names nothing": (on("checkpoint", Path.write_text, "\n"), ["names no model_checkpoint_path"]),
+    "checkpoint names another prefix": (on("checkpoint", Path.write_text, 'model_checkpoint_path: "x"'),
+                                        ["x.index is missing"]),
+    "n_embd disagrees": (on("hparams.json", edit_json, n_embd=32),
+                         ["disagree: tensor model/h0/attn/c_attn/b has shape [192] but", "imply [96]"]),
+    "n_vocab disagrees": (on("hparams.json", edit_json, n_vocab=500),
+                          ["tensor model/wte has shape [512, 64] but", "imply [500, 64]"]),
+    "n_layer too small": (on("hparams.json", edit_json, n_layer=1), ["tensor model/h1/attn/c_attn/b has no place"]),
+    "n_layer too large": (on("hparams.json", edit_json, n_layer=3), ["the weights lack blocks/2/"]),
+    "n_head does not divide n_embd": (on("hparams.json", edit_json, n_head=5), ["n_embd divisible by n_head"]),
+    "hparams key missing": (on("hparams.json", edit_json, n_ctx=None), ["lacks the hyperparameter 'n_ctx'"]),
+    "hparams not JSON": (on("hparams.json", Path.write_text, "{"), ["hparams.json is not valid JSON"]),
+    "hparams missing": (on("hparams.json", Path.unlink), ["hparams.json is missing"]),
+    "hparams unreadable": (on("hparams.json", replace_with_directory), ["hparams.json cannot be read"]),
+}
+HF_DAMAGE = {  # id: (damage to a copy of hf_tiny, fragments the message must contain)
+    "header past end of file": (on(SAFETENSORS, truncate, 1000), [SAFETENSORS, "runs past the end"]),
+    "header size over the cap": (on(SAFETENSORS, Path.write_bytes, (2**40).to_bytes(8, "little") + bytes(9)),
+                                 ["declares 1,099,511,627,776 bytes, over the 104,857,600-byte limit"]),
+    "shorter than a header size": (on(SAFETENSORS, truncate, 5), [SAFETENSORS, "5 bytes, too few"]),
+    "header not JSON": (on(SAFETENSORS, flip_byte, 8), [SAFETENSORS, "header is not valid JSON"]),
+    "header not an object": (on(SAFETENSORS, Path.write_bytes, b"\2\0\0\0\0\0\0\0[]"), ["not a JSON object"]),
+    "offsets overlap": (on(SAFETENSORS, edit_entry, W, data_offsets=[764, 49916]),
+                        [f"tensor {W} starts at data byte 764, leaving an overlap"]),
+    "hole between tensors": (on(SAFETENSORS, edit_entry, W, data_offsets=[772, 49924]),
+                             [f"tensor {W} starts at data byte 772, leaving a gap"]),
+    "unknown dtype": (on(SAFETENSORS, edit_entry, W, dtype="F33"), [f"tensor {W} has unknown dtype 'F33'"]),
+    "dtype not loadable": (on(SAFETENSORS, edit_entry, W, dtype="I32"),
+                           [f"tensor {W} has dtype I32, but only F32, F16 and BF16"]),
+    "shape disagrees with span": (on(SAFETENSORS, edit_entry, W, shape=[64, 191]),
+                                  ["needs 48,896 bytes but its data_offsets [768, 49920] span 49,152"]),
+    "offsets not integers": (on(SAFETENSORS, edit_entry, W, data_offsets=[768, "end"]), ["non-negative integers"]),
+    "entry lacks a field": (on(SAFETENSORS, drop_field, W, "shape"), ["needs exactly the fields"]),
+    "data truncated": (on(SAFETENSORS, truncate, -4), ["holds 547,836 after its header: the file is truncated"]),
+    "bytes after the last tensor": (on(SAFETENSORS, append, bytes(4)), ["unused bytes at the end"]),
+    "unknown tensor name": (on(SAFETENSORS, rename_entry, "transformer.h.0.ln_1.weight", "transformer.h.0.ln_9.weight"),
+                            ["tensor transformer.h.0.ln_9.weight has no place"]),
+    "config disagrees": (on("config.json", edit_json, vocab_size=500), ["transformer.wte.weight has shape [512, 64]"]),
+    "config lacks a key": (on("config.json", edit_json, n_positions=None), ["lacks the hyperparameter 'n_positions'"]),
+    "config missing": (on("config.json", Path.unlink), ["config.json is missing"]),
+}
+FOLDER_DAMAGE = {  # id: (what to make of a fresh folder path, fragments the message must contain)
+    "only a pickle": (lambda d: d.mkdir() or (d / "pytorch_model.bin").write_bytes(b"\x80"),
+                      ["holds only pytorch_model.bin", "never loaded", "model.safetensors instead"]),
+    "empty folder": (Path.mkdir, ["holds no GPT-2 checkpoint: expected checkpoint, hparams.json"]),
+    "no folder": (lambda d: None, ["absent holds no GPT-2 checkpoint"]),
+}
+DAMAGE = [pytest.param(fixture, damage, fragments, id=f"{fixture}: {name}")
+          for fixture, cases in [("tf_tiny", TF_DAMAGE), ("hf_tiny", HF_DAMAGE), (None, FOLDER_DAMAGE)]
+          for name, (damage, fragments) in cases.items()]
+
+
+def snapshot(folder):  # -> {path: bytes} of every file below folder
+    return {path: path.read_bytes() for path in sorted(folder.rglob("*")) if path.is_file()}
+
+
+@pytest.mark.parametrize("fixture, damage, fragments", DAMAGE)
+def test_damaged_checkpoint_is_refused_with_a_clear_message(tmp_path, fixture, damage, fragments):
+    folder = copy_fixture(tmp_path, fixture) if fixture else tmp_path / "absent"
+    damage(folder)
+    before = snapshot(tmp_path)
+    with pytest.raises(CheckpointError) as raised:
+        load_params(folder, verify=True)
+    for fragment in fragments:
+        assert fragment in str(raised.value)
+    assert snapshot(tmp_path) == before  # nothing written or modified
