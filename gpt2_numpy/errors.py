@@ -1,5 +1,7 @@
 """One exception family: everything a user can cause (bad files, bad arguments, no network) raises a subclass of
 Gpt2NumpyError, and `run_cli` turns it into a single line on stderr and a non-zero exit status."""
+import argparse
+import os
 import sys
 
 
@@ -27,6 +29,13 @@ class DownloadError(Gpt2NumpyError):
     exit_code = 1
 
 
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse whose mistakes are UsageErrors, so run_cli prints them as one line instead of a usage block."""
+
+    def error(self, message):
+        raise UsageError(f"{message} (see --help)")
+
+
 def run_cli(main, argv=None):  # -> never returns: exits with main's status, or one error line
     try:
         status = main(argv)
@@ -36,4 +45,7 @@ def run_cli(main, argv=None):  # -> never returns: exits with main's status, or 
     except KeyboardInterrupt:
         print(file=sys.stderr)  # Ctrl-C: end the line quietly, keep what was already printed
         status = 130
+    except BrokenPipeError:  # stdout's reader quit early (`| head`): stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's flush at exit must not fail again
+        status = 128 + 13  # the status of a process killed by SIGPIPE, as `cat` would report
     sys.exit(status)

@@ -1,0 +1,120 @@
+"""A small HTTP file server for offline download tests, with fault injection.
+
+    with FileServer(official_layout_files(), faults={path: [503, Cut(1000)]}) as server:
+        monkeypatch.setenv("GPT2_NUMPY_BASE_URL", server.url)
+
+It listens on 127.0.0.1 only, at a random free port, and stops when the `with` block ends. It serves
+{url_path: bytes or file Path}, answers Range requests with 206 like a real file store, and records every request
+in `server.requests` as (path, Range header or None, status).
+
+`faults[path]` is a queue: each request for that path takes the next fault, and once the queue is empty the path is
+served normally. A fault is an HTTP status to answer with, a Cut (the connection drops after that many body bytes
+although Content-Length promised all), or a threading.Event to wait for before serving normally.
+`ignore_range=True` makes the server answer every request with 200 and the whole file, as some servers do.
+"""
+import re
+import threading
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+from tests.conftest import FIXTURES, official_path
+
+HOLD_SECONDS = 30  # a held response is released by then even if a failing test never sets its Event
+
+
+@dataclass(frozen=True)
+class Cut:
+    after: int  # body bytes sent before the connection drops
+
+
+class FileServer:
+    def __init__(self, files, faults=None, ignore_range=False):
+        self.files = {path: content if isinstance(content, bytes) else Path(content).read_bytes()
+                      for path, content in files.items()}
+        self.faults = {path: list(queue) for path, queue in (faults or {}).items()}
+        self.ignore_range = ignore_range
+        self.requests = []
+        self.faults_lock = threading.Lock()
+
+    def __enter__(self):
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), FileHandler)
+        self.httpd.daemon_threads = True
+        self.httpd.owner = self
+        # a short poll interval makes shutdown prompt: serve_forever checks for it only that often
+        self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.02,), daemon=True)
+        self.thread.start()
+        self.url = f"http://127.0.0.1:{self.httpd.server_port}"
+        return self
+
+    def __exit__(self, *exc_info):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join()
+
+    def next_fault(self, path):  # -> the fault for this request, or None
+        with self.faults_lock:
+            queue = self.faults.get(path)
+            return queue.pop(0) if queue else None
+
+    def requested(self, path):  # -> list of the Range headers (None without one) of the requests for path
+        return [range_header for requested, range_header, _ in self.requests if requested == path]
+
+
+class FileHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, as real servers do, so the client's connection reuse is exercised
+
+    def do_GET(self):
+        owner = self.server.owner
+        fault = owner.next_fault(self.path)
+        if isinstance(fault, threading.Event):
+            fault.wait(HOLD_SECONDS)
+        body = owner.files.get(self.path)
+        range_header = self.headers.get("Range")
+        if isinstance(fault, int) or body is None:
+            return self.answer(range_header, fault if isinstance(fault, int) else 404)
+        start = None if owner.ignore_range else range_start(range_header)
+        if start is not None and start >= len(body):
+            return self.answer(range_header, 416, {"Content-Range": f"bytes */{len(body)}"})
+        sent = body[start or 0:]
+        headers = {} if start is None else {"Content-Range": f"bytes {start}-{len(body) - 1}/{len(body)}"}
+        self.answer(range_header, 200 if start is None else 206, headers, sent, fault)
+
+    def answer(self, range_header, status, headers=None, body=b"", fault=None):
+        self.server.owner.requests.append((self.path, range_header, status))
+        self.send_response(status)
+        for name, value in {**(headers or {}), "Content-Length": str(len(body))}.items():
+            self.send_header(name, value)
+        self.end_headers()
+        if isinstance(fault, Cut):
+            self.wfile.write(body[:fault.after])
+            self.close_connection = True  # the rest that Content-Length promised never comes
+        else:
+            self.wfile.write(body)
+
+    def log_message(self, *args):  # keep test output clean
+        pass
+
+
+def range_start(range_header):  # -> first byte asked for by "bytes=N-" (the form downloaders send), or None
+    found = re.fullmatch(r"bytes=(\d+)-", range_header or "")
+    return int(found[1]) if found else None
+
+
+def official_layout_files(size="124M"):  # -> {url_path: Path}: the tiny TF checkpoint + official tokenizer files
+    tf_tiny = FIXTURES / "tf_tiny"
+    names = ("checkpoint", "hparams.json", "model.ckpt.index", "model.ckpt.data-00000-of-00001")
+    return {
+        **{f"/{size}/{name}": tf_tiny / name for name in names},
+        **{f"/{size}/{name}": official_path(f"124M/{name}") for name in ("encoder.json", "vocab.bpe")},
+    }
+
+
+def hf_layout_files(size="124M"):  # -> {url_path: Path}: the tiny safetensors model + official tokenizer files
+    hf_tiny = FIXTURES / "hf_tiny"
+    return {
+        f"/{size}/model.safetensors": hf_tiny / "model.safetensors",
+        f"/{size}/config.json": hf_tiny / "config.json",
+        f"/{size}/vocab.json": official_path("124M/encoder.json"),  # HF's copies of the same vocabulary
+        f"/{size}/merges.txt": official_path("124M/vocab.bpe"),
+    }

@@ -1,0 +1,353 @@
+"""Downloads, all offline: a local server (tests/http_server.py) plays OpenAI's store or a mirror.
+
+Expected bytes are the files the server was given; expected URLs, folders and Range offsets come from the issue's
+specification and simple arithmetic, never from the downloader's own output.
+"""
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from functools import reduce
+from operator import getitem
+from pathlib import Path
+
+import numpy as np
+import pytest
+import requests
+import urllib3
+
+from gpt2_numpy import download
+from gpt2_numpy.checkpoint import load_params
+from gpt2_numpy.download import ensure_model, file_url, models_dir_path
+from gpt2_numpy.errors import DownloadError, UsageError
+from gpt2_numpy.random_params import random_params
+from tests.conftest import FIXTURES, REPO
+from tests.http_server import Cut, FileServer, hf_layout_files, official_layout_files
+
+OPENAI_FILES = ("checkpoint", "encoder.json", "hparams.json", "model.ckpt.index", "model.ckpt.data-00000-of-00001",
+                "vocab.bpe")
+DATA = "/124M/model.ckpt.data-00000-of-00001"
+SMALL_CHUNK = 16384  # the tiny data file spans many of these; bytes of an unfinished chunk are lost at a cut
+WAIT_SECONDS = 30  # upper bound for anything a test waits on; only reached when something is broken
+
+
+@pytest.fixture(autouse=True)
+def fast_and_isolated(monkeypatch, tmp_path):
+    """No backoff waits, short timeouts, and no models dir or mirror leaking in from the environment."""
+    monkeypatch.setattr(download, "BACKOFF_SECONDS", 0)
+    monkeypatch.setattr(download, "CONNECT_TIMEOUT_SECONDS", 5)
+    monkeypatch.setattr(download, "READ_TIMEOUT_SECONDS", 5)
+    monkeypatch.delenv("GPT2_NUMPY_WEIGHTS", raising=False)
+    monkeypatch.delenv("GPT2_NUMPY_BASE_URL", raising=False)
+    monkeypatch.chdir(tmp_path)
+
+
+@contextmanager
+def mirror(monkeypatch, files, **options):  # a FileServer that GPT2_NUMPY_BASE_URL points at
+    with FileServer(files, **options) as server:
+        monkeypatch.setenv("GPT2_NUMPY_BASE_URL", server.url)
+        yield server
+
+
+def assert_installed(folder, files):  # exactly the served files, byte for byte, and nothing half-done beside them
+    for url_path, source in files.items():
+        assert (folder / Path(url_path).name).read_bytes() == Path(source).read_bytes(), url_path
+    expected = {Path(url_path).name for url_path in files} | {download.LOCK, download.MARKER}
+    assert {path.name for path in folder.iterdir()} == expected
+
+
+def layout_names_in(folder):  # -> the official file names present under their final names
+    return {name for name in OPENAI_FILES if (folder / name).exists()}
+
+
+def test_fresh_download_is_byte_exact_and_says_where(tmp_path, monkeypatch, capsys):
+    files = official_layout_files()
+    with mirror(monkeypatch, files) as server:
+        folder = ensure_model("124M", tmp_path / "models")
+    assert folder == tmp_path / "models" / "124M"
+    assert_installed(folder, files)
+    assert sorted(server.requests) == sorted((path, None, 200) for path in files)  # each file once, no resumes
+    stderr = capsys.readouterr().err
+    assert str(folder) in stderr
+    assert "model.ckpt.data-00000-of-00001: 100%" in stderr  # the per-file progress bar reached the end
+
+
+def test_connection_cut_mid_file_resumes_with_range(tmp_path, monkeypatch):
+    monkeypatch.setattr(download, "CHUNK_BYTES", SMALL_CHUNK)
+    files = official_layout_files()
+    kept = 5 * SMALL_CHUNK
+    with mirror(monkeypatch, files, faults={DATA: [Cut(kept + 100)] * 3}) as server:
+        folder = ensure_model("124M", tmp_path)
+    assert server.requested(DATA) == [None, f"bytes={kept}-", f"bytes={2 * kept}-", f"bytes={3 * kept}-"]
+    assert_installed(folder, files)
+
+
+@pytest.mark.parametrize("ignore_range, resumed_status", [(False, 206), (True, 200)])
+def test_rerun_resumes_partial_file_or_restarts_when_range_is_ignored(tmp_path, monkeypatch, ignore_range,
+                                                                       resumed_status):
+    monkeypatch.setattr(download, "RETRIES", 0)  # the 503 after the cut ends the first run
+    monkeypatch.setattr(download, "CHUNK_BYTES", SMALL_CHUNK)
+    files = official_layout_files()
+    kept = 10 * SMALL_CHUNK
+    with mirror(monkeypatch, files, faults={DATA: [Cut(kept + 7), 503]}, ignore_range=ignore_range) as server:
+        with pytest.raises(DownloadError, match="503"):
+            ensure_model("124M", tmp_path)
+        assert layout_names_in(tmp_path / "124M") == set()
+        folder = ensure_model("124M", tmp_path)
+    data_requests = [(range_header, status) for path, range_header, status in server.requests if path == DATA]
+    assert data_requests == [(None, 200), (f"bytes={kept}-", 503), (f"bytes={kept}-", resumed_status)]
+    assert all(len(server.requested(path)) == 1 for path in files if path != DATA)  # finished files were kept
+    assert_installed(folder, files)
+
+
+def test_missing_file_404_fails_at_once_naming_the_url(tmp_path, monkeypatch):
+    files = official_layout_files()
+    del files["/124M/vocab.bpe"]
+    with mirror(monkeypatch, files) as server:
+        with pytest.raises(DownloadError, match=rf"{server.url}/124M/vocab\.bpe answered HTTP 404"):
+            ensure_model("124M", tmp_path)
+    assert server.requested("/124M/vocab.bpe") == [None]  # a 404 is not retried
+    assert layout_names_in(tmp_path / "124M") == set()
+
+
+def test_server_errors_are_retried_then_reported(tmp_path, monkeypatch):
+    monkeypatch.setattr(download, "RETRIES", 2)
+    with mirror(monkeypatch, official_layout_files(), faults={"/124M/checkpoint": [503] * 3}) as server:
+        with pytest.raises(DownloadError, match=r"/124M/checkpoint failed 3 times in a row \(HTTP 503"):
+            ensure_model("124M", tmp_path)
+    assert server.requested("/124M/checkpoint") == [None] * 3
+
+
+def test_a_passing_retry_recovers_from_server_errors(tmp_path, monkeypatch):
+    files = official_layout_files()
+    with mirror(monkeypatch, files, faults={"/124M/encoder.json": [500, 502]}) as server:
+        folder = ensure_model("124M", tmp_path)
+    assert server.requested("/124M/encoder.json") == [None] * 3
+    assert_installed(folder, files)
+
+
+def test_corrupt_data_is_reported_and_never_installed(tmp_path, monkeypatch):
+    files = official_layout_files()
+    corrupt = bytearray(files[DATA].read_bytes())
+    corrupt[len(corrupt) // 2] ^= 0x01  # one flipped bit inside some tensor: its CRC32C cannot match the index
+    with mirror(monkeypatch, {**files, DATA: bytes(corrupt)}):
+        with pytest.raises(DownloadError, match="failed verification and was deleted: .*CRC32C"):
+            ensure_model("124M", tmp_path)
+    folder = tmp_path / "124M"
+    assert layout_names_in(folder) == set()
+    assert {path.name for path in folder.iterdir()} == {download.LOCK}  # no staged bytes, no .part, no marker
+    with mirror(monkeypatch, files):  # a good server afterwards: a clean, complete download
+        assert_installed(ensure_model("124M", tmp_path), files)
+
+
+def test_connection_refused_says_what_to_fetch_by_hand(tmp_path, monkeypatch):
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))  # bound but not listening: every connection is refused
+        base = f"http://127.0.0.1:{closed.getsockname()[1]}"
+        monkeypatch.setenv("GPT2_NUMPY_BASE_URL", base)
+        with pytest.raises(DownloadError) as caught:
+            ensure_model("124M", tmp_path)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message.startswith(f"cannot download {base}/124M/")
+    assert "Connection refused" in message
+    assert all(f"{base}/124M/{name}" in message for name in OPENAI_FILES)
+    assert f"into {tmp_path / '124M'}" in message
+
+
+def test_no_dns_fails_at_once_with_the_manual_download_message(tmp_path, monkeypatch):
+    attempts = []
+
+    def unresolvable(self, url, **kwargs):  # what requests raises when the host name has no DNS answer
+        attempts.append(url)
+        reason = urllib3.exceptions.NameResolutionError("example", None, socket.gaierror(-2, "Name or service not known"))
+        raise requests.ConnectionError(urllib3.exceptions.MaxRetryError(None, url, reason))
+
+    monkeypatch.setattr(requests.Session, "get", unresolvable)
+    with pytest.raises(DownloadError) as caught:
+        ensure_model("124M", tmp_path)
+    assert len(attempts) == 1  # retrying cannot bring the network back
+    assert "Name or service not known" in str(caught.value)
+    assert all(f"/gpt-2/models/124M/{name}" in str(caught.value) for name in OPENAI_FILES)
+
+
+def test_second_run_is_a_quick_offline_noop(tmp_path, monkeypatch, capsys):
+    files = official_layout_files()
+    with mirror(monkeypatch, files):
+        folder = ensure_model("124M", tmp_path)
+    capsys.readouterr()
+    # the server is gone now, so any request would fail
+    assert ensure_model("124M", tmp_path) == folder
+    assert "already complete" in capsys.readouterr().err
+    assert_installed(folder, files)
+
+
+def test_a_deleted_file_is_fetched_again_alone(tmp_path, monkeypatch):
+    files = official_layout_files()
+    with mirror(monkeypatch, files) as server:
+        folder = ensure_model("124M", tmp_path)
+        (folder / "vocab.bpe").unlink()
+        ensure_model("124M", tmp_path)
+    assert server.requested("/124M/vocab.bpe") == [None, None]
+    assert server.requested(DATA) == [None]
+    assert_installed(folder, files)
+
+
+def test_files_placed_by_hand_are_verified_once_without_network(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPT2_NUMPY_BASE_URL", "http://127.0.0.1:9")  # the discard port: nothing listens there
+    files = official_layout_files()
+    folder = tmp_path / "124M"
+    folder.mkdir()
+    for url_path, source in files.items():
+        shutil.copyfile(source, folder / Path(url_path).name)
+    assert ensure_model("124M", tmp_path) == folder
+    assert_installed(folder, files)
+    assert json.loads((folder / download.MARKER).read_text()) == {
+        Path(url_path).name: Path(source).stat().st_size for url_path, source in files.items()
+    }
+
+
+def test_corrupt_files_placed_by_hand_are_reported_and_kept(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPT2_NUMPY_BASE_URL", "http://127.0.0.1:9")
+    folder = tmp_path / "124M"
+    folder.mkdir()
+    for url_path, source in official_layout_files().items():
+        shutil.copyfile(source, folder / Path(url_path).name)
+    data = folder / Path(DATA).name
+    corrupt = bytearray(data.read_bytes())
+    corrupt[-1] ^= 0x01
+    data.write_bytes(corrupt)
+    with pytest.raises(DownloadError, match="failed verification and was kept, replace the damaged file: .*CRC32C"):
+        ensure_model("124M", tmp_path)
+    assert layout_names_in(folder) == set(OPENAI_FILES)  # the user's files stay where the user put them
+    assert data.read_bytes() == corrupt
+
+
+def test_huggingface_layout_downloads_and_loads(tmp_path, monkeypatch):
+    files = hf_layout_files()
+    with mirror(monkeypatch, files):
+        folder = ensure_model("124M", tmp_path, source="huggingface")
+    assert folder == tmp_path / "124M-hf"
+    assert_installed(folder, files)
+    config = json.loads((FIXTURES / "configs.json").read_text())["tiny"]
+    hparams, params = load_params(folder)
+    expected = random_params(config["hparams"], config["seed"])  # what the lead saved into hf_tiny
+    assert hparams == config["hparams"]
+    np.testing.assert_array_equal(params["wte"], expected["wte"])
+    last_weight = ["blocks", 1, "mlp", "c_proj", "w"]
+    np.testing.assert_array_equal(reduce(getitem, last_weight, params), reduce(getitem, last_weight, expected))
+
+
+def test_default_urls_follow_the_official_stores(monkeypatch):
+    assert file_url("124M", "openai", "vocab.bpe") == (
+        "https://openaipublic.blob.core.windows.net/gpt-2/models/124M/vocab.bpe")
+    assert file_url("1558M", "huggingface", "model.safetensors") == (
+        "https://huggingface.co/openai-community/gpt2-xl/resolve/main/model.safetensors")
+    assert file_url("355M", "huggingface", "config.json") == (
+        "https://huggingface.co/openai-community/gpt2-medium/resolve/main/config.json")
+    monkeypatch.setenv("GPT2_NUMPY_BASE_URL", "http://mirror.example/gpt2/")
+    assert file_url("774M", "huggingface", "merges.txt") == "http://mirror.example/gpt2/774M/merges.txt"
+
+
+def test_models_dir_is_argument_then_environment_then_cwd_weights(tmp_path, monkeypatch):
+    assert models_dir_path() == tmp_path / "weights"
+    monkeypatch.setenv("GPT2_NUMPY_WEIGHTS", str(tmp_path / "from_env"))
+    assert models_dir_path() == tmp_path / "from_env"
+    assert models_dir_path(tmp_path / "from_arg") == tmp_path / "from_arg"
+
+
+@pytest.mark.parametrize("size, source, wrong", [("125M", "openai", "'125M'"), ("124M", "tensorflow", "'tensorflow'")])
+def test_unknown_size_or_source_is_a_usage_error(tmp_path, size, source, wrong):
+    with pytest.raises(UsageError, match=wrong):
+        ensure_model(size, tmp_path, source)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_models_dir_that_cannot_be_created_is_reported(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")  # a folder cannot be made below a regular file, not even by root
+    with pytest.raises(DownloadError, match=f"cannot write {blocker}.*: Not a directory"):
+        ensure_model("124M", blocker / "models")
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs Linux's /dev/full")
+def test_full_disk_is_reported(tmp_path, monkeypatch):
+    staging = tmp_path / "124M" / download.STAGING
+    staging.mkdir(parents=True)
+    (staging / "checkpoint.part").symlink_to("/dev/full")  # every write there fails with ENOSPC
+    with mirror(monkeypatch, official_layout_files()):
+        with pytest.raises(DownloadError, match=f"cannot write {tmp_path / '124M'}: No space left on device"):
+            ensure_model("124M", tmp_path)
+
+
+# -- the command line, in real processes ------------------------------------------------------------------------------
+
+def start_cli(models_dir, env, name):  # -> Popen of the download CLI, its output in models_dir/../<name>.out/.err
+    logs = models_dir.parent
+    return subprocess.Popen(
+        [sys.executable, "-m", "gpt2_numpy.download", "124M", "--models-dir", str(models_dir)],
+        cwd=REPO, env=env, stdout=open(logs / f"{name}.out", "w"), stderr=open(logs / f"{name}.err", "w"),
+    )
+
+
+def wait_until(condition):
+    deadline = time.monotonic() + WAIT_SECONDS
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"gave up waiting after {WAIT_SECONDS} s")
+        time.sleep(0.05)
+
+
+def test_two_processes_downloading_into_one_folder(tmp_path):
+    files = official_layout_files()
+    models_dir = tmp_path / "models"
+    release = threading.Event()
+    processes = []
+    try:
+        with FileServer(files, faults={DATA: [release]}) as server:  # the first process stalls on the data file
+            env = {**os.environ, "GPT2_NUMPY_BASE_URL": server.url}
+            processes.append(start_cli(models_dir, env, "first"))
+            wait_until(lambda: server.requests)  # the first process holds the folder's lock from now on
+            processes.append(start_cli(models_dir, env, "second"))
+            wait_until(lambda: "in progress" in (tmp_path / "second.err").read_text())
+            release.set()
+            codes = [process.wait(WAIT_SECONDS) for process in processes]
+    finally:
+        release.set()
+        for process in processes:
+            process.kill()
+    assert codes == [0, 0]
+    folder = models_dir / "124M"
+    assert [(tmp_path / f"{name}.out").read_text() for name in ("first", "second")] == [f"{folder}\n"] * 2
+    assert "already complete" in (tmp_path / "second.err").read_text()
+    assert all(len(server.requested(path)) == 1 for path in files)  # the second process fetched nothing
+    assert_installed(folder, files)
+
+
+def run_cli(*args, env=None):  # -> CompletedProcess of the download CLI
+    return subprocess.run([sys.executable, "-m", "gpt2_numpy.download", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=WAIT_SECONDS)
+
+
+def test_cli_unknown_size_is_one_line_and_exit_2(tmp_path):
+    result = run_cli("125M", "--models-dir", str(tmp_path))
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr.startswith("error: unknown model size '125M'")
+    assert result.stderr.count("\n") == 1
+
+
+def test_cli_http_error_is_one_error_line_and_exit_1(tmp_path):
+    files = official_layout_files()
+    del files[DATA]
+    with FileServer(files) as server:
+        result = run_cli("124M", "--models-dir", str(tmp_path), env={**os.environ, "GPT2_NUMPY_BASE_URL": server.url})
+    assert (result.returncode, result.stdout) == (1, "")
+    assert "Traceback" not in result.stderr
+    error_lines = [line for line in result.stderr.splitlines() if line.startswith("error")]
+    assert error_lines == [f"error: {server.url}{DATA} answered HTTP 404 Not Found: check the model size, and the "
+                           "mirror in GPT2_NUMPY_BASE_URL if you set one"]
