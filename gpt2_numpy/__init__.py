@@ -1,4 +1,5 @@
 """GPT-2 inference in pure NumPy."""
+from gpt2_numpy.checkpoint import load_params, verify_checkpoint
 from gpt2_numpy.errors import CheckpointError, DownloadError, Gpt2NumpyError, TokenizerError, UsageError
 from gpt2_numpy.model import gpt2, gpt2_cached, new_cache
 from gpt2_numpy.tokenizer import EOT_ID, load_tokenizer
@@ -7,6 +8,8 @@ __all__ = [
     "gpt2",
     "gpt2_cached",
     "new_cache",
+    "load_params",
+    "verify_checkpoint",
     "load_tokenizer",
     "EOT_ID",
     "Gpt2NumpyError",

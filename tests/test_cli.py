@@ -1,0 +1,236 @@
+"""`python -m gpt2_numpy.generate` end to end in a subprocess, on the tiny TF checkpoint with the official tokenizer.
+
+The expected text is `generate`'s greedy continuation decoded: on these weights (random_params of the "tiny" config,
+which tests/fixtures/tf_tiny holds) `generate` reproduces Hugging Face's greedy ids (tests/test_generate.py).
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from gpt2_numpy import generate as generate_module
+from gpt2_numpy.generate import generate, print_sample, prompt_ids, run
+from gpt2_numpy.random_params import random_params
+from gpt2_numpy.tokenizer import load_tokenizer
+from tests.conftest import FIXTURES, REPO, official_path
+from tests.http_server import FileServer, official_layout_files
+
+PROMPT = "I will go to the"  # [40, 481, 467, 284, 262]: every id fits the tiny model's 512-token vocabulary
+N_TOKENS = 20
+UNREACHABLE = "http://127.0.0.1:9"  # the discard port: nothing listens, so no test can reach the internet by mistake
+TINY = json.loads((FIXTURES / "configs.json").read_text())["tiny"]
+
+
+def cli(*args, models_dir, stdin=b"", base_url=UNREACHABLE):  # -> CompletedProcess with str stdout and stderr
+    env = {**os.environ, "GPT2_NUMPY_BASE_URL": base_url, "PYTHONPATH": str(REPO)}
+    env.pop("GPT2_NUMPY_WEIGHTS", None)
+    command = [sys.executable, "-m", "gpt2_numpy.generate", *args, "--models-dir", str(models_dir)]
+    result = subprocess.run(command, input=stdin, capture_output=True, env=env, timeout=120)
+    assert "Traceback" not in result.stderr.decode("utf-8", "replace")
+    return subprocess.CompletedProcess(command, result.returncode, result.stdout.decode(), result.stderr.decode())
+
+
+@pytest.fixture
+def models_dir(tmp_path):  # -> a models dir whose 124M/ holds the tiny TF checkpoint and the official tokenizer
+    folder = tmp_path / "models" / "124M"
+    shutil.copytree(FIXTURES / "tf_tiny", folder)
+    for name in ("encoder.json", "vocab.bpe"):
+        shutil.copy(official_path(f"124M/{name}"), folder)
+    return folder.parent
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer(official_path("124M"))
+
+
+@pytest.fixture(scope="module")
+def params():
+    return random_params(TINY["hparams"], TINY["seed"])
+
+
+def continuation(tokenizer, params, **options):  # -> the text generate() continues PROMPT with, on the tiny weights
+    ids = generate(tokenizer.encode(PROMPT), params, TINY["hparams"]["n_head"], N_TOKENS, **options)
+    assert len(ids) == N_TOKENS  # the tiny vocabulary has no <|endoftext|>, so nothing stops early
+    return tokenizer.decode(ids)
+
+
+def test_greedy_stdout_is_only_the_continuation(models_dir, tokenizer, params):
+    result = cli(PROMPT, "--n-tokens", str(N_TOKENS), models_dir=models_dir)
+    assert result.returncode == 0
+    assert result.stdout == continuation(tokenizer, params) + "\n"
+    assert f"{N_TOKENS} tokens in" in result.stderr and "tokens/s" in result.stderr
+    assert str(models_dir / "124M") in result.stderr
+
+
+def test_stdin_prompt_without_streaming_gives_the_same_text(models_dir, tokenizer, params):
+    result = cli("-", "--n-tokens", str(N_TOKENS), "--no-stream", models_dir=models_dir, stdin=PROMPT.encode())
+    assert result.returncode == 0
+    assert result.stdout == continuation(tokenizer, params) + "\n"
+
+
+def test_samples_use_seed_plus_i_and_are_separated_by_a_blank_line(models_dir, tokenizer, params):
+    args = ["--n-tokens", str(N_TOKENS), "--temperature", "1", "--top-k", "40", "--top-p", "0.9", "--seed", "5"]
+    result = cli(PROMPT, *args, "--num-samples", "2", models_dir=models_dir)
+    assert result.returncode == 0
+    samples = [continuation(tokenizer, params, temperature=1.0, top_k=40, top_p=0.9, seed=seed) for seed in (5, 6)]
+    assert samples[0] != samples[1]
+    assert result.stdout == samples[0] + "\n\n" + samples[1] + "\n"
+    assert "sample 2 of 2 (seed 6)" in result.stderr
+
+
+def test_missing_weights_are_downloaded_from_the_server(tmp_path, tokenizer, params):
+    with FileServer(official_layout_files("124M")) as server:
+        result = cli(PROMPT, "--n-tokens", str(N_TOKENS), models_dir=tmp_path / "models", base_url=server.url)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == continuation(tokenizer, params) + "\n"
+    assert "downloading GPT-2 124M" in result.stderr
+    assert len(server.requested("/124M/model.ckpt.data-00000-of-00001")) == 1
+
+
+def assert_one_error_line(result, fragment):
+    assert result.returncode == 2
+    assert result.stdout == ""
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and fragment in errors[0], result.stderr
+    assert result.stderr.splitlines()[-1] == errors[0]
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["--n-tokens", "60"], "the prompt's 5 tokens plus 60 new tokens make 65, more than the model's context of 64 "
+                               "tokens: shorten the prompt or generate at most 59 tokens"),
+        (["--temperature", "-1"], "temperature must be a number >= 0"),
+        (["--temperature", "warm"], "argument --temperature: invalid float value: 'warm'"),
+        (["--top-p", "0"], "top_p must be a number in (0, 1]"),
+        (["--top-p", "1.5"], "top_p must be a number in (0, 1]"),
+        (["--top-k", "0"], "argument --top-k: must be at least 1, got 0"),
+        (["--n-tokens", "0"], "argument --n-tokens: must be at least 1, got 0"),
+        (["--num-samples", "0"], "argument --num-samples: must be at least 1, got 0"),
+        (["--seed", "-1"], "argument --seed: must be at least 0, got -1"),
+        (["--model-size", "2B"], "argument --model-size: invalid choice: '2B'"),
+        (["--colour"], "unrecognized arguments: --colour"),
+    ],
+)
+def test_bad_arguments_are_one_error_line_with_exit_2(models_dir, args, fragment):
+    assert_one_error_line(cli(PROMPT, *args, models_dir=models_dir), fragment)
+
+
+@pytest.mark.parametrize(
+    "prompt, stdin, fragment",
+    [
+        ("Hello world", b"", "the prompt's token 15496 ('Hello') is outside this model's vocabulary of 512 tokens"),
+        ("", b"", "the prompt's token 50256 ('<|endoftext|>') is outside this model's vocabulary of 512 tokens"),
+        ("-", b"caf\xe9", "stdin is not UTF-8 text (byte 3)"),
+    ],
+)
+def test_prompts_the_model_cannot_take_are_refused(models_dir, prompt, stdin, fragment):
+    assert_one_error_line(cli(prompt, models_dir=models_dir, stdin=stdin), fragment)
+
+
+def test_corrupt_checkpoint_reports_the_loader_message(models_dir):
+    data = models_dir / "124M" / "model.ckpt.data-00000-of-00001"
+    data.write_bytes(data.read_bytes()[:-100])  # a cut-off file
+    assert_one_error_line(cli(PROMPT, models_dir=models_dir), "model.ckpt.data-00000-of-00001")
+
+
+def test_malformed_vocabulary_reports_the_tokenizer_message(models_dir):
+    (models_dir / "124M" / "encoder.json").write_text("{")
+    assert_one_error_line(cli(PROMPT, models_dir=models_dir), "encoder.json is malformed")
+
+
+@pytest.mark.parametrize("name", ["hparams.json", "model.ckpt.index", "model.ckpt.data-00000-of-00001", "vocab.bpe"])
+def test_unreadable_model_files_are_reported_by_the_loaders(models_dir, name):
+    path = models_dir / "124M" / name
+    path.unlink()
+    path.mkdir()  # unreadable even for root, which a chmod is not
+    assert_one_error_line(cli(PROMPT, models_dir=models_dir), name)
+
+
+def test_a_models_dir_that_is_a_file_is_refused(tmp_path):
+    (tmp_path / "models").write_text("")
+    assert_one_error_line(cli(PROMPT, models_dir=tmp_path / "models"), "is a file: pass a folder with --models-dir")
+
+
+def test_a_reader_that_quits_early_ends_generation_quietly(models_dir):
+    env = {**os.environ, "GPT2_NUMPY_BASE_URL": UNREACHABLE, "PYTHONPATH": str(REPO)}
+    command = [sys.executable, "-m", "gpt2_numpy.generate", PROMPT, "--models-dir", str(models_dir)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    process.stdout.close()  # like `| head` exiting before the first token: every write now fails with EPIPE
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 128 + 13  # 13 is SIGPIPE: the status `cat` reports in the same situation
+    assert "Traceback" not in stderr.decode() and "error" not in stderr.decode()
+
+
+# --- in-process: end of text, notes, streaming, Ctrl-C and the empty prompt ---
+
+
+def test_ignore_eos_keeps_going_past_end_of_text(models_dir, tokenizer, params, monkeypatch, capsys):
+    ids = generate(tokenizer.encode(PROMPT), params, TINY["hparams"]["n_head"], N_TOKENS)
+    stop = next(i for i, token_id in enumerate(ids) if token_id not in ids[:i] and i >= 3)
+    monkeypatch.setattr(generate_module, "EOT_ID", ids[stop])  # the tiny vocabulary has no id 50256: pick a stand-in
+    args = [PROMPT, "--n-tokens", str(N_TOKENS), "--models-dir", str(models_dir)]
+    assert run(args) == 0
+    assert capsys.readouterr().out == tokenizer.decode(ids[:stop]) + "\n"
+    assert run([*args, "--ignore-eos"]) == 0
+    assert capsys.readouterr().out == tokenizer.decode(ids) + "\n"
+
+
+@pytest.mark.parametrize(
+    "args, note",
+    [
+        (["--top-k", "5", "--seed", "0"], "note: greedy decoding (--temperature 0, the default) ignores --top-k, --seed"),
+        (["--num-samples", "2"], "note: greedy decoding (--temperature 0, the default) makes every sample the same"),
+        (["--temperature", "0.5", "--top-k", "5"], None),
+    ],
+)
+def test_greedy_notes_options_that_change_nothing(models_dir, capsys, args, note):
+    assert run([PROMPT, "--n-tokens", "2", "--models-dir", str(models_dir), *args]) == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note:")]
+    assert notes == ([f"{note}; add e.g. --temperature 0.8 to sample"] if note else [])
+
+
+def stdout_while_generating(ids, capsys):  # -> generator of ids, and the list of stdout text seen before each next id
+    seen = []
+
+    def ids_and_record():
+        for token_id in ids:
+            yield token_id
+            seen.append(capsys.readouterr().out)  # runs when the next id is asked for
+
+    return ids_and_record(), seen
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_each_token_is_written_before_the_next_is_generated(tokenizer, capsys, stream):
+    text = "I go \N{GRINNING FACE} out"
+    ids = tokenizer.encode(text)
+    emoji_ids = tokenizer.encode(" \N{GRINNING FACE}")
+    assert len(emoji_ids) == 2  # its four UTF-8 bytes span two tokens
+    generated, seen = stdout_while_generating(ids, capsys)
+    assert print_sample(generated, tokenizer, stream=stream) == len(ids)
+    seen.append(capsys.readouterr().out)
+    if stream:  # the emoji's first token prints its space but holds back the incomplete bytes, never U+FFFD
+        assert seen == ["I", " go", " ", "\N{GRINNING FACE}", " out", "\n"]
+    else:
+        assert seen == ["", "", "", "", "", text + "\n"]
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_ctrl_c_keeps_the_text_so_far(tokenizer, capsys, stream):
+    def interrupted():
+        yield from tokenizer.encode("I go out")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        print_sample(interrupted(), tokenizer, stream=stream)
+    assert capsys.readouterr().out == "I go out\n"
+
+
+def test_empty_prompt_starts_from_end_of_text_and_the_token_is_allowed(tokenizer):
+    assert prompt_ids(tokenizer, "", 50257) == [50256]
+    assert prompt_ids(tokenizer, "a<|endoftext|>b", 50257) == [64, 50256, 65]

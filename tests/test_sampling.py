@@ -1,0 +1,139 @@
+"""Choosing the next id: greedy limits, seeds, top-k / top-p sets, and frequencies against the softmax math."""
+import math
+
+import numpy as np
+import pytest
+
+from gpt2_numpy.errors import UsageError
+from gpt2_numpy.sampling import check_sampling_args, draw, next_token, nucleus
+
+N_DRAWS = 8_000
+# A frequency f of a bin with probability p over N draws has binomial std sqrt(p (1 - p) / N) <= 0.0056 here; 5 std
+# per bin is exceeded by chance with probability < 6e-7, while a wrong temperature, order or renormalisation shifts
+# the frequencies by 0.05 or more.
+N_STD = 5
+
+# a hand-made distribution (sums to 1), in scrambled order so that ids are not already sorted by probability
+PROBS = np.array([0.05, 0.40, 0.02, 0.30, 0.10, 0.08, 0.03, 0.02])
+LOGITS = np.log(PROBS).astype(np.float32)
+
+
+def frequencies(logits, n_draws=N_DRAWS, seed=0, **options):  # -> [n] empirical frequency of each id
+    rng = np.random.default_rng(seed)
+    ids = [next_token(logits, rng, **options) for _ in range(n_draws)]
+    return np.bincount(ids, minlength=len(logits)) / n_draws
+
+
+def assert_matches(freqs, expected):  # expected: {id: probability}, every other id must never be drawn
+    for token_id, freq in enumerate(freqs):
+        p = expected.get(token_id, 0.0)
+        assert abs(freq - p) <= N_STD * math.sqrt(p * (1 - p) / N_DRAWS), (token_id, freq, p)
+
+
+def exact_softmax(logits, temperature):  # -> {id: probability}, in float64 from the definition
+    weights = [math.exp(float(x) / temperature) for x in logits]
+    return {i: w / sum(weights) for i, w in enumerate(weights)}
+
+
+def renormalised(probs, ids):  # -> {id: probability} of the distribution restricted to ids
+    return {i: probs[i] / sum(probs[j] for j in ids) for i in ids}
+
+
+@pytest.mark.parametrize("temperature", [0.7, 2.5])
+def test_frequencies_match_softmax_with_temperature(temperature):
+    logits = np.array([2.0, 1.0, 0.5, 0.0, -1.0, -3.0], np.float32)
+    assert_matches(frequencies(logits, temperature=temperature), exact_softmax(logits, temperature))
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p():
+    # sorted probabilities 0.40 (id 1), 0.30 (id 3), 0.10 (id 4), 0.08 (id 5), ...: cumulative 0.40, 0.70, 0.80
+    for top_p, nucleus_ids in [(0.75, [1, 3, 4]), (0.5, [1, 3]), (0.3, [1])]:
+        expected = renormalised(PROBS, nucleus_ids)
+        assert_matches(frequencies(LOGITS, temperature=1.0, top_p=top_p), expected)
+
+
+def test_top_k_keeps_the_k_most_likely():
+    for top_k in [1, 3, 100]:
+        top_ids = [1, 3, 4, 5, 0, 6, 2, 7][:top_k]  # PROBS by decreasing probability
+        assert_matches(frequencies(LOGITS, temperature=1.0, top_k=top_k), renormalised(PROBS, top_ids))
+
+
+def test_temperature_then_top_k_then_top_p():
+    # T=0.5 squares the probabilities: 0.16 (id 1), 0.09 (id 3), 0.01 (id 4), 0.0064 (id 5), ...; top_k=4 keeps those
+    # four, renormalised 0.601, 0.338, 0.038, 0.024; top_p=0.9 then needs ids 1 and 3 (0.938), in ratio 16:9.
+    # (top-p on the T=1 probabilities would keep five ids; top-k after top-p would keep the same two with T=1 ratios.)
+    freqs = frequencies(LOGITS, temperature=0.5, top_k=4, top_p=0.9)
+    assert_matches(freqs, {1: 0.16 / 0.25, 3: 0.09 / 0.25})
+
+
+def test_top_k_never_leaves_the_top_k_of_a_large_vocabulary():
+    logits = np.random.default_rng(1).standard_normal(5000).astype(np.float32)
+    allowed = set(np.argsort(logits)[-7:].tolist())
+    rng = np.random.default_rng(2)
+    drawn = {next_token(logits, rng, temperature=3.0, top_k=7) for _ in range(3000)}
+    assert drawn == allowed  # at T=3 all seven are likely enough to appear in 3000 draws
+
+
+@pytest.mark.parametrize("scale", [0.1, 3.0])  # nearly flat (a nucleus of most of the vocabulary) and peaked
+def test_nucleus_equals_the_full_sort_definition(scale):
+    logits = np.random.default_rng(3).standard_normal(50257).astype(np.float32) * scale
+    probs = np.exp(logits) / np.exp(logits).sum()  # float32, as sampling sees them
+    order = np.argsort(-probs.astype(np.float64))
+    for top_p in [0.1, 0.5, 0.9, 0.99]:
+        n_keep = int(np.argmax(np.cumsum(probs[order], dtype=np.float64) >= top_p * probs.sum(dtype=np.float64))) + 1
+        assert set(nucleus(probs, top_p).tolist()) == set(order[:n_keep].tolist())
+
+
+def test_draw_never_picks_a_zero_probability():
+    probs = np.array([0.0, 0.5, 0.0, 0.5, 0.0], np.float32)
+    rng = np.random.default_rng(4)
+    assert {draw(probs, rng) for _ in range(2000)} == {1, 3}
+
+
+def test_greedy_limits_equal_argmax():
+    rng = np.random.default_rng(5)
+    for _ in range(50):
+        logits = rng.standard_normal(512).astype(np.float32) * 3
+        best = int(np.argmax(logits))
+        assert next_token(logits) == best  # temperature 0 needs no generator
+        assert next_token(logits, rng, temperature=1.0, top_k=1) == best
+        assert next_token(logits, rng, temperature=1e-6) == best  # other logits are >= 1e-4 lower: exp(-100) at most
+        assert next_token(logits, rng, temperature=1e-30) == best
+
+
+def test_same_seed_same_ids():
+    logits = np.random.default_rng(6).standard_normal(1000).astype(np.float32)
+
+    def draws(seed):
+        rng = np.random.default_rng(seed)
+        return [next_token(logits, rng, temperature=1.0, top_k=50, top_p=0.9) for _ in range(30)]
+
+    assert draws(7) == draws(7)
+    assert draws(7) != draws(8)
+
+
+def test_float32_logits_stay_finite_without_warnings():
+    logits = np.array([80.0, -80.0, 0.0], np.float32)
+    with np.errstate(over="raise", divide="raise", invalid="raise"):  # underflow to 0 is the point
+        for temperature in [1e-300, 1e-6, 1.0, 1e300]:
+            assert next_token(logits, np.random.default_rng(0), temperature=temperature) in (0, 1, 2)
+
+
+@pytest.mark.parametrize(
+    "arguments, fragment",
+    [
+        ({"temperature": -0.1}, "temperature must be a number >= 0"),
+        ({"temperature": float("nan")}, "temperature must be a number >= 0"),
+        ({"temperature": float("inf")}, "temperature must be finite"),
+        ({"temperature": "1"}, "temperature must be a number"),
+        ({"top_k": 0}, "top_k must be a whole number >= 1"),
+        ({"top_k": 2.5}, "top_k must be a whole number"),
+        ({"top_p": 0.0}, "top_p must be a number in (0, 1]"),
+        ({"top_p": 1.5}, "top_p must be a number in (0, 1]"),
+    ],
+)
+def test_bad_arguments_raise_usage_error(arguments, fragment):
+    with pytest.raises(UsageError, match=fragment.replace("(", r"\(").replace("]", r"\]")):
+        check_sampling_args(**arguments)
+    with pytest.raises(UsageError):
+        next_token(LOGITS, np.random.default_rng(0), **{"temperature": 1.0, **arguments})
