@@ -32,7 +32,7 @@ POSITIONS_124M = [0, 1, 63, 127]
 GREEDY_PROMPT_LEN, GREEDY_NEW_TOKENS = 8, 24
 
 
-def hf_model(hparams, params):  # our layout -> GPT2LMHeadModel holding the same numbers
+def hf_model(hparams, params, attn_implementation="eager"):  # our layout -> GPT2LMHeadModel with the same numbers
     config = transformers.GPT2Config(
         vocab_size=hparams["n_vocab"],
         n_positions=hparams["n_ctx"],
@@ -49,7 +49,7 @@ def hf_model(hparams, params):  # our layout -> GPT2LMHeadModel holding the same
         bos_token_id=50256 if hparams["n_vocab"] > 50256 else None,
         eos_token_id=50256 if hparams["n_vocab"] > 50256 else None,
     )
-    config._attn_implementation = "eager"
+    config._attn_implementation = attn_implementation  # eager: the textbook formula, for the reference logits
     model = transformers.GPT2LMHeadModel(config).eval()
     t = model.transformer
 

@@ -50,7 +50,7 @@ def test_logits_match_hugging_face(name):
     "wrong_piece, replacement",
     [
         ("causal_mask", lambda n_q, n_k: np.zeros((n_q, n_k), np.float32)),  # no mask: sees the future
-        ("split_heads", lambda x, n_head: x.reshape(n_head, x.shape[0], -1)),  # heads cut across positions
+        ("split_heads", lambda x, n_head: x.reshape(3, n_head, x.shape[0], -1)),  # heads cut across positions
     ],
 )
 def test_fixture_detects_a_wrong_mask_or_head_split(tiny, monkeypatch, wrong_piece, replacement):
@@ -78,6 +78,13 @@ def test_kv_cache_matches_full_pass_at_every_position(tiny, sizes):
     cached = feed_in_chunks(params, hparams["n_head"], reference["inputs"], sizes)
     assert cached.dtype == np.float32
     assert np.abs(cached - full).max() <= CACHE_TOLERANCE
+
+
+def test_a_long_prompt_in_prefill_chunks_matches_the_full_pass(tiny, monkeypatch):
+    hparams, params, reference = tiny
+    monkeypatch.setattr(model, "PREFILL_CHUNK", 10)  # 64 tokens: chunks of 10, 10, ..., 4
+    cached = feed_in_chunks(params, hparams["n_head"], reference["inputs"], [64])
+    assert np.abs(cached - reference["logits"]).max() <= HF_TOLERANCE
 
 
 def test_kv_cache_last_only_returns_the_last_row(tiny):

@@ -85,8 +85,10 @@ def apply_int(images, value):  # GF(2) matrix (32 images) times one 32-bit value
 
 
 def apply_matrix(images, values):  # GF(2) matrix (uint32 [32] images) times each of uint32 [...] values
-    bits = (values[..., None] >> BITS) & 1
-    return np.bitwise_xor.reduce(bits * images, axis=-1)
+    result = np.zeros_like(values)
+    for bit, image in enumerate(images):  # bit by bit: no [..., 32] temporary (8 MB for the 65536-entry tables)
+        result ^= ((values >> np.uint32(bit)) & np.uint32(1)) * image
+    return result
 
 
 @lru_cache(maxsize=None)
