@@ -30,7 +30,7 @@ import urllib3
 from tqdm import tqdm
 
 from gpt2_numpy.checkpoint import verify_checkpoint
-from gpt2_numpy.errors import ArgumentParser, CheckpointError, DownloadError, UsageError, run_cli
+from gpt2_numpy.errors import ArgumentParser, CheckpointError, DownloadError, UsageError, log, run_cli
 
 MODEL_SIZES = ("124M", "355M", "774M", "1558M")
 HF_REPOS = {
@@ -100,10 +100,6 @@ def checked_choice(value, choices, what):  # -> value, or UsageError naming the 
     if value not in choices:
         raise UsageError(f"unknown {what} {value!r}: choose one of {', '.join(choices)}")
     return value
-
-
-def log(message):
-    print(message, file=sys.stderr, flush=True)
 
 
 # -- the public entry point ------------------------------------------------------------------------------------------

@@ -36,6 +36,10 @@ class ArgumentParser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see --help)")
 
 
+def log(message):  # diagnostics go to stderr, so stdout carries only what a command produces
+    print(message, file=sys.stderr, flush=True)
+
+
 def run_cli(main, argv=None):  # -> never returns: exits with main's status, or one error line
     try:
         status = main(argv)

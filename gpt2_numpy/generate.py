@@ -14,7 +14,7 @@ import numpy as np
 
 from gpt2_numpy.checkpoint import load_params
 from gpt2_numpy.download import MODEL_SIZES, SOURCES, ensure_model, models_dir_path
-from gpt2_numpy.errors import ArgumentParser, UsageError, run_cli
+from gpt2_numpy.errors import ArgumentParser, UsageError, log, run_cli
 from gpt2_numpy.model import check_inputs, gpt2_cached, new_cache
 from gpt2_numpy.sampling import check_sampling_args, next_token
 from gpt2_numpy.tokenizer import EOT_ID, load_tokenizer
@@ -121,7 +121,7 @@ def run(argv=None):  # -> exit status
         if index:
             write_stdout("\n")  # a blank line between samples (each one ends with a newline)
         if args.num_samples > 1:
-            diagnose(f"sample {index + 1} of {args.num_samples}" + ("" if seed is None else f" (seed {seed})"))
+            log(f"sample {index + 1} of {args.num_samples}" + ("" if seed is None else f" (seed {seed})"))
         print_timed(ids, tokenizer, stream=not args.no_stream, n_prompt=len(inputs))
     return 0
 
@@ -148,7 +148,7 @@ def note_ignored_options(args):  # -> None; says on stderr when sampling options
     given = [flag for flag, value in options.items() if value is not None]
     if given or args.num_samples > 1:
         effect = f"ignores {', '.join(given)}" if given else "makes every sample the same"
-        diagnose(f"note: greedy decoding (--temperature 0, the default) {effect}; add e.g. --temperature 0.8 to sample")
+        log(f"note: greedy decoding (--temperature 0, the default) {effect}; add e.g. --temperature 0.8 to sample")
 
 
 def load_model(size, models_dir):  # -> hparams, params, tokenizer; the weights are downloaded first if missing
@@ -164,7 +164,7 @@ def load_model(size, models_dir):  # -> hparams, params, tokenizer; the weights 
     start = time.perf_counter()
     hparams, params = load_params(model_dir)
     tokenizer = load_tokenizer(model_dir)
-    diagnose(f"loaded GPT-2 {size} from {model_dir} in {time.perf_counter() - start:.1f} s")
+    log(f"loaded GPT-2 {size} from {model_dir} in {time.perf_counter() - start:.1f} s")
     return hparams, params, tokenizer
 
 
@@ -201,16 +201,12 @@ def print_timed(ids, tokenizer, stream, n_prompt):  # -> None; prints a sample, 
     n_ids = print_sample(ids, tokenizer, stream)
     seconds = time.perf_counter() - start
     speed = f"{n_ids / seconds:.1f} tokens/s"
-    diagnose(f"generated {n_ids} tokens in {seconds:.2f} s ({speed}) after a {n_prompt}-token prompt")
+    log(f"generated {n_ids} tokens in {seconds:.2f} s ({speed}) after a {n_prompt}-token prompt")
 
 
 def write_stdout(text):
     sys.stdout.write(text)
     sys.stdout.flush()  # each token appears as soon as it is chosen, even through a pipe
-
-
-def diagnose(message):
-    print(message, file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":
