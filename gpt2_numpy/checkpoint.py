@@ -9,7 +9,7 @@ from functools import partial
 from pathlib import Path
 
 from gpt2_numpy.errors import CheckpointError
-from gpt2_numpy.formats import read_file
+from gpt2_numpy.formats import read_file, unreadable
 from gpt2_numpy.formats.safetensors import read_safetensors, to_float32
 from gpt2_numpy.formats.tf_bundle import TensorBundle
 
@@ -30,11 +30,12 @@ def load_params(model_dir, verify=False):  # -> (hparams, params)
     """Load the checkpoint in model_dir; verify=True also checks every tensor's CRC32C (TF checkpoints; safetensors
     files are always checked for structure and have no checksums). Raises CheckpointError naming what is wrong."""
     model_dir = Path(model_dir)
-    if (model_dir / "checkpoint").is_file():
+    present = files_in(model_dir, ("checkpoint", "model.safetensors", "pytorch_model.bin"))
+    if "checkpoint" in present:
         hparams_path, weights_path, tensors = open_openai(model_dir, verify)
-    elif (model_dir / "model.safetensors").is_file():
+    elif "model.safetensors" in present:
         hparams_path, weights_path, tensors = open_hf(model_dir)
-    elif (model_dir / "pytorch_model.bin").is_file():
+    elif "pytorch_model.bin" in present:
         raise CheckpointError(f"{model_dir} holds only pytorch_model.bin, a pickle (which could run any code), and "
                               "pickles are never loaded; download the model's model.safetensors instead")
     else:
@@ -42,6 +43,13 @@ def load_params(model_dir, verify=False):  # -> (hparams, params)
                               f"{' and '.join(HF_FILES)} (Hugging Face); download the model there first")
     hparams = read_hparams(hparams_path)
     return hparams, to_params(tensors, hparams, f"{weights_path} and {hparams_path}")
+
+
+def files_in(model_dir, names):  # -> the names that are files in model_dir; CheckpointError if it cannot be read
+    try:
+        return {name for name in names if (model_dir / name).is_file()}
+    except OSError as error:
+        raise unreadable(model_dir, error) from None
 
 
 def verify_checkpoint(model_dir):  # -> None, or raises CheckpointError

@@ -8,12 +8,15 @@ safetensors (the two layouts live apart, so loading a folder never has to guess 
 
 How: every missing file streams into <folder>/.download/<name>.part, resumed with an HTTP Range request after an
 interruption, and is renamed to <folder>/.download/<name> once its size matches what the server announced. Then the
-whole staged checkpoint is verified (CRC32C of every tensor, or the safetensors structure) and only then moved into
-<folder>, so a final name never holds unverified bytes. A marker, <folder>/.verified.json, records the verified sizes:
-later runs compare sizes against it instead of re-reading gigabytes. A lock file serialises processes.
+whole staged model is verified (CRC32C of every tensor, or the safetensors structure, and the vocabulary files) and
+only then moved into <folder>, so a final name never holds unverified bytes. When verification fails, the file it
+blames is deleted if it was downloaded (or left alone if it was already in <folder>), while the other downloaded files
+stay staged for the next run. A marker, <folder>/.verified.json, records the verified sizes: later runs compare sizes
+against it instead of re-reading gigabytes. A lock file serialises processes.
 
 Mirrors: $GPT2_NUMPY_BASE_URL replaces the servers; files are then fetched from <base>/<SIZE>/<file> for either source.
 """
+import errno
 import fcntl
 import json
 import os
@@ -21,7 +24,7 @@ import re
 import shutil
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +33,8 @@ import urllib3
 from tqdm import tqdm
 
 from gpt2_numpy.checkpoint import verify_checkpoint
-from gpt2_numpy.errors import ArgumentParser, CheckpointError, DownloadError, UsageError, log, run_cli
+from gpt2_numpy.errors import ArgumentParser, CheckpointError, DownloadError, TokenizerError, UsageError, log, run_cli
+from gpt2_numpy.tokenizer import load_tokenizer
 
 MODEL_SIZES = ("124M", "355M", "774M", "1558M")
 HF_REPOS = {
@@ -43,8 +47,8 @@ HF_REPOS = {
 # Network behaviour; tests shrink these so that failure cases finish in milliseconds.
 CONNECT_TIMEOUT_SECONDS = 10
 READ_TIMEOUT_SECONDS = 30  # longest silence tolerated in the middle of a file
-RETRIES = 5  # attempts in a row that add no bytes; an attempt that makes progress resets the count
-BACKOFF_SECONDS = 1.0  # the wait doubles after each fruitless attempt: 1, 2, 4, 8, 16 s
+RETRIES = 3  # retries after attempts that add no bytes; an attempt that makes progress resets the count
+BACKOFF_SECONDS = 1.0  # the wait doubles after each fruitless attempt: 1, 2, 4 s, so an offline run fails in ~7 s
 CHUNK_BYTES = 1 << 20
 
 STAGING = ".download"  # subfolder holding files until the checkpoint verified
@@ -112,7 +116,6 @@ def ensure_model(size, models_dir=None, source="openai"):  # -> Path of the veri
     if not is_complete(folder, files):
         with locked(folder):
             if not is_complete(folder, files):  # another process may have finished it while we waited
-                log(f"downloading GPT-2 {size} from {source} into {folder}")
                 install(folder, size, source)
                 log(f"GPT-2 {size} is ready in {folder}")
                 return folder
@@ -132,7 +135,9 @@ def is_complete(folder, files):  # -> True when a past run verified these files 
 def locked(folder):  # creates folder and holds its lock; a file-system error anywhere inside becomes a DownloadError
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        with open(folder / LOCK, "a") as lock:  # flock dies with its process: a crash never leaves a stale lock
+        # flock dies with its process, so a crash never leaves a stale lock. The file itself stays: deleting it while
+        # another process waits on it would let a third process lock a fresh file, and two downloads would run at once.
+        with open(folder / LOCK, "a") as lock:
             try:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -140,10 +145,22 @@ def locked(folder):  # creates folder and holds its lock; a file-system error an
                 fcntl.flock(lock, fcntl.LOCK_EX)
             yield
     except OSError as error:  # fetch turns requests' errors (OSErrors too) into DownloadErrors: this is the disk
-        raise DownloadError(
-            f"cannot write {error.filename or folder}: {error.strerror or error}; free some disk space or choose "
-            f"a writable folder with --models-dir or GPT2_NUMPY_WEIGHTS"
-        ) from None
+        raise DownloadError(f"cannot write {error.filename or folder}: {error.strerror or error}; "
+                            f"{DISK_ADVICE.get(error.errno, OTHER_FOLDER)}") from None
+
+
+OTHER_FOLDER = "choose another folder with --models-dir or GPT2_NUMPY_WEIGHTS"
+FULL_DISK = f"free some disk space or {OTHER_FOLDER}"
+NOT_ALLOWED = f"fix its permissions or {OTHER_FOLDER}"
+DISK_ADVICE = {  # what to do about a file-system error, by errno
+    errno.ENOSPC: FULL_DISK,
+    errno.EDQUOT: FULL_DISK,
+    errno.EACCES: NOT_ALLOWED,
+    errno.EPERM: NOT_ALLOWED,
+    errno.EROFS: f"the file system is read-only: {OTHER_FOLDER}",
+    errno.ENOTDIR: f"a file stands where a folder is needed: move it away or {OTHER_FOLDER}",
+    errno.ENOENT: f"it or a folder above it is missing (removed meanwhile?): run again or {OTHER_FOLDER}",
+}
 
 
 # -- staging, verifying, installing ----------------------------------------------------------------------------------
@@ -152,16 +169,22 @@ def install(folder, size, source):  # -> None: folder holds every file, verified
     files = SOURCES[source].files
     staging = folder / STAGING
     staging.mkdir(exist_ok=True)
-    missing = [name for name in files if not (folder / name).exists()]
-    fetch_all(folder, size, source, missing)
-    present = [name for name in files if name not in missing]
-    for name in present:  # gather one complete checkpoint to verify, without copying gigabytes
-        os.replace(folder / name, staging / name)
-    verify(folder, present, missing)
-    for name in files:
-        os.replace(staging / name, folder / name)
-    (folder / MARKER).write_text(json.dumps({name: (folder / name).stat().st_size for name in files}))
-    shutil.rmtree(staging)
+    try:
+        missing = [name for name in files if not (folder / name).exists()]
+        log(f"downloading GPT-2 {size} from {source} into {folder}" if missing else
+            f"verifying the files already in {folder}")
+        fetch_all(folder, size, source, missing)
+        present = [name for name in files if name not in missing]
+        for name in present:  # gather one complete model to verify, without copying gigabytes
+            os.replace(folder / name, staging / name)
+        verify(folder, present, missing)
+        for name in files:
+            os.replace(staging / name, folder / name)
+        (folder / MARKER).write_text(json.dumps({name: (folder / name).stat().st_size for name in files}))
+        shutil.rmtree(staging)
+    finally:
+        with suppress(OSError):  # after a failure, keep staging only when it holds files a rerun can reuse
+            staging.rmdir()
 
 
 def fetch_all(folder, size, source, missing):  # -> None: each missing file is complete in folder/.download/
@@ -176,17 +199,32 @@ def fetch_all(folder, size, source, missing):  # -> None: each missing file is c
                 raise DownloadError(f"{error}; to install by hand, download {urls} into {folder}/") from None
 
 
-def verify(folder, present, fetched):  # -> None, or DownloadError after restoring what was there, deleting the rest
+def verify(folder, present, fetched):  # -> None, or DownloadError once each file is where the next run wants it
     staging = folder / STAGING
-    log("verifying checksums")
+    log("verifying checksums and vocabulary")
     try:
         verify_checkpoint(staging)
-    except CheckpointError as error:
-        for name in present:
+        load_tokenizer(staging)
+    except (CheckpointError, TokenizerError) as error:
+        # the error names the bad file(s); when it names none, every file is suspect
+        blamed = [name for name in present + fetched if str(staging / name) in str(error)] or present + fetched
+        kept, deleted = [name for name in blamed if name in present], [name for name in blamed if name in fetched]
+        for name in present:  # the user's files go back where the user put them
             os.replace(staging / name, folder / name)
-        shutil.rmtree(staging)  # bad bytes never reach a final name, and a rerun starts afresh
-        fate = "was deleted" if fetched else "was kept, replace the damaged file"
-        raise DownloadError(f"the checkpoint in {folder} failed verification and {fate}: {error}") from None
+        for name in deleted:  # a bad download goes; the good ones stay staged for the next run to reuse
+            (staging / name).unlink()
+        raise failed_verification(folder, error, kept, deleted) from None
+
+
+def failed_verification(folder, error, kept, deleted):  # -> DownloadError: what is wrong and what became of the files
+    detail = str(error).replace(str(folder / STAGING), str(folder))  # name files where the user will look for them
+    fates = []
+    if deleted:
+        fates.append(f"deleted the downloaded {', '.join(deleted)}, so the next run fetches a fresh copy")
+    if kept:
+        fates.append(f"left {', '.join(kept)} in {folder} untouched: replace the bad file with a good copy, or delete "
+                     "it so the next run downloads one")
+    return DownloadError("; ".join([detail, *fates]))
 
 
 # -- one file over HTTP ----------------------------------------------------------------------------------------------
@@ -286,7 +324,11 @@ def gave_up(url, error):  # -> the DownloadError that ends the retries
 
 # -- the command line ------------------------------------------------------------------------------------------------
 
-def main(argv=None):  # -> exit status; prints the model folder on stdout, everything else on stderr
+def main(argv=None):  # console entry point: errors become one line on stderr and an exit status
+    run_cli(run, argv)
+
+
+def run(argv=None):  # -> exit status; prints the model folder on stdout, everything else on stderr
     parser = ArgumentParser(prog="python -m gpt2_numpy.download",
                             description="Download an official GPT-2 checkpoint, resuming and verifying it.")
     parser.add_argument("size", metavar="SIZE", help=f"model size: {', '.join(MODEL_SIZES)}")
@@ -299,4 +341,4 @@ def main(argv=None):  # -> exit status; prints the model folder on stdout, every
 
 
 if __name__ == "__main__":
-    run_cli(main)
+    main()

@@ -159,11 +159,18 @@ class StreamDecoder:
 def load_tokenizer(model_dir):  # -> Tokenizer, from OpenAI's or Hugging Face's vocabulary files in model_dir
     model_dir = Path(model_dir)
     for vocab_name, merges_name in FILE_NAMES.values():
-        if (model_dir / vocab_name).exists():
+        if is_file(model_dir / vocab_name):
             encoder = read_encoder(model_dir / vocab_name)
             return Tokenizer(encoder, read_merges(model_dir / merges_name, encoder))
     expected = " or ".join(f"{vocab} + {merges} ({source})" for source, (vocab, merges) in FILE_NAMES.items())
     raise TokenizerError(f"no vocabulary in {model_dir}: expected {expected}; download the model into that folder")
+
+
+def is_file(path):  # -> bool; TokenizerError when the folder cannot be read at all
+    try:
+        return path.is_file()
+    except OSError as error:
+        raise TokenizerError(f"cannot read {path.parent} ({error.strerror}): check its permissions") from None
 
 
 def read_encoder(path):  # -> {spelled token: id}, checked to be ids 0..n-1 over the byte alphabet, with <|endoftext|>
@@ -183,6 +190,14 @@ def read_encoder(path):  # -> {spelled token: id}, checked to be ids 0..n-1 over
 
 
 def read_merges(path, encoder):  # -> [(left, right)], best first, each joining two tokens into a third
+    merges = read_merge_lines(path, encoder)
+    # every token beyond the 256 bytes and <|endoftext|> is made by exactly one merge: a cut file would encode wrongly
+    if len(merges) != len(encoder) - 257:
+        raise malformed(path, f"it has {len(merges):,} merges but the vocabulary needs {len(encoder) - 257:,}")
+    return merges
+
+
+def read_merge_lines(path, encoder):  # -> [(left, right)] as the file lists them
     merges = []
     for number, line in enumerate(read_text(path).split("\n"), start=1):
         if not line or (number == 1 and line.startswith("#version")):  # the header line and the final newline

@@ -2,12 +2,13 @@
 
     python scripts/benchmark.py                 # our numbers only (numpy, regex, requests, tqdm)
     python scripts/benchmark.py --compare-hf    # also HF transformers on the same weights, in the same invocation
-    python scripts/benchmark.py --json          # the rows as JSON instead of a table
+    python scripts/benchmark.py --json          # the rows as JSON instead of tables
 
-The weights are the real checkpoint when `--checkpoint DIR` (default weights/124M) holds one, else seeded random
-weights of the 124M shape. `--compare-hf` needs `pip install torch==2.13.0 transformers safetensors` (CPU torch). Each
-number is the median of `--repeats` runs after a warm-up. Targets from the performance issue are checked only as
-ratios measured in the same run, never in the test suite.
+The weights are a TF checkpoint when `--checkpoint DIR` (default weights/124M) holds one (the real one, or a 124M-shaped
+one from `scripts/make_tf_fixture.py --config 124M --out DIR`), else seeded random weights of the 124M shape.
+`--compare-hf` needs `pip install torch==2.13.0 transformers safetensors` (CPU torch); HF runs with its default
+attention (sdpa) and as many torch threads as NumPy's BLAS uses. Each time is the median of `--repeats` runs after a
+warm-up. The targets of the performance issue are ratios measured in one run; the test suite asserts no timings.
 """
 import argparse
 import json
@@ -25,14 +26,15 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "scripts")]
 
 from benchmark_tokenizer import encode_throughput, tiktoken_throughput  # noqa: E402
+from gpt2_numpy import model  # noqa: E402
 from gpt2_numpy.checkpoint import load_params  # noqa: E402
 from gpt2_numpy.formats.crc32c import crc32c  # noqa: E402
-from gpt2_numpy.model import SCORES_PATH, gpt2, gpt2_cached, new_cache  # noqa: E402
 from gpt2_numpy.random_params import random_params  # noqa: E402
 from tests.text_samples import english_text  # noqa: E402
 
 HPARAMS_124M = {"n_vocab": 50257, "n_ctx": 1024, "n_embd": 768, "n_head": 12, "n_layer": 12}
 OFFICIAL_124M = REPO.parent / "shared" / "gpt2-official" / "124M"
+OURS, HF = "gpt2_numpy", "HF transformers"
 
 
 def median_seconds(run, repeats):  # -> median wall time of run() after one warm-up call
@@ -49,48 +51,53 @@ def prompt_ids(n):  # a fixed pseudo-random prompt of n ids
     return np.random.default_rng(0).integers(0, HPARAMS_124M["n_vocab"], n).tolist()
 
 
-# --- gpt2_numpy ---
+def row(metric, better, values):
+    return {"metric": metric, "better": better, **values}
+
+
+# --- the two engines: the same questions asked of each ---
 
 
 class Ours:
-    name = "gpt2_numpy"
+    name = OURS
 
     def __init__(self, params, n_head):
         self.params, self.n_head = params, n_head
 
+    def step(self, ids, cache):  # -> logits of the last position, and the cache
+        return model.gpt2_cached(ids, cache, **self.params, n_head=self.n_head, last_only=True)
+
+    def new_cache(self):
+        return model.new_cache(self.params["wpe"], self.params["blocks"], self.n_head)
+
     def prefill(self, ids, last_only):
         if last_only:
-            cache = new_cache(self.params["wpe"], self.params["blocks"], self.n_head)
-            return gpt2_cached(ids, cache, **self.params, n_head=self.n_head, last_only=True)[0]
-        return gpt2(ids, **self.params, n_head=self.n_head)
+            return self.step(ids, self.new_cache())[0]
+        return model.gpt2(ids, **self.params, n_head=self.n_head)
 
     def decode_seconds(self, ids, n_new):  # -> seconds for n_new greedy steps after an untimed prefill
-        cache = new_cache(self.params["wpe"], self.params["blocks"], self.n_head)
-        logits, cache = gpt2_cached(ids, cache, **self.params, n_head=self.n_head, last_only=True)
+        logits, cache = self.step(ids, self.new_cache())
         start = time.perf_counter()
         for _ in range(n_new):
-            logits, cache = gpt2_cached([int(np.argmax(logits[-1]))], cache, **self.params, n_head=self.n_head, last_only=True)
+            logits, cache = self.step([int(np.argmax(logits[-1]))], cache)
         return time.perf_counter() - start
 
     def decode_uncached_seconds(self, ids, n_new):
         ids, start = list(ids), time.perf_counter()
         for _ in range(n_new):
-            ids.append(int(np.argmax(gpt2(ids, **self.params, n_head=self.n_head)[-1])))
+            ids.append(int(np.argmax(model.gpt2(ids, **self.params, n_head=self.n_head)[-1])))
         return time.perf_counter() - start
 
 
-# --- Hugging Face transformers, same weights ---
-
-
 class HuggingFace:
-    name = "HF transformers"
+    name = HF
 
     def __init__(self, params, hparams):
         import torch
         from make_reference import hf_model
 
         torch.set_num_threads(blas_threads())
-        self.torch, self.model = torch, hf_model(hparams, params, attn_implementation="sdpa")  # HF's default, fastest
+        self.torch, self.model = torch, hf_model(hparams, params, attn_implementation="sdpa")  # HF's default
 
     def run(self, ids, **kwargs):
         with self.torch.no_grad():
@@ -126,33 +133,22 @@ def blas_name():
     return f"{blas.get('name')} {blas.get('version', '')}".strip()
 
 
-# --- the rows ---
+# --- the comparison table ---
 
 
 def model_rows(engines, repeats):
     rows = []
     for n in (128, 1024):
-        for last_only in (True, False):
-            what = "last-position logits" if last_only else "all positions"
-            rows.append(
-                row(f"prefill {n} tokens, {what} (s)", "lower", {e.name: median_seconds(lambda e=e: e.prefill(prompt_ids(n), last_only), repeats) for e in engines})
-            )
+        for last_only, what in ((True, "last-position logits"), (False, "all positions")):
+            seconds = {e.name: median_seconds(lambda e=e: e.prefill(prompt_ids(n), last_only), repeats) for e in engines}
+            rows.append(row(f"prefill {n} tokens, {what} (s)", "lower", seconds))
     for n_prompt, n_new in ((16, 128), (900, 64)):
-        rows.append(
-            row(
-                f"decode with KV cache, {n_prompt}-token prompt + {n_new} (tok/s)",
-                "higher",
-                {e.name: n_new / np.median([e.decode_seconds(prompt_ids(n_prompt), n_new) for _ in range(repeats)]) for e in engines},
-            )
-        )
+        speed = {e.name: n_new / np.median([e.decode_seconds(prompt_ids(n_prompt), n_new) for _ in range(repeats)])
+                 for e in engines}
+        rows.append(row(f"decode with KV cache, {n_prompt}-token prompt + {n_new} (tok/s)", "higher", speed))
     n_prompt, n_new = 16, 32
-    rows.append(
-        row(
-            f"decode without cache, {n_prompt}-token prompt + {n_new} (tok/s)",
-            "higher",
-            {e.name: n_new / e.decode_uncached_seconds(prompt_ids(n_prompt), n_new) for e in engines},
-        )
-    )
+    speed = {e.name: n_new / e.decode_uncached_seconds(prompt_ids(n_prompt), n_new) for e in engines}
+    rows.append(row(f"decode without cache, {n_prompt}-token prompt + {n_new} (tok/s)", "higher", speed))
     return rows
 
 
@@ -160,116 +156,210 @@ def einsum_rows(repeats):
     rng = np.random.default_rng(0)
     q, k = (rng.standard_normal((12, 1024, 64), dtype=np.float32) for _ in range(2))
     plain = median_seconds(lambda: np.einsum("hqd,hkd->hqk", q, k), repeats)
-    optimized = median_seconds(lambda: np.einsum("hqd,hkd->hqk", q, k, optimize=SCORES_PATH), repeats)
+    optimized = median_seconds(lambda: np.einsum("hqd,hkd->hqk", q, k, optimize=model.SCORES_PATH), repeats)
     return [
-        row("attention scores einsum [12,1024,64], plain (ms)", "lower", {"gpt2_numpy": plain * 1e3}),
-        row("attention scores einsum [12,1024,64], optimized path (ms)", "lower", {"gpt2_numpy": optimized * 1e3}),
+        row("attention scores einsum [12,1024,64], plain (ms)", "lower", {OURS: plain * 1e3}),
+        row("attention scores einsum [12,1024,64], optimized path (ms)", "lower", {OURS: optimized * 1e3}),
     ]
 
 
-def load_rows(checkpoint_dirs, repeats):  # checkpoint_dirs: {label: folder}; pages stay cached between runs
+def load_rows(tf_dir, hf_dir, repeats):  # the page cache is warm after the first run, as for a second start
     rows = []
-    for label, folder in checkpoint_dirs.items():
-        for verify in (False, True) if label == "OpenAI TF checkpoint" else (False,):  # only TF stores CRCs
-            seconds = median_seconds(lambda: load_params(folder, verify=verify), repeats)
-            what = "with CRC32C of every tensor" if verify else "without CRC"
-            rows.append(row(f"load 124M ({label}), {what} (s)", "lower", {"gpt2_numpy": seconds}))
+    if tf_dir:
+        for verify, what in ((False, "without CRC"), (True, "with CRC32C of every tensor")):
+            seconds = median_seconds(lambda: load_params(tf_dir, verify=verify), repeats)
+            rows.append(row(f"load 124M, OpenAI TF checkpoint, {what} (s)", "lower", {OURS: seconds}))
+    if hf_dir:
+        from transformers import GPT2LMHeadModel
+
+        seconds = {OURS: median_seconds(lambda: load_params(hf_dir), repeats),
+                   HF: median_seconds(lambda: GPT2LMHeadModel.from_pretrained(hf_dir), repeats)}
+        rows.append(row("load 124M, HF safetensors (s)", "lower", seconds))
     return rows
 
 
-def hf_load_row(hf_dir, repeats):
-    from transformers import GPT2LMHeadModel
-
-    seconds = median_seconds(lambda: GPT2LMHeadModel.from_pretrained(hf_dir), repeats)
-    return row("load 124M (HF safetensors) with from_pretrained (s)", "lower", {"HF transformers": seconds})
-
-
 def crc_row(data_path, repeats):  # CRC32C speed on a checkpoint's data file, or on 256 MB of random bytes
-    data = np.fromfile(data_path, np.uint8) if data_path else np.random.default_rng(0).integers(0, 256, 1 << 28, np.uint8)
-    return row("CRC32C (MB/s)", "higher", {"gpt2_numpy": data.nbytes / 1e6 / median_seconds(lambda: crc32c(data), repeats)})
+    if data_path:
+        data = np.fromfile(data_path, np.uint8)
+    else:
+        data = np.random.default_rng(0).integers(0, 256, 1 << 28, np.uint8)
+    megabytes_per_second = data.nbytes / 1e6 / median_seconds(lambda: crc32c(data), repeats)
+    return row("CRC32C (MB/s)", "higher", {OURS: megabytes_per_second})
 
 
 def tokenizer_rows(vocab_dir, repeats):
     text = english_text(1_000_000)
-    rows = [row("tokenizer encode, 1 MB of English, fresh cache (tok/s)", "higher",
-                {"gpt2_numpy": encode_throughput(vocab_dir, text, repeats)["cold"]})]
+    cold = encode_throughput(vocab_dir, text, repeats)["cold"]
+    rows = [row("tokenizer encode, 1 MB of English, fresh cache (tok/s)", "higher", {OURS: cold})]
     try:
-        rows.append(row("tokenizer encode, tiktoken (Rust) for scale (tok/s)", "higher",
-                        {"tiktoken": tiktoken_throughput(vocab_dir, text, repeats)}))
+        tiktoken = tiktoken_throughput(vocab_dir, text, repeats)
+        rows.append(row("tokenizer encode, tiktoken (Rust) for scale (tok/s)", "higher", {"tiktoken": tiktoken}))
     except ImportError:
         pass
     return rows
 
 
-# VmHWM, not ru_maxrss: Linux carries ru_maxrss over from the parent at fork, so a child would report our own peak
+# Peak memory of a whole process, in a fresh subprocess per engine: load, 16-token prompt, 32 new tokens. VmHWM, not
+# ru_maxrss: Linux carries ru_maxrss over from the parent at fork, so a child would report our own peak.
 PEAK_RSS = """
+import sys, numpy as np
 def peak_rss_bytes():
     with open("/proc/self/status") as status:
         return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM:"))
+prompt = np.random.default_rng(0).integers(0, 50257, 16).tolist()
 """
-
 PEAK_RSS_OURS = PEAK_RSS + """
-import sys, numpy as np
 from gpt2_numpy.checkpoint import load_params
 from gpt2_numpy.generate import generate
-from gpt2_numpy.random_params import random_params
-folder = sys.argv[1]
-hparams, params = load_params(folder) if folder else ({hparams}, random_params({hparams}))
-prompt = np.random.default_rng(0).integers(0, hparams["n_vocab"], 16).tolist()
+hparams, params = load_params(sys.argv[1])
 generate(prompt, params, hparams["n_head"], 32, stop_at_eos=False)
 print(peak_rss_bytes())
 """
-
 PEAK_RSS_HF = PEAK_RSS + """
-import sys, numpy as np, torch
+import torch
 from transformers import GPT2LMHeadModel
-torch.set_num_threads({threads})
+torch.set_num_threads(int(sys.argv[2]))
 model = GPT2LMHeadModel.from_pretrained(sys.argv[1]).eval()
-prompt = torch.tensor([np.random.default_rng(0).integers(0, model.config.vocab_size, 16).tolist()])
 with torch.no_grad():
-    model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=32,
-                   min_new_tokens=32, pad_token_id=0)
+    model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, 16, dtype=torch.long), do_sample=False,
+                   max_new_tokens=32, min_new_tokens=32, pad_token_id=0)
 print(peak_rss_bytes())
 """
 
 
-def peak_rss_row(tf_dir, hf_dir):  # peak resident memory of a whole process: load, 16-token prompt, 32 new tokens
-    def measure(script, folder):
-        command = [sys.executable, "-c", script, str(folder or "")]
-        out = subprocess.run(command, capture_output=True, text=True, check=True, cwd=REPO)
+def peak_rss_row(ours_dir, hf_dir):
+    def megabytes(script, *args):
+        out = subprocess.run([sys.executable, "-c", script, *map(str, args)], capture_output=True, text=True,
+                             check=True, cwd=REPO)
         return int(out.stdout.split()[-1]) / 1e6
 
-    values = {"gpt2_numpy": measure(PEAK_RSS_OURS.format(hparams=HPARAMS_124M), tf_dir)}
+    values = {OURS: megabytes(PEAK_RSS_OURS, ours_dir)}
     if hf_dir:
-        values["HF transformers"] = measure(PEAK_RSS_HF.format(threads=blas_threads()), hf_dir)
+        values[HF] = megabytes(PEAK_RSS_HF, hf_dir, blas_threads())
     return row("peak RSS of a generate process (MB)", "lower", values)
 
 
-def row(metric, better, values):
-    return {"metric": metric, "better": better, **values}
+def comparison_table(rows, names):
+    extra = sorted({key for r in rows for key in r} - {"metric", "better", *names})  # e.g. tiktoken
+    columns = ["metric", *names, *extra] + (["ours / HF"] if len(names) == 2 else [])
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for r in rows:
+        cells = [r["metric"]] + [f"{r[n]:,.3g}" if n in r else "" for n in (*names, *extra)]
+        if len(names) == 2:
+            cells.append(ratio(r, *names))
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
 
 
-def checkpoint_or_none(folder):  # -> folder if it holds a TF checkpoint
-    return folder if (folder / "model.ckpt.index").exists() else None
+def ratio(r, ours, theirs):  # "0.62× (better)": ours / HF, and whether that is the good side of 1
+    if ours not in r or theirs not in r:
+        return ""
+    value = r[ours] / r[theirs]
+    better = value > 1 if r["better"] == "higher" else value < 1
+    return f"{value:.2f}× ({'better' if better else 'worse'})"
+
+
+# --- where our time goes, and the floor set by the hardware ---
+
+TIMED = ["mha", "attention", "softmax", "ffn", "gelu", "layer_norm", "lm_head"]
+
+
+def breakdown(engine, run):  # -> {function: seconds} of one run(), by timing the model's functions where they are called
+    seconds = dict.fromkeys(TIMED, 0.0)
+    originals = {name: getattr(model, name) for name in TIMED}
+
+    def timed(name, function):
+        def wrapper(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                seconds[name] += time.perf_counter() - start
+        return wrapper
+
+    run()  # warm-up, untimed
+    for name, function in originals.items():
+        setattr(model, name, timed(name, function))
+    try:
+        start = time.perf_counter()
+        run()
+        seconds["total"] = time.perf_counter() - start
+    finally:
+        for name, function in originals.items():
+            setattr(model, name, function)
+    return seconds
+
+
+def breakdown_lines(engine, sgemm_gflops, bandwidth_gbs):
+    ids = prompt_ids(1024)
+    prefill = breakdown(engine, lambda: engine.step(ids, engine.new_cache()))
+    cache = engine.new_cache()
+    logits, cache = engine.step(prompt_ids(16), cache)
+    decode = breakdown(engine, lambda: engine.step([1], cache))  # the cache grows by one position per call
+    parts = {
+        "layer_norm": lambda s: s["layer_norm"],
+        "attention projections (c_attn, c_proj)": lambda s: s["mha"] - s["attention"],
+        "attention (scores, mask, softmax, weighted sum)": lambda s: s["attention"],
+        "  of which softmax": lambda s: s["softmax"],
+        "ffn (c_fc, gelu, c_proj)": lambda s: s["ffn"],
+        "  of which gelu": lambda s: s["gelu"],
+        "lm head": lambda s: s["lm_head"],
+        "everything else (embeddings, residual adds, Python)": lambda s: s["total"] - sum(
+            s[name] for name in ("layer_norm", "mha", "ffn", "lm_head")),
+        "total": lambda s: s["total"],
+    }
+    n_embd, n_layer = HPARAMS_124M["n_embd"], HPARAMS_124M["n_layer"]
+    linear_flops = 2 * 1024 * n_layer * 12 * n_embd**2  # c_attn 3, c_proj 1, c_fc 4, mlp c_proj 4 (x n_embd^2)
+    weight_bytes = sum(leaf.nbytes for leaf in leaves(engine.params)) - engine.params["wpe"].nbytes
+    lines = ["| part | prefill 1024 tokens, last logits (ms) | one decode step after 16 tokens (ms) |", "|---|---|---|"]
+    lines += [f"| {name} | {part(prefill) * 1e3:,.1f} | {part(decode) * 1e3:,.2f} |" for name, part in parts.items()]
+    lines += [
+        f"| bound: the linear layers' {linear_flops / 1e9:.0f} GFLOP at {sgemm_gflops:.0f} GFLOPS (large sgemm here) | "
+        f"{linear_flops / sgemm_gflops / 1e6:,.0f} | |",
+        f"| bound: reading {weight_bytes / 1e6:.0f} MB of weights at {bandwidth_gbs:.1f} GB/s (streaming x @ W here) | | "
+        f"{weight_bytes / bandwidth_gbs / 1e6:.1f} |",
+    ]
+    return lines
+
+
+def leaves(tree):  # nested dicts and lists -> arrays
+    if isinstance(tree, dict):
+        tree = tree.values()
+    if isinstance(tree, (list, type({}.values()))):
+        return [leaf for branch in tree for leaf in leaves(branch)]
+    return [tree]
+
+
+def sgemm_gflops():  # float32 matrix multiply speed on the ffn's shape
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal((1024, 768), dtype=np.float32), rng.standard_normal((768, 3072), dtype=np.float32)
+    return 2 * 1024 * 768 * 3072 / median_seconds(lambda: x @ w, 5) / 1e9
+
+
+def bandwidth_gbs():  # one row times 256 MB of weight matrices: memory-bound, as each decode step is
+    matrices = [np.ones((768, 3072), np.float32) for _ in range(28)]
+    x = np.ones((1, 768), np.float32)
+    return sum(m.nbytes for m in matrices) / median_seconds(lambda: [x @ m for m in matrices], 5) / 1e9
+
+
+# --- putting it together ---
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--compare-hf", action="store_true", help="also run Hugging Face transformers on the same weights")
+    parser.add_argument("--compare-hf", action="store_true", help="also run HF transformers on the same weights")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
-    parser.add_argument("--checkpoint", type=Path, default=REPO / "weights" / "124M",
-                        help="a 124M TF checkpoint dir (default weights/124M); "
-                        "make one with scripts/make_tf_fixture.py --config 124M --out DIR")
+    parser.add_argument("--checkpoint", type=Path, default=REPO / "weights" / "124M", help="a 124M TF checkpoint dir")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
 
-    tf_dir = checkpoint_or_none(args.checkpoint)
+    tf_dir = args.checkpoint if (args.checkpoint / "model.ckpt.index").exists() else None
     if tf_dir:
         hparams, params = load_params(tf_dir)
         weights = f"checkpoint {tf_dir}"
     else:
         hparams, params = HPARAMS_124M, random_params(HPARAMS_124M)
-        weights = "seeded random weights of the 124M shape (no checkpoint: load and CRC rows use what exists)"
+        weights = "seeded random weights of the 124M shape (no TF checkpoint: no TF load or CRC rows)"
     engines = [Ours(params, hparams["n_head"])]
     with tempfile.TemporaryDirectory() as scratch:
         hf_dir = None
@@ -277,47 +367,28 @@ def main(argv=None):
             try:
                 engines.append(HuggingFace(params, hparams))
             except ImportError:
-                sys.exit("--compare-hf needs Hugging Face transformers: pip install torch==2.13.0 transformers safetensors")
+                sys.exit("--compare-hf needs HF transformers: pip install torch==2.13.0 transformers safetensors")
             hf_dir = Path(scratch) / "hf"
             engines[1].model.save_pretrained(hf_dir)  # the same weights as safetensors, for the load and memory rows
-        rows = model_rows(engines, args.repeats) + einsum_rows(args.repeats)
-        rows += load_rows({k: v for k, v in {"OpenAI TF checkpoint": tf_dir, "HF safetensors": hf_dir}.items() if v}, args.repeats)
-        if hf_dir:
-            rows.append(hf_load_row(hf_dir, args.repeats))
-        rows.append(peak_rss_row(tf_dir, hf_dir))
-        rows.append(crc_row(tf_dir / "model.ckpt.data-00000-of-00001" if tf_dir else None, args.repeats))
+        rows = model_rows(engines, args.repeats) + einsum_rows(args.repeats) + load_rows(tf_dir, hf_dir, args.repeats)
+        if tf_dir or hf_dir:
+            rows.append(peak_rss_row(tf_dir or hf_dir, hf_dir))
+        rows.append(crc_row(tf_dir and tf_dir / "model.ckpt.data-00000-of-00001", args.repeats))
     vocab_dir = next((d for d in (args.checkpoint, OFFICIAL_124M) if (d / "encoder.json").exists()), None)
     if vocab_dir:
         rows += tokenizer_rows(vocab_dir, args.repeats)
     header = {
         "machine": f"{os.cpu_count()} cores, {platform.machine()}, BLAS {blas_name()} with {blas_threads()} threads",
         "versions": f"Python {platform.python_version()}, numpy {np.__version__}"
-        + (f", torch {engines[1].torch.__version__} ({engines[1].torch.get_num_threads()} threads)" if args.compare_hf else ""),
+        + (f", torch {engines[1].torch.__version__} ({engines[1].torch.get_num_threads()} threads)" if hf_dir else ""),
         "weights": weights,
     }
-    print(json.dumps({"header": header, "rows": rows}, indent=2) if args.json else table(header, rows, engines))
-
-
-def table(header, rows, engines):
-    names = [e.name for e in engines]
-    extra = sorted({key for r in rows for key in r} - {"metric", "better", *names})  # e.g. tiktoken
-    columns = ["metric", *names, *extra] + (["ours vs HF"] if len(names) == 2 else [])
-    lines = [f"{key}: {value}" for key, value in header.items()] + [""]
-    lines += ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    for r in rows:
-        cells = [r["metric"]] + [f"{r[n]:,.3g}" if n in r else "" for n in (*names, *extra)]
-        if len(names) == 2:
-            cells.append(comparison(r, *names))
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def comparison(r, ours, theirs):  # "0.62× (better)": ours / HF, and whether that is the good side of 1
-    if ours not in r or theirs not in r:
-        return ""
-    ratio = r[ours] / r[theirs]
-    better = ratio > 1 if r["better"] == "higher" else ratio < 1
-    return f"{ratio:.2f}× ({'better' if better else 'worse'})"
+    where = breakdown_lines(engines[0], sgemm_gflops(), bandwidth_gbs())
+    if args.json:
+        print(json.dumps({"header": header, "rows": rows, "breakdown": where}, indent=2))
+        return
+    print("\n".join([f"{key}: {value}" for key, value in header.items()] + [""]
+                    + comparison_table(rows, [e.name for e in engines]) + ["", "Where our time goes:", ""] + where))
 
 
 if __name__ == "__main__":

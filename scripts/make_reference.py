@@ -30,6 +30,7 @@ FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures"
 N_INPUTS = {"tiny": 64, "odd_heads": 48, "124M": 128}  # tiny and odd_heads fill their whole context
 POSITIONS_124M = [0, 1, 63, 127]
 GREEDY_PROMPT_LEN, GREEDY_NEW_TOKENS = 8, 24
+CLI_PROMPT_IDS, CLI_NEW_TOKENS = [40, 481, 467, 284, 262], 20  # "I will go to the": all ids fit the tiny vocabulary
 
 
 def hf_model(hparams, params, attn_implementation="eager"):  # our layout -> GPT2LMHeadModel with the same numbers
@@ -94,19 +95,25 @@ def make_reference(name, hparams, seed):
         arrays = {"inputs": inputs, "positions": np.array(POSITIONS_124M), "logits": logits[POSITIONS_124M]}
     if name == "tiny":
         prompt = inputs[:GREEDY_PROMPT_LEN]
-        out = model.generate(
-            torch.from_numpy(prompt)[None],
-            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-            do_sample=False,
-            max_new_tokens=GREEDY_NEW_TOKENS,
-            eos_token_id=None,
-            pad_token_id=0,
-        )
-        arrays.update(greedy_prompt=prompt, greedy_ids=out[0, len(prompt) :].numpy())
+        arrays.update(greedy_prompt=prompt, greedy_ids=hf_greedy(model, prompt, GREEDY_NEW_TOKENS))
+        cli_prompt = np.array(CLI_PROMPT_IDS)
+        arrays.update(cli_prompt=cli_prompt, cli_greedy_ids=hf_greedy(model, cli_prompt, CLI_NEW_TOKENS))
         save_hf_fixtures(model, hparams)
     arrays["versions"] = np.array([f"torch {torch.__version__}", f"transformers {transformers.__version__}"])
     np.savez_compressed(FIXTURES / f"reference_{name}.npz", **arrays)
     print(f"{name}: logits {logits.shape}, |logit| max {np.abs(logits).max():.2f}")
+
+
+def hf_greedy(model, prompt, n_new):  # int [n_prompt] -> the n_new ids HF's greedy search appends
+    out = model.generate(
+        torch.from_numpy(prompt)[None],
+        attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+        do_sample=False,
+        max_new_tokens=n_new,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
+    return out[0, len(prompt) :].numpy()
 
 
 def save_hf_fixtures(model, hparams):

@@ -1,17 +1,23 @@
 """`python -m gpt2_numpy.generate` end to end in a subprocess, on the tiny TF checkpoint with the official tokenizer.
 
-The expected text is `generate`'s greedy continuation decoded: on these weights (random_params of the "tiny" config,
-which tests/fixtures/tf_tiny holds) `generate` reproduces Hugging Face's greedy ids (tests/test_generate.py).
+The greedy text is Hugging Face's greedy continuation of the prompt (tests/fixtures/reference_tiny.npz), decoded.
+Sampled text is `generate`'s continuation decoded: on these weights (random_params of the "tiny" config, which
+tests/fixtures/tf_tiny holds) `generate` reproduces Hugging Face's greedy ids (tests/test_generate.py).
 """
+import errno
 import json
 import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 from gpt2_numpy import generate as generate_module
+from gpt2_numpy.checkpoint import load_params
+from gpt2_numpy.errors import Gpt2NumpyError, UsageError
 from gpt2_numpy.generate import generate, print_sample, prompt_ids, run
 from gpt2_numpy.random_params import random_params
 from gpt2_numpy.tokenizer import load_tokenizer
@@ -24,8 +30,8 @@ UNREACHABLE = "http://127.0.0.1:9"  # the discard port: nothing listens, so no t
 TINY = json.loads((FIXTURES / "configs.json").read_text())["tiny"]
 
 
-def cli(*args, models_dir, stdin=b"", base_url=UNREACHABLE):  # -> CompletedProcess with str stdout and stderr
-    env = {**os.environ, "GPT2_NUMPY_BASE_URL": base_url, "PYTHONPATH": str(REPO)}
+def cli(*args, models_dir, stdin=b"", base_url=UNREACHABLE, env=()):  # -> CompletedProcess, str output
+    env = {**os.environ, "GPT2_NUMPY_BASE_URL": base_url, "PYTHONPATH": str(REPO), **dict(env)}
     env.pop("GPT2_NUMPY_WEIGHTS", None)
     command = [sys.executable, "-m", "gpt2_numpy.generate", *args, "--models-dir", str(models_dir)]
     result = subprocess.run(command, input=stdin, capture_output=True, env=env, timeout=120)
@@ -58,12 +64,36 @@ def continuation(tokenizer, params, **options):  # -> the text generate() contin
     return tokenizer.decode(ids)
 
 
-def test_greedy_stdout_is_only_the_continuation(models_dir, tokenizer, params):
+@pytest.fixture(scope="module")
+def hf_greedy_text(tokenizer):  # -> Hugging Face's greedy continuation of PROMPT on the tiny weights, as text
+    reference = np.load(FIXTURES / "reference_tiny.npz")
+    assert tokenizer.encode(PROMPT) == reference["cli_prompt"].tolist()
+    assert len(reference["cli_greedy_ids"]) == N_TOKENS
+    return tokenizer.decode(reference["cli_greedy_ids"])
+
+
+def test_greedy_stdout_is_only_the_continuation(models_dir, hf_greedy_text):
     result = cli(PROMPT, "--n-tokens", str(N_TOKENS), models_dir=models_dir)
     assert result.returncode == 0
-    assert result.stdout == continuation(tokenizer, params) + "\n"
+    assert result.stdout == hf_greedy_text + "\n"
     assert f"{N_TOKENS} tokens in" in result.stderr and "tokens/s" in result.stderr
     assert str(models_dir / "124M") in result.stderr
+
+
+def test_the_hugging_face_layout_generates_the_same_text(tmp_path, hf_greedy_text):
+    folder = tmp_path / "models" / "124M-hf"
+    shutil.copytree(FIXTURES / "hf_tiny", folder)
+    shutil.copy(official_path("124M/encoder.json"), folder / "vocab.json")  # the same files under HF's names
+    shutil.copy(official_path("124M/vocab.bpe"), folder / "merges.txt")
+    result = cli(PROMPT, "--n-tokens", str(N_TOKENS), "--source", "huggingface", models_dir=folder.parent)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == hf_greedy_text + "\n"
+
+
+def test_a_terminal_that_cannot_show_the_text_gets_replacements(models_dir, hf_greedy_text):
+    result = cli(PROMPT, "--n-tokens", str(N_TOKENS), models_dir=models_dir, env={"PYTHONIOENCODING": "ascii"})
+    assert result.returncode == 0
+    assert result.stdout == hf_greedy_text.encode("ascii", "replace").decode() + "\n"
 
 
 def test_stdin_prompt_without_streaming_gives_the_same_text(models_dir, tokenizer, params):
@@ -149,6 +179,38 @@ def test_unreadable_model_files_are_reported_by_the_loaders(models_dir, name):
     path.unlink()
     path.mkdir()  # unreadable even for root, which a chmod is not
     assert_one_error_line(cli(PROMPT, models_dir=models_dir), name)
+
+
+def test_a_model_with_more_tokens_than_its_vocabulary_files_is_refused(models_dir):
+    byte_tokens = json.loads((models_dir / "124M" / "encoder.json").read_text(encoding="utf-8"))
+    small = {token: i for i, token in enumerate(token for token, i in sorted(byte_tokens.items(), key=lambda t: t[1])[:256])}
+    (models_dir / "124M" / "encoder.json").write_text(json.dumps({**small, "<|endoftext|>": 256}), encoding="utf-8")
+    (models_dir / "124M" / "vocab.bpe").write_text("#version: 0.2\n")  # 257 tokens: bytes and end of text, no merges
+    assert_one_error_line(cli("a", models_dir=models_dir), "the model has 512 tokens but its vocabulary files only 257")
+
+
+def deny_access_below(folder, monkeypatch, method):  # Path.<method> raises EACCES inside folder, as without rights
+    real = getattr(Path, method)
+
+    def checked(path, *args, **kwargs):
+        if path == folder or folder in path.parents:
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, method, checked)  # in-process: tests run as root, whom file modes do not stop
+
+
+def test_a_models_dir_that_cannot_be_read_is_a_usage_error(models_dir, monkeypatch):
+    deny_access_below(models_dir, monkeypatch, "exists")
+    with pytest.raises(UsageError, match=f"cannot read the models dir {models_dir} \\(Permission denied\\)"):
+        run([PROMPT, "--models-dir", str(models_dir)])
+
+
+@pytest.mark.parametrize("loader", [load_params, load_tokenizer])
+def test_a_model_dir_that_cannot_be_read_is_named_by_the_loaders(models_dir, monkeypatch, loader):
+    deny_access_below(models_dir, monkeypatch, "is_file")
+    with pytest.raises(Gpt2NumpyError, match=f"{models_dir / '124M'}.*Permission denied"):
+        loader(models_dir / "124M")
 
 
 def test_a_models_dir_that_is_a_file_is_refused(tmp_path):

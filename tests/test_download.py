@@ -3,6 +3,7 @@
 Expected bytes are the files the server was given; expected URLs, folders and Range offsets come from the issue's
 specification and simple arithmetic, never from the downloader's own output.
 """
+import errno
 import json
 import os
 import shutil
@@ -13,6 +14,7 @@ import threading
 import time
 from contextlib import contextmanager
 from functools import reduce
+from types import SimpleNamespace
 from operator import getitem
 from pathlib import Path
 
@@ -65,6 +67,26 @@ def layout_names_in(folder):  # -> the official file names present under their f
     return {name for name in OPENAI_FILES if (folder / name).exists()}
 
 
+def names_in(folder):  # -> names of everything in folder, an empty set when it does not exist
+    return {path.name for path in folder.iterdir()} if folder.exists() else set()
+
+
+def place_by_hand(folder, files):  # copies served files into folder under their final names
+    folder.mkdir(exist_ok=True)
+    for url_path, source in files.items():
+        shutil.copyfile(source, folder / Path(url_path).name)
+
+
+def flip_a_bit(data, where):  # -> data with one bit flipped at byte `where`
+    damaged = bytearray(data)
+    damaged[where] ^= 0x01
+    return bytes(damaged)
+
+
+def cut_at_a_line_end(data):  # -> the first half of data, ending after a whole line, as a cut-short file would
+    return data[: data.index(b"\n", len(data) // 2) + 1]
+
+
 def test_fresh_download_is_byte_exact_and_says_where(tmp_path, monkeypatch, capsys):
     files = official_layout_files()
     with mirror(monkeypatch, files) as server:
@@ -81,9 +103,10 @@ def test_connection_cut_mid_file_resumes_with_range(tmp_path, monkeypatch):
     monkeypatch.setattr(download, "CHUNK_BYTES", SMALL_CHUNK)
     files = official_layout_files()
     kept = 5 * SMALL_CHUNK
-    with mirror(monkeypatch, files, faults={DATA: [Cut(kept + 100)] * 3}) as server:
+    cuts = 5  # more than 1 + 3 retries: each cut adds bytes, so none of them counts against the retries
+    with mirror(monkeypatch, files, faults={DATA: [Cut(kept + 100)] * cuts}) as server:
         folder = ensure_model("124M", tmp_path)
-    assert server.requested(DATA) == [None, f"bytes={kept}-", f"bytes={2 * kept}-", f"bytes={3 * kept}-"]
+    assert server.requested(DATA) == [None] + [f"bytes={n * kept}-" for n in range(1, cuts + 1)]
     assert_installed(folder, files)
 
 
@@ -113,14 +136,19 @@ def test_missing_file_404_fails_at_once_naming_the_url(tmp_path, monkeypatch):
             ensure_model("124M", tmp_path)
     assert server.requested("/124M/vocab.bpe") == [None]  # a 404 is not retried
     assert layout_names_in(tmp_path / "124M") == set()
+    # the files before vocab.bpe stay staged for a rerun
+    assert names_in(tmp_path / "124M" / download.STAGING) == {"checkpoint", "hparams.json", "encoder.json"}
 
 
-def test_server_errors_are_retried_then_reported(tmp_path, monkeypatch):
-    monkeypatch.setattr(download, "RETRIES", 2)
-    with mirror(monkeypatch, official_layout_files(), faults={"/124M/checkpoint": [503] * 3}) as server:
-        with pytest.raises(DownloadError, match=r"/124M/checkpoint failed 3 times in a row \(HTTP 503"):
+def test_server_errors_are_retried_3_times_with_doubling_waits_then_reported(tmp_path, monkeypatch):
+    waits = []
+    monkeypatch.setattr(download, "BACKOFF_SECONDS", 1.0)
+    monkeypatch.setattr(download, "time", SimpleNamespace(sleep=waits.append))  # record the waits, skip them
+    with mirror(monkeypatch, official_layout_files(), faults={"/124M/checkpoint": [503] * 4}) as server:
+        with pytest.raises(DownloadError, match=r"/124M/checkpoint failed 4 times in a row \(HTTP 503"):
             ensure_model("124M", tmp_path)
-    assert server.requested("/124M/checkpoint") == [None] * 3
+    assert server.requested("/124M/checkpoint") == [None] * 4
+    assert waits == [1, 2, 4]
 
 
 def test_a_passing_retry_recovers_from_server_errors(tmp_path, monkeypatch):
@@ -131,18 +159,27 @@ def test_a_passing_retry_recovers_from_server_errors(tmp_path, monkeypatch):
     assert_installed(folder, files)
 
 
-def test_corrupt_data_is_reported_and_never_installed(tmp_path, monkeypatch):
+@pytest.mark.parametrize("url_path, damage, problem", [
+    (DATA, lambda data: flip_a_bit(data, len(data) // 2), "fails its CRC32C check"),  # a bit flipped inside a tensor
+    # half of GPT-2's 50,000 merges, cut at a line end: only counting them can tell
+    ("/124M/vocab.bpe", cut_at_a_line_end, "merges but the vocabulary needs 50,000"),
+    ("/124M/encoder.json", lambda data: data[:-1], "not valid JSON"),  # the closing brace lost
+])
+def test_a_bad_download_is_deleted_alone_and_fetched_again(tmp_path, monkeypatch, url_path, damage, problem):
     files = official_layout_files()
-    corrupt = bytearray(files[DATA].read_bytes())
-    corrupt[len(corrupt) // 2] ^= 0x01  # one flipped bit inside some tensor: its CRC32C cannot match the index
-    with mirror(monkeypatch, {**files, DATA: bytes(corrupt)}):
-        with pytest.raises(DownloadError, match="failed verification and was deleted: .*CRC32C"):
+    name = Path(url_path).name
+    with mirror(monkeypatch, {**files, url_path: damage(files[url_path].read_bytes())}):
+        with pytest.raises(DownloadError) as caught:
             ensure_model("124M", tmp_path)
     folder = tmp_path / "124M"
-    assert layout_names_in(folder) == set()
-    assert {path.name for path in folder.iterdir()} == {download.LOCK}  # no staged bytes, no .part, no marker
-    with mirror(monkeypatch, files):  # a good server afterwards: a clean, complete download
+    assert str(caught.value).startswith(str(folder / name))  # named where it will be, not inside .download/
+    assert problem in str(caught.value)
+    assert str(caught.value).endswith(f"deleted the downloaded {name}, so the next run fetches a fresh copy")
+    assert names_in(folder) == {download.LOCK, download.STAGING}  # nothing under a final name, no marker
+    assert names_in(folder / download.STAGING) == set(OPENAI_FILES) - {name}  # the good files wait for a rerun
+    with mirror(monkeypatch, files) as server:  # a good server afterwards fetches only the bad file again
         assert_installed(ensure_model("124M", tmp_path), files)
+    assert server.requests == [(url_path, None, 200)]
 
 
 def test_connection_refused_says_what_to_fetch_by_hand(tmp_path, monkeypatch):
@@ -158,6 +195,7 @@ def test_connection_refused_says_what_to_fetch_by_hand(tmp_path, monkeypatch):
     assert "Connection refused" in message
     assert all(f"{base}/124M/{name}" in message for name in OPENAI_FILES)
     assert f"into {tmp_path / '124M'}" in message
+    assert names_in(tmp_path / "124M") == {download.LOCK}  # no empty .download/ left behind
 
 
 def test_no_dns_fails_at_once_with_the_manual_download_message(tmp_path, monkeypatch):
@@ -165,7 +203,8 @@ def test_no_dns_fails_at_once_with_the_manual_download_message(tmp_path, monkeyp
 
     def unresolvable(self, url, **kwargs):  # what requests raises when the host name has no DNS answer
         attempts.append(url)
-        reason = urllib3.exceptions.NameResolutionError("example", None, socket.gaierror(-2, "Name or service not known"))
+        no_answer = socket.gaierror(-2, "Name or service not known")
+        reason = urllib3.exceptions.NameResolutionError("example", None, no_answer)
         raise requests.ConnectionError(urllib3.exceptions.MaxRetryError(None, url, reason))
 
     monkeypatch.setattr(requests.Session, "get", unresolvable)
@@ -174,6 +213,7 @@ def test_no_dns_fails_at_once_with_the_manual_download_message(tmp_path, monkeyp
     assert len(attempts) == 1  # retrying cannot bring the network back
     assert "Name or service not known" in str(caught.value)
     assert all(f"/gpt-2/models/124M/{name}" in str(caught.value) for name in OPENAI_FILES)
+    assert names_in(tmp_path / "124M") == {download.LOCK}
 
 
 def test_second_run_is_a_quick_offline_noop(tmp_path, monkeypatch, capsys):
@@ -184,6 +224,8 @@ def test_second_run_is_a_quick_offline_noop(tmp_path, monkeypatch, capsys):
     # the server is gone now, so any request would fail
     assert ensure_model("124M", tmp_path) == folder
     assert "already complete" in capsys.readouterr().err
+    assert download.run(["124M", "--models-dir", str(tmp_path)]) == 0  # the command line's status and output
+    assert capsys.readouterr().out == f"{folder}\n"
     assert_installed(folder, files)
 
 
@@ -198,34 +240,57 @@ def test_a_deleted_file_is_fetched_again_alone(tmp_path, monkeypatch):
     assert_installed(folder, files)
 
 
-def test_files_placed_by_hand_are_verified_once_without_network(tmp_path, monkeypatch):
+def test_files_placed_by_hand_are_verified_once_without_network(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("GPT2_NUMPY_BASE_URL", "http://127.0.0.1:9")  # the discard port: nothing listens there
     files = official_layout_files()
     folder = tmp_path / "124M"
-    folder.mkdir()
-    for url_path, source in files.items():
-        shutil.copyfile(source, folder / Path(url_path).name)
+    place_by_hand(folder, files)
     assert ensure_model("124M", tmp_path) == folder
     assert_installed(folder, files)
     assert json.loads((folder / download.MARKER).read_text()) == {
         Path(url_path).name: Path(source).stat().st_size for url_path, source in files.items()
     }
+    stderr = capsys.readouterr().err
+    assert f"verifying the files already in {folder}" in stderr
+    assert "downloading" not in stderr
 
 
 def test_corrupt_files_placed_by_hand_are_reported_and_kept(tmp_path, monkeypatch):
     monkeypatch.setenv("GPT2_NUMPY_BASE_URL", "http://127.0.0.1:9")
     folder = tmp_path / "124M"
-    folder.mkdir()
-    for url_path, source in official_layout_files().items():
-        shutil.copyfile(source, folder / Path(url_path).name)
+    place_by_hand(folder, official_layout_files())
     data = folder / Path(DATA).name
-    corrupt = bytearray(data.read_bytes())
-    corrupt[-1] ^= 0x01
+    corrupt = flip_a_bit(data.read_bytes(), -1)
     data.write_bytes(corrupt)
-    with pytest.raises(DownloadError, match="failed verification and was kept, replace the damaged file: .*CRC32C"):
+    with pytest.raises(DownloadError) as caught:
         ensure_model("124M", tmp_path)
-    assert layout_names_in(folder) == set(OPENAI_FILES)  # the user's files stay where the user put them
+    assert str(caught.value).startswith(f"{data}: ")
+    assert "CRC32C" in str(caught.value)
+    assert str(caught.value).endswith(f"left {data.name} in {folder} untouched: replace the bad file with a good "
+                                      "copy, or delete it so the next run downloads one")
+    assert names_in(folder) == set(OPENAI_FILES) | {download.LOCK}  # the user's files stay; no empty .download/
     assert data.read_bytes() == corrupt
+
+
+def test_a_bad_file_placed_by_hand_keeps_the_fresh_downloads_for_the_rerun(tmp_path, monkeypatch):
+    files = official_layout_files()
+    by_hand = {path: source for path, source in files.items() if "model.ckpt" in path}
+    folder = tmp_path / "124M"
+    place_by_hand(folder, by_hand)
+    data = folder / Path(DATA).name
+    data.write_bytes(flip_a_bit(data.read_bytes(), 0))
+    with mirror(monkeypatch, files) as server:
+        with pytest.raises(DownloadError) as caught:
+            ensure_model("124M", tmp_path)
+        assert "deleted" not in str(caught.value)
+        assert f"left {data.name} in {folder} untouched" in str(caught.value)
+        assert layout_names_in(folder) == {Path(path).name for path in by_hand}  # no fetched bytes under final names
+        fetched = {Path(path).name for path in files} - layout_names_in(folder)
+        assert names_in(folder / download.STAGING) == fetched
+        shutil.copyfile(files[DATA], data)  # the user replaces the bad file
+        requests_before = list(server.requests)
+        assert_installed(ensure_model("124M", tmp_path), files)
+    assert server.requests == requests_before  # the rerun downloaded nothing again
 
 
 def test_huggingface_layout_downloads_and_loads(tmp_path, monkeypatch):
@@ -271,8 +336,23 @@ def test_unknown_size_or_source_is_a_usage_error(tmp_path, size, source, wrong):
 def test_models_dir_that_cannot_be_created_is_reported(tmp_path):
     blocker = tmp_path / "a_file"
     blocker.write_text("")  # a folder cannot be made below a regular file, not even by root
-    with pytest.raises(DownloadError, match=f"cannot write {blocker}.*: Not a directory"):
+    with pytest.raises(DownloadError, match=f"cannot write {blocker}.*: Not a directory; a file stands where a "
+                                            "folder is needed: move it away or choose another folder with"):
         ensure_model("124M", blocker / "models")
+
+
+@pytest.mark.parametrize("code, advice", [
+    (errno.EACCES, "fix its permissions or choose another folder"),  # simulated: the tests may run as root
+    (errno.EROFS, "the file system is read-only: choose another folder"),
+    (errno.EDQUOT, "free some disk space or choose another folder"),
+])
+def test_file_system_errors_get_advice_that_fits(tmp_path, code, advice):
+    path = tmp_path / "124M" / "model.ckpt.index"
+    with pytest.raises(DownloadError) as caught:
+        with download.locked(tmp_path / "124M"):
+            raise OSError(code, os.strerror(code), str(path))
+    expected = f"cannot write {path}: {os.strerror(code)}; {advice} with --models-dir or GPT2_NUMPY_WEIGHTS"
+    assert str(caught.value) == expected
 
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs Linux's /dev/full")
@@ -281,7 +361,8 @@ def test_full_disk_is_reported(tmp_path, monkeypatch):
     staging.mkdir(parents=True)
     (staging / "checkpoint.part").symlink_to("/dev/full")  # every write there fails with ENOSPC
     with mirror(monkeypatch, official_layout_files()):
-        with pytest.raises(DownloadError, match=f"cannot write {tmp_path / '124M'}: No space left on device"):
+        with pytest.raises(DownloadError, match=f"cannot write {tmp_path / '124M'}: No space left on device; "
+                                                "free some disk space"):
             ensure_model("124M", tmp_path)
 
 

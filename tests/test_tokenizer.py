@@ -220,6 +220,14 @@ def test_malformed_files_name_the_file(official, tmp_path, replacements, message
         load_tokenizer(write_official_copy(official, tmp_path, **replacements))
 
 
+def test_a_cut_off_merges_file_is_refused(official, tmp_path):
+    cut = (official / "vocab.bpe").read_bytes()[:100_000]
+    cut = cut[: cut.rindex(b"\n") + 1]  # whole lines only, as an interrupted copy might leave
+    with pytest.raises(TokenizerError, match=r"vocab\.bpe is malformed: it has [\d,]+ merges but the vocabulary needs "
+                       r"50,000.*download the model again"):
+        load_tokenizer(write_official_copy(official, tmp_path, **{"vocab.bpe": cut}))
+
+
 def test_stray_characters_in_encoder_json(official, tmp_path):
     encoder = json.loads((official / "encoder.json").read_text(encoding="utf-8"))
     encoder["hello world"] = encoder.pop("Ġworld")  # a real space never appears in a spelled token

@@ -14,8 +14,10 @@ def corrupt(path, problem):  # -> CheckpointError for a damaged or cut-off file,
 
 
 def unreadable(path, error):  # OSError -> CheckpointError naming the file
-    problem = "is missing" if isinstance(error, FileNotFoundError) else f"cannot be read ({error.strerror or error})"
-    return CheckpointError(f"{path} {problem}; download the model again")
+    if isinstance(error, FileNotFoundError):
+        return CheckpointError(f"{path} is missing; download the model again")
+    return CheckpointError(f"{path} cannot be read ({error.strerror or error}); check that it is a readable file or "
+                           "folder, or download the model again")
 
 
 def read_file(path):  # -> bytes
