@@ -2,9 +2,7 @@
 
     python -m gpt2_numpy.download SIZE [--models-dir DIR] [--source openai|huggingface]
 
-Where files go: <models-dir>/<SIZE>/ for OpenAI's TensorFlow checkpoint, <models-dir>/<SIZE>-hf/ for Hugging Face's
-safetensors (the two layouts live apart, so loading a folder never has to guess between them). The models dir is
---models-dir, else $GPT2_NUMPY_WEIGHTS, else ./weights; nothing is ever written inside the installed package.
+Where files go and where they come from: see gpt2_numpy/models.py.
 
 How: every missing file streams into <folder>/.download/<name>.part, resumed with an HTTP Range request after an
 interruption, and is renamed to <folder>/.download/<name> once its size matches what the server announced. Then the
@@ -13,8 +11,6 @@ only then moved into <folder>, so a final name never holds unverified bytes. Whe
 blames is deleted if it was downloaded (or left alone if it was already in <folder>), while the other downloaded files
 stay staged for the next run. A marker, <folder>/.verified.json, records the verified sizes: later runs compare sizes
 against it instead of re-reading gigabytes. A lock file serialises processes.
-
-Mirrors: $GPT2_NUMPY_BASE_URL replaces the servers; files are then fetched from <base>/<SIZE>/<file> for either source.
 """
 import errno
 import fcntl
@@ -25,8 +21,6 @@ import shutil
 import sys
 import time
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
-from pathlib import Path
 
 import requests
 import urllib3
@@ -34,15 +28,8 @@ from tqdm import tqdm
 
 from gpt2_numpy.checkpoint import verify_checkpoint
 from gpt2_numpy.errors import ArgumentParser, CheckpointError, DownloadError, TokenizerError, UsageError, log, run_cli
+from gpt2_numpy.models import MODEL_SIZES, SOURCES, file_url, model_folder
 from gpt2_numpy.tokenizer import load_tokenizer
-
-MODEL_SIZES = ("124M", "355M", "774M", "1558M")
-HF_REPOS = {
-    "124M": "openai-community/gpt2",
-    "355M": "openai-community/gpt2-medium",
-    "774M": "openai-community/gpt2-large",
-    "1558M": "openai-community/gpt2-xl",
-}
 
 # Network behaviour; tests shrink these so that failure cases finish in milliseconds.
 CONNECT_TIMEOUT_SECONDS = 10
@@ -56,48 +43,12 @@ MARKER = ".verified.json"  # {file name: size} of a verified folder
 LOCK = ".download.lock"
 
 
-@dataclass(frozen=True)
-class Source:
-    folder_suffix: str
-    files: tuple  # small files first, so a wrong URL fails before the big download starts
-    url: str  # default URL, formatted with size, repo and name
-
-
-SOURCES = {
-    "openai": Source(
-        folder_suffix="",
-        files=("checkpoint", "hparams.json", "encoder.json", "vocab.bpe", "model.ckpt.index",
-               "model.ckpt.data-00000-of-00001"),
-        url="https://openaipublic.blob.core.windows.net/gpt-2/models/{size}/{name}",
-    ),
-    "huggingface": Source(
-        folder_suffix="-hf",
-        files=("config.json", "vocab.json", "merges.txt", "model.safetensors"),
-        url="https://huggingface.co/{repo}/resolve/main/{name}",
-    ),
-}
-
-
 class Retry(Exception):
     """The server answered, but not with the bytes we need (5xx, a bad range, a short body): worth asking again."""
 
 
 class Unreachable(DownloadError):
     """The server could not be reached or the connection kept breaking: the user may fetch the files by hand."""
-
-
-# -- where things are ------------------------------------------------------------------------------------------------
-
-def models_dir_path(models_dir=None):  # -> absolute Path: the argument, else $GPT2_NUMPY_WEIGHTS, else ./weights
-    chosen = models_dir or os.environ.get("GPT2_NUMPY_WEIGHTS") or "weights"
-    return Path(chosen).expanduser().absolute()
-
-
-def file_url(size, source, name):  # -> the URL of one file of one model
-    base = os.environ.get("GPT2_NUMPY_BASE_URL")
-    if base:
-        return f"{base.rstrip('/')}/{size}/{name}"  # a mirror holds <base>/<SIZE>/<file>, whatever the source
-    return SOURCES[source].url.format(size=size, repo=HF_REPOS[size], name=name)
 
 
 def checked_choice(value, choices, what):  # -> value, or UsageError naming the valid choices
@@ -112,7 +63,7 @@ def ensure_model(size, models_dir=None, source="openai"):  # -> Path of the veri
     """Download GPT-2 `size` from `source` into the models dir unless a verified copy is already there."""
     checked_choice(size, MODEL_SIZES, "model size")
     files = SOURCES[checked_choice(source, tuple(SOURCES), "source")].files
-    folder = models_dir_path(models_dir) / f"{size}{SOURCES[source].folder_suffix}"
+    folder = model_folder(size, models_dir, source)
     if not is_complete(folder, files):
         with locked(folder):
             if not is_complete(folder, files):  # another process may have finished it while we waited

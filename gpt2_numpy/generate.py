@@ -13,9 +13,9 @@ import time
 import numpy as np
 
 from gpt2_numpy.checkpoint import load_params
-from gpt2_numpy.download import MODEL_SIZES, SOURCES, ensure_model, models_dir_path
 from gpt2_numpy.errors import ArgumentParser, CheckpointError, UsageError, log, run_cli
 from gpt2_numpy.model import check_inputs, gpt2_cached, new_cache
+from gpt2_numpy.models import MODEL_SIZES, SOURCES, model_folder, models_dir_path
 from gpt2_numpy.sampling import check_sampling_args, next_token
 from gpt2_numpy.tokenizer import EOT_ID, load_tokenizer
 
@@ -156,11 +156,12 @@ def note_ignored_options(args):  # -> None; says on stderr when sampling options
 
 
 def load_model(size, models_dir, source):  # -> hparams, params, tokenizer; the weights are downloaded first if missing
-    models_root = models_dir_path(models_dir)
-    model_dir = models_root / f"{size}{SOURCES[source].folder_suffix}"
+    model_dir = model_folder(size, models_dir, source)
     # download only when a file is missing: files already there are loaded as they are, so that a damaged one is
     # reported by the loader rather than silently fetched again
-    if not all_present(models_root, model_dir, SOURCES[source].files):
+    if not all_present(models_dir_path(models_dir), model_dir, SOURCES[source].files):
+        from gpt2_numpy.download import ensure_model  # the network stack (14 MB, 0.15 s) loads only when needed
+
         model_dir = ensure_model(size, models_dir, source)
     start = time.perf_counter()
     hparams, params = load_params(model_dir)

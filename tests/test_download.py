@@ -25,7 +25,8 @@ import urllib3
 
 from gpt2_numpy import download
 from gpt2_numpy.checkpoint import load_params
-from gpt2_numpy.download import ensure_model, file_url, models_dir_path
+from gpt2_numpy.download import ensure_model
+from gpt2_numpy.models import file_url, models_dir_path
 from gpt2_numpy.errors import DownloadError, UsageError
 from gpt2_numpy.random_params import random_params
 from tests.conftest import FIXTURES, REPO

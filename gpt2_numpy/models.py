@@ -1,0 +1,57 @@
+"""The official GPT-2 models: their sizes, the files each source serves, where they come from and where they go.
+
+Where files go: <models-dir>/<SIZE>/ for OpenAI's TensorFlow checkpoint, <models-dir>/<SIZE>-hf/ for Hugging Face's
+safetensors (the two layouts live apart, so loading a folder never has to guess between them). The models dir is
+--models-dir, else $GPT2_NUMPY_WEIGHTS, else ./weights; nothing is ever written inside the installed package.
+
+Mirrors: $GPT2_NUMPY_BASE_URL replaces the servers; files are then fetched from <base>/<SIZE>/<file> for either source.
+"""
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+MODEL_SIZES = ("124M", "355M", "774M", "1558M")
+HF_REPOS = {
+    "124M": "openai-community/gpt2",
+    "355M": "openai-community/gpt2-medium",
+    "774M": "openai-community/gpt2-large",
+    "1558M": "openai-community/gpt2-xl",
+}
+
+
+@dataclass(frozen=True)
+class Source:
+    folder_suffix: str
+    files: tuple  # small files first, so a wrong URL fails before the big download starts
+    url: str  # default URL, formatted with size, repo and name
+
+
+SOURCES = {
+    "openai": Source(
+        folder_suffix="",
+        files=("checkpoint", "hparams.json", "encoder.json", "vocab.bpe", "model.ckpt.index",
+               "model.ckpt.data-00000-of-00001"),
+        url="https://openaipublic.blob.core.windows.net/gpt-2/models/{size}/{name}",
+    ),
+    "huggingface": Source(
+        folder_suffix="-hf",
+        files=("config.json", "vocab.json", "merges.txt", "model.safetensors"),
+        url="https://huggingface.co/{repo}/resolve/main/{name}",
+    ),
+}
+
+
+def models_dir_path(models_dir=None):  # -> absolute Path: the argument, else $GPT2_NUMPY_WEIGHTS, else ./weights
+    chosen = models_dir or os.environ.get("GPT2_NUMPY_WEIGHTS") or "weights"
+    return Path(chosen).expanduser().absolute()
+
+
+def model_folder(size, models_dir=None, source="openai"):  # -> Path of one model's files
+    return models_dir_path(models_dir) / f"{size}{SOURCES[source].folder_suffix}"
+
+
+def file_url(size, source, name):  # -> the URL of one file of one model
+    base = os.environ.get("GPT2_NUMPY_BASE_URL")
+    if base:
+        return f"{base.rstrip('/')}/{size}/{name}"  # a mirror holds <base>/<SIZE>/<file>, whatever the source
+    return SOURCES[source].url.format(size=size, repo=HF_REPOS[size], name=name)
