@@ -132,10 +132,12 @@ def gpt2_cached(inputs, cache, wte, wpe, blocks, ln_f, n_head, last_only=False):
 
 
 def check_inputs(inputs, n_vocab, n_ctx, n_past=0):  # [n_seq] -> int64 [n_seq]
-    # NumPy would silently wrap negative ids and clip nothing, so bad ids and overlong inputs are refused here
+    # NumPy would wrap negative ids silently (and wpe would run short past n_ctx), so both are refused here, by name
     ids = np.asarray(inputs)
     if ids.ndim != 1 or len(ids) == 0 or not np.issubdtype(ids.dtype, np.integer):
-        raise ValueError(f"inputs must be a non-empty 1-D sequence of integer token ids, got {ids.dtype} shape {ids.shape}")
+        raise ValueError(
+            f"inputs must be a non-empty 1-D sequence of integer token ids, got {ids.dtype} shape {ids.shape}"
+        )
     bad = ids[(ids < 0) | (ids >= n_vocab)]
     if len(bad):
         raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {n_vocab})")

@@ -18,13 +18,13 @@ NUCLEUS_START = 64  # first slice sorted when looking for the nucleus; it grows 
 
 def check_sampling_args(temperature=0.0, top_k=None, top_p=None):  # -> None, or UsageError naming the bad argument
     if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real) or not temperature >= 0:
-        raise UsageError(f"temperature must be a number >= 0 (0 means greedy), got {temperature!r}")
+        raise UsageError(f"temperature (--temperature) must be a number >= 0 (0: greedy), got {temperature!r}")
     if math.isinf(temperature):
-        raise UsageError("temperature must be finite: use a large value such as 100 for nearly uniform sampling")
+        raise UsageError("temperature (--temperature) must be finite: use e.g. 100 for nearly uniform sampling")
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral) or top_k < 1):
-        raise UsageError(f"top_k must be a whole number >= 1 (or unset to keep every token), got {top_k!r}")
+        raise UsageError(f"top_k (--top-k) must be a whole number >= 1 (unset keeps every token), got {top_k!r}")
     if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, numbers.Real) or not 0 < top_p <= 1):
-        raise UsageError(f"top_p must be a number in (0, 1] (1 keeps every token), got {top_p!r}")
+        raise UsageError(f"top_p (--top-p) must be a number in (0, 1] (1 keeps every token), got {top_p!r}")
 
 
 def next_token(logits, rng=None, temperature=0.0, top_k=None, top_p=None):  # [n_vocab] -> int

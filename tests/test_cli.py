@@ -134,10 +134,10 @@ def assert_one_error_line(result, fragment):
     [
         (["--n-tokens", "60"], "the prompt's 5 tokens plus 60 new tokens make 65, more than the model's context of 64 "
                                "tokens: shorten the prompt or generate at most 59 tokens"),
-        (["--temperature", "-1"], "temperature must be a number >= 0"),
+        (["--temperature", "-1"], "temperature (--temperature) must be a number >= 0"),
         (["--temperature", "warm"], "argument --temperature: invalid float value: 'warm'"),
-        (["--top-p", "0"], "top_p must be a number in (0, 1]"),
-        (["--top-p", "1.5"], "top_p must be a number in (0, 1]"),
+        (["--top-p", "0"], "top_p (--top-p) must be a number in (0, 1]"),
+        (["--top-p", "1.5"], "top_p (--top-p) must be a number in (0, 1]"),
         (["--top-k", "0"], "argument --top-k: must be at least 1, got 0"),
         (["--n-tokens", "0"], "argument --n-tokens: must be at least 1, got 0"),
         (["--num-samples", "0"], "argument --num-samples: must be at least 1, got 0"),
