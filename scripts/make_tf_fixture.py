@@ -25,7 +25,8 @@ import tensorflow as tf
 from gpt2_numpy.random_params import random_params
 
 FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures"
-CHECKPOINT_FILE = 'model_checkpoint_path: "model.ckpt"\nall_model_checkpoint_paths: "model.ckpt"\n'  # as OpenAI's
+# TF's CheckpointState, naming the prefix; all_model_checkpoint_paths (which OpenAI's file also lists) is optional
+CHECKPOINT_FILE = 'model_checkpoint_path: "model.ckpt"\n'
 
 
 def openai_tensors(params, scope="model"):  # our nested params -> {"model/h0/attn/c_attn/w": array, ...}
