@@ -27,7 +27,10 @@ def random_params(hparams, seed=0):  # -> {"wte", "wpe", "blocks", "ln_f"} of fl
     blocks = [
         {
             "ln_1": norm(),
-            "attn": {"c_attn": dense(n_embd, 3 * n_embd, std_qk), "c_proj": dense(n_embd, n_embd, 0.5 / math.sqrt(n_embd))},
+            "attn": {
+                "c_attn": dense(n_embd, 3 * n_embd, std_qk),
+                "c_proj": dense(n_embd, n_embd, 0.5 / math.sqrt(n_embd)),
+            },
             "ln_2": norm(),
             "mlp": {
                 "c_fc": dense(n_embd, 4 * n_embd, 1 / math.sqrt(n_embd)),
