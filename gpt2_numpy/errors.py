@@ -1,6 +1,7 @@
 """One exception family: everything a user can cause (bad files, bad arguments, no network) raises a subclass of
 Gpt2NumpyError, and `run_cli` turns it into a single line on stderr and a non-zero exit status."""
 import argparse
+import importlib.metadata
 import os
 import sys
 
@@ -9,6 +10,7 @@ class Gpt2NumpyError(Exception):
     """Base class: the message is one sentence saying what is wrong and what to do."""
 
     exit_code = 2
+    label = "error"  # the word run_cli prints before the message
 
 
 class UsageError(Gpt2NumpyError):
@@ -29,8 +31,20 @@ class DownloadError(Gpt2NumpyError):
     exit_code = 1
 
 
+class Interrupted(Gpt2NumpyError):
+    """Ctrl-C, raised from KeyboardInterrupt by code that can say what was kept and how to go on."""
+
+    exit_code = 130  # 128 + SIGINT, as a shell reports a process stopped by Ctrl-C
+    label = "interrupted"
+
+
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse whose mistakes are UsageErrors, so run_cli prints them as one line instead of a usage block."""
+    """argparse whose mistakes are UsageErrors, so run_cli prints them as one line instead of a usage block; every
+    command line gets --version from the installed package's metadata."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
 
     def error(self, message):
         raise UsageError(f"{message} (see --help)")
@@ -44,12 +58,19 @@ def run_cli(main, argv=None):  # -> never returns: exits with main's status, or 
     try:
         status = main(argv)
     except Gpt2NumpyError as error:
-        print(f"error: {error}", file=sys.stderr)
+        print(f"{error.label}: {error}", file=sys.stderr)
         status = error.exit_code
-    except KeyboardInterrupt:
-        print(file=sys.stderr)  # Ctrl-C: end the line quietly, keep what was already printed
-        status = 130
+    except KeyboardInterrupt:  # Ctrl-C where no code said more: what was already printed stays
+        print(f"{Interrupted.label}: stopped by Ctrl-C", file=sys.stderr)
+        status = Interrupted.exit_code
     except BrokenPipeError:  # stdout's reader quit early (`| head`): stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's flush at exit must not fail again
         status = 128 + 13  # the status of a process killed by SIGPIPE, as `cat` would report
     sys.exit(status)
+
+
+def package_version():  # -> the installed gpt2_numpy's version, or a note when it runs from a source tree only
+    try:
+        return importlib.metadata.version("gpt2_numpy")
+    except importlib.metadata.PackageNotFoundError:
+        return "(not installed: pip install -e . to record a version)"

@@ -12,12 +12,11 @@ import time
 
 import numpy as np
 
-from gpt2_numpy.checkpoint import load_params
-from gpt2_numpy.errors import ArgumentParser, CheckpointError, UsageError, log, run_cli
+from gpt2_numpy.cli import add_model_args, load_model
+from gpt2_numpy.errors import ArgumentParser, UsageError, log, run_cli
 from gpt2_numpy.model import check_inputs, gpt2_cached, new_cache
-from gpt2_numpy.models import MODEL_SIZES, SOURCES, model_folder, models_dir_path
 from gpt2_numpy.sampling import check_sampling_args, next_token
-from gpt2_numpy.tokenizer import EOT_ID, load_tokenizer
+from gpt2_numpy.tokenizer import EOT_ID
 
 # --- The decode loop ---
 
@@ -90,11 +89,7 @@ def parse_args(argv):  # -> argparse.Namespace, checked
     )
     parser.add_argument("prompt", metavar="PROMPT", help='text to continue; "-" reads stdin; "" starts from scratch')
     parser.add_argument("--n-tokens", type=whole_number(1), default=40, metavar="N", help="tokens to generate (40)")
-    parser.add_argument("--model-size", choices=MODEL_SIZES, default="124M", help="which GPT-2 (124M)")
-    parser.add_argument("--models-dir", metavar="DIR", help="folder of <size>/ folders ($GPT2_NUMPY_WEIGHTS, weights)")
-    parser.add_argument("--source", choices=SOURCES, default="openai",
-                        help="whose files to use: openai (TF checkpoint in <size>/, default) or huggingface "
-                        "(safetensors in <size>-hf/)")
+    add_model_args(parser)
     parser.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0: greedy (default); > 0 samples")
     parser.add_argument("--top-k", type=whole_number(1), metavar="K", help="sample from the K most likely tokens only")
     parser.add_argument("--top-p", type=float, metavar="P", help="sample from the fewest tokens holding probability P")
@@ -116,7 +111,7 @@ def run(argv=None):  # -> exit status
     args = parse_args(argv)
     prompt = read_prompt(args.prompt)
     note_ignored_options(args)
-    hparams, params, tokenizer = load_model(args.model_size, args.models_dir, args.source)
+    hparams, params, tokenizer = load_model(args)
     inputs = prompt_ids(tokenizer, prompt, hparams["n_vocab"])
     options = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, stop_at_eos=not args.ignore_eos)
     for index in range(args.num_samples):
@@ -153,35 +148,6 @@ def note_ignored_options(args):  # -> None; says on stderr when sampling options
     if given or args.num_samples > 1:
         effect = f"ignores {', '.join(given)}" if given else "makes every sample the same"
         log(f"note: greedy decoding (--temperature 0, the default) {effect}; add e.g. --temperature 0.8 to sample")
-
-
-def load_model(size, models_dir, source):  # -> hparams, params, tokenizer; the weights are downloaded first if missing
-    model_dir = model_folder(size, models_dir, source)
-    # download only when a file is missing: files already there are loaded as they are, so that a damaged one is
-    # reported by the loader rather than silently fetched again
-    if not all_present(models_dir_path(models_dir), model_dir, SOURCES[source].files):
-        from gpt2_numpy.download import ensure_model  # the network stack (14 MB, 0.15 s) loads only when needed
-
-        model_dir = ensure_model(size, models_dir, source)
-    start = time.perf_counter()
-    hparams, params = load_params(model_dir)
-    tokenizer = load_tokenizer(model_dir)
-    if tokenizer.n_vocab < hparams["n_vocab"]:  # the model could choose ids the tokenizer cannot print
-        raise CheckpointError(f"{model_dir}: the model has {hparams['n_vocab']:,} tokens but its vocabulary files "
-                              f"only {tokenizer.n_vocab:,}; download the model again")
-    log(f"loaded GPT-2 {size} from {model_dir} in {time.perf_counter() - start:.1f} s")
-    return hparams, params, tokenizer
-
-
-def all_present(models_root, model_dir, names):  # -> True when every file is there; UsageError for an unusable dir
-    try:
-        if models_root.exists() and not models_root.is_dir():
-            raise UsageError(f"the models dir {models_root} is a file: pass a folder with --models-dir or "
-                             "GPT2_NUMPY_WEIGHTS")
-        return all((model_dir / name).exists() for name in names)
-    except OSError as error:
-        raise UsageError(f"cannot read the models dir {models_root} ({error.strerror}): fix its permissions or pass "
-                         "another folder with --models-dir") from None
 
 
 def prompt_ids(tokenizer, prompt, n_vocab):  # -> ids to feed the model, all < n_vocab
