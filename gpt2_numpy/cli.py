@@ -1,10 +1,39 @@
 """What the command lines share: the flags that choose a model, and loading it (downloading it first if missing)."""
+import argparse
+import sys
 import time
 
 from gpt2_numpy.checkpoint import load_params
-from gpt2_numpy.errors import CheckpointError, UsageError, log
-from gpt2_numpy.models import MODEL_SIZES, SOURCES, model_folder, models_dir_path
+from gpt2_numpy.errors import UsageError, log
+from gpt2_numpy.models import MODEL_SIZES, SOURCES, models_dir_path
 from gpt2_numpy.tokenizer import load_tokenizer
+from gpt2_numpy.weights import ensure_model
+
+
+def whole_number(minimum):  # -> an argparse type accepting integers >= minimum
+    def parse(text):
+        value = int(text)  # argparse turns the ValueError into "invalid whole number value: 'x'"
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+
+    parse.__name__ = "whole number"
+    return parse
+
+
+def read_prompt(argument):  # -> prompt text; "-" reads stdin
+    if argument != "-":
+        text = argument
+    else:
+        try:
+            text = sys.stdin.buffer.read().decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise UsageError(f"stdin is not UTF-8 text (byte {error.start}): convert the prompt to UTF-8") from None
+    try:
+        text.encode("utf-8")  # undecodable command-line bytes arrive as lone surrogates
+    except UnicodeEncodeError:
+        raise UsageError("the prompt is not valid UTF-8 text: pass it in UTF-8, or through stdin with '-'") from None
+    return text
 
 
 def add_model_args(parser):  # -> None; adds --model-size, --models-dir and --source to an argparse parser
@@ -15,31 +44,24 @@ def add_model_args(parser):  # -> None; adds --model-size, --models-dir and --so
                         "(safetensors in <size>-hf/)")
 
 
-def load_model(args):  # -> hparams, params, tokenizer of the model add_model_args's flags name; downloaded if missing
+def load_model(args):  # -> hparams, params, tokenizer of the model add_model_args's flags name, verified before use
     size, models_dir, source = args.model_size, args.models_dir, args.source
-    model_dir = model_folder(size, models_dir, source)
-    # download only when a file is missing: files already there are loaded as they are, so that a damaged one is
-    # reported by the loader rather than silently fetched again
-    if not all_present(models_dir_path(models_dir), model_dir, SOURCES[source].files):
-        from gpt2_numpy.download import ensure_model  # the network stack (14 MB, 0.15 s) loads only when needed
-
-        model_dir = ensure_model(size, models_dir, source)
+    check_models_dir(models_dir_path(models_dir))
+    # missing files are downloaded; files never verified are verified once (a damaged file placed by hand is refused
+    # with the downloader's own error instead of generating garbage); then loading only memory-maps
+    model_dir = ensure_model(size, models_dir, source)
     start = time.perf_counter()
     hparams, params = load_params(model_dir)
     tokenizer = load_tokenizer(model_dir)
-    if tokenizer.n_vocab < hparams["n_vocab"]:  # the model could choose ids the tokenizer cannot print
-        raise CheckpointError(f"{model_dir}: the model has {hparams['n_vocab']:,} tokens but its vocabulary files "
-                              f"only {tokenizer.n_vocab:,}; download the model again")
     log(f"loaded GPT-2 {size} from {model_dir} in {time.perf_counter() - start:.1f} s")
     return hparams, params, tokenizer
 
 
-def all_present(models_root, model_dir, names):  # -> True when every file is there; UsageError for an unusable dir
+def check_models_dir(models_root):  # -> None, or UsageError when the models dir is a file or cannot be read
     try:
         if models_root.exists() and not models_root.is_dir():
             raise UsageError(f"the models dir {models_root} is a file: pass a folder with --models-dir or "
                              "GPT2_NUMPY_WEIGHTS")
-        return all((model_dir / name).exists() for name in names)
     except OSError as error:
         raise UsageError(f"cannot read the models dir {models_root} ({error.strerror}): fix its permissions or pass "
                          "another folder with --models-dir") from None

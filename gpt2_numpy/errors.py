@@ -50,6 +50,10 @@ class ArgumentParser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see --help)")
 
 
+def plural(n, noun):  # -> "1 token", "2 tokens": counts in messages read as sentences
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def log(message):  # diagnostics go to stderr, so stdout carries only what a command produces
     print(message, file=sys.stderr, flush=True)
 

@@ -1,10 +1,11 @@
-"""Text generation: the decode loop (prompt once, then one token per step with the KV cache) and the command line.
+"""Text generation: the decode loop (prompt once, then one token per step with the KV cache), for one sequence or a
+batch of them, and the command line.
 
     python -m gpt2_numpy.generate "Alan Turing theorized that computers would one day become" --n-tokens 40
+    python -m gpt2_numpy.generate "The cat" "The dog" --temperature 0.8 --num-samples 4 --seed 1
 
-stdout carries only the generated continuation, streamed token by token; everything else goes to stderr.
+stdout carries only the generated continuations (a single one streamed token by token); everything else goes to stderr.
 """
-import argparse
 import functools
 import numbers
 import sys
@@ -12,11 +13,13 @@ import time
 
 import numpy as np
 
-from gpt2_numpy.cli import add_model_args, load_model
-from gpt2_numpy.errors import ArgumentParser, UsageError, log, run_cli
+from gpt2_numpy.cli import add_model_args, load_model, read_prompt, whole_number
+from gpt2_numpy.errors import ArgumentParser, Interrupted, UsageError, log, plural, run_cli
 from gpt2_numpy.model import check_inputs, gpt2_cached, new_cache
 from gpt2_numpy.sampling import check_sampling_args, next_token
 from gpt2_numpy.tokenizer import EOT_ID
+
+BATCH_SIZE = 8  # rows per pass by default: with 2 to 8 rows a step costs about 3x one row's, so 8 rows pay best
 
 # --- The decode loop ---
 
@@ -34,13 +37,9 @@ def iter_generate(
     otherwise sampled (see sampling.py) with numpy.random.default_rng(seed). With stop_at_eos, generation ends at
     <|endoftext|> (id 50256), which is not yielded. The arguments are checked here, before the first id is asked for:
     ValueError for bad token ids, UsageError for everything else."""
-    n_ctx, n_vocab = params["wpe"].shape[0], params["wte"].shape[0]
-    inputs = check_inputs(inputs, n_vocab, n_ctx)
-    check_room(len(inputs), n_tokens_to_generate, n_ctx)
-    check_sampling_args(temperature, top_k, top_p)
-    choose = functools.partial(
-        next_token, rng=np.random.default_rng(seed), temperature=temperature, top_k=top_k, top_p=top_p
-    )
+    inputs = check_prompt(inputs, n_tokens_to_generate, params)
+    check_sampling_args(temperature, top_k, top_p, seed)
+    choose = sampler(temperature, top_k, top_p, seed)
     return decode_loop(inputs, params, n_head, n_tokens_to_generate, choose, EOT_ID if stop_at_eos else None)
 
 
@@ -56,48 +55,127 @@ def decode_loop(inputs, params, n_head, n_tokens, choose, stop_id):  # -> iterat
         new_ids = [next_id]
 
 
-def check_room(n_prompt, n_tokens, n_ctx):  # -> None, or UsageError when the prompt plus new tokens overflow n_ctx
+def generate_batch(
+    prompts, params, n_head, n_tokens_to_generate, *, temperature=0.0, top_k=None, top_p=None, seed=None,
+    stop_at_eos=True,
+):  # -> list of new-id lists, one per prompt
+    """Continue every prompt (token-id lists of any lengths) in one batch; each row gets exactly the ids `generate`
+    would give it alone, with seed + i for row i (each row has its own numpy.random.default_rng). A row that reaches
+    <|endoftext|> stops there (with stop_at_eos) while the others go on."""
+    continuations = [None] * len(prompts)
+    for row, ids in iter_batch(prompts, params, n_head, n_tokens_to_generate, temperature=temperature, top_k=top_k,
+                               top_p=top_p, seed=seed, stop_at_eos=stop_at_eos):
+        continuations[row] = ids
+    return continuations
+
+
+def iter_batch(
+    prompts, params, n_head, n_tokens_to_generate, *, temperature=0.0, top_k=None, top_p=None, seed=None,
+    stop_at_eos=True,
+):  # -> iterator of (row, new ids), as each row finishes
+    """generate_batch, yielding each row's continuation as soon as it is complete. Arguments are checked up front:
+    ValueError for bad token ids, UsageError (naming the prompt by index) for everything else."""
+    if isinstance(prompts, (str, bytes)) or not hasattr(prompts, "__len__") or len(prompts) == 0:
+        raise UsageError(f"prompts must be a non-empty list of token-id lists, got {type(prompts).__name__}")
+    prompts = [check_prompt(ids, n_tokens_to_generate, params, f"prompt {row}") for row, ids in enumerate(prompts)]
+    check_sampling_args(temperature, top_k, top_p, seed)
+    choosers = [sampler(temperature, top_k, top_p, None if seed is None else seed + row) for row in range(len(prompts))]
+    return batch_decode_loop(prompts, params, n_head, n_tokens_to_generate, choosers, EOT_ID if stop_at_eos else None)
+
+
+def batch_decode_loop(prompts, params, n_head, n_tokens, choosers, stop_id):  # -> iterator of (row, new ids)
+    width = max(len(prompt) for prompt in prompts)
+    pad = np.array([width - len(prompt) for prompt in prompts])
+    step_ids = np.array([[0] * n_pad + list(prompt) for n_pad, prompt in zip(pad, prompts)])  # [n_rows, width]
+    # slots for the prompt and every chosen token but the last, which is never fed back
+    cache = new_cache(params["wpe"], params["blocks"], n_head, pad=pad, n_slots=width + n_tokens - 1)
+    rows = np.arange(len(prompts))  # the original index of each row still running
+    new_ids = [[] for _ in prompts]
+    for step in range(n_tokens):
+        logits, cache = gpt2_cached(step_ids, cache, **params, n_head=n_head, last_only=True)  # [n_running, 1, n_vocab]
+        # each row draws from its own generator, as it would alone (the model step above is one call for all rows)
+        chosen = [choosers[row](row_logits[0]) for row, row_logits in zip(rows, logits)]
+        running = []
+        for i, (row, next_id) in enumerate(zip(rows, chosen)):
+            if next_id != stop_id:
+                new_ids[row].append(next_id)
+            if next_id == stop_id or step == n_tokens - 1:
+                yield int(row), new_ids[row]
+            else:
+                running.append(i)
+        if len(running) < len(rows) and running:  # finished rows leave the batch and stop costing compute
+            cache, rows = cache.keep(running), rows[running]
+        step_ids = np.array(chosen)[running, None]  # [n_running, 1]
+        if not running:
+            return
+
+
+def sampler(temperature, top_k, top_p, seed):  # -> function choosing an id from logits [n_vocab], with its own rng
+    return functools.partial(
+        next_token, rng=np.random.default_rng(seed), temperature=temperature, top_k=top_k, top_p=top_p
+    )
+
+
+def check_prompt(inputs, n_tokens, params, name="the prompt"):  # -> int64 [n_prompt]; ValueError or UsageError
+    n_ctx, n_vocab = params["wpe"].shape[0], params["wte"].shape[0]
+    ids = np.asarray(inputs)
+    if ids.ndim != 1:
+        raise ValueError(f"{name} must be a 1-D sequence of token ids, got shape {ids.shape}")
+    check_room(len(ids), n_tokens, n_ctx, name)  # first: an overlong prompt gets the message that says how to fix it
+    try:
+        return check_inputs(ids, n_vocab, n_ctx)
+    except ValueError as error:
+        raise ValueError(f"{name}: {error}") from None
+
+
+def check_room(n_prompt, n_tokens, n_ctx, name="the prompt"):  # -> None, or UsageError when it overflows n_ctx
     if isinstance(n_tokens, bool) or not isinstance(n_tokens, numbers.Integral) or n_tokens < 1:
         raise UsageError(f"the number of tokens to generate must be a whole number >= 1, got {n_tokens!r}")
     if n_prompt + n_tokens > n_ctx:
-        fix = f"generate at most {n_ctx - n_prompt} tokens" if n_prompt < n_ctx else f"cut it to under {n_ctx} tokens"
+        fixes = [f"shorten {name} to at most {plural(n_ctx - n_tokens, 'token')}"] if n_tokens < n_ctx else []
+        if n_prompt < n_ctx:
+            fixes.append(f"generate at most {plural(n_ctx - n_prompt, 'token')}")
         raise UsageError(
-            f"the prompt's {n_prompt} tokens plus {n_tokens} new tokens make {n_prompt + n_tokens}, more than the "
-            f"model's context of {n_ctx} tokens: shorten the prompt or {fix}"
+            f"{name}'s {plural(n_prompt, 'token')} plus {plural(n_tokens, 'new token')} make {n_prompt + n_tokens}, "
+            f"more than the model's context of {n_ctx} tokens: {' or '.join(fixes)}"
         )
 
 
 # --- The command line ---
 
 
-def whole_number(minimum):  # -> an argparse type accepting integers >= minimum
-    def parse(text):
-        value = int(text)  # argparse turns the ValueError into "invalid whole number value: 'x'"
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
-        return value
-
-    parse.__name__ = "whole number"
-    return parse
-
-
 def parse_args(argv):  # -> argparse.Namespace, checked
     parser = ArgumentParser(
         prog="gpt2-numpy",
-        description="Continue a prompt with GPT-2 (pure NumPy). stdout gets only the continuation; "
+        description="Continue prompts with GPT-2 (pure NumPy). stdout gets only the continuations; "
         "progress and statistics go to stderr.",
     )
-    parser.add_argument("prompt", metavar="PROMPT", help='text to continue; "-" reads stdin; "" starts from scratch')
+    parser.add_argument("prompts", nargs="+", metavar="PROMPT",
+                        help='text to continue (several: one continuation each); "-" reads stdin; "" starts from '
+                        "scratch; a prompt beginning with '-' goes last, after --")
     parser.add_argument("--n-tokens", type=whole_number(1), default=40, metavar="N", help="tokens to generate (40)")
     add_model_args(parser)
     parser.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0: greedy (default); > 0 samples")
     parser.add_argument("--top-k", type=whole_number(1), metavar="K", help="sample from the K most likely tokens only")
     parser.add_argument("--top-p", type=float, metavar="P", help="sample from the fewest tokens holding probability P")
-    parser.add_argument("--seed", type=whole_number(0), metavar="S", help="seed of sample 1; sample i uses S + i - 1")
-    parser.add_argument("--num-samples", type=whole_number(1), default=1, metavar="N", help="samples to print (1)")
+    parser.add_argument("--seed", type=whole_number(0), metavar="S",
+                        help="seed of the first continuation; the k-th printed uses S + k - 1")
+    parser.add_argument("--num-samples", type=whole_number(1), default=1, metavar="N",
+                        help="continuations per prompt (1)")
+    parser.add_argument("--batch-size", type=whole_number(1), default=BATCH_SIZE, metavar="B",
+                        help=f"continuations computed together ({BATCH_SIZE}); each row of the batch holds a KV cache "
+                        "of 72 KiB per token of context for 124M (n_layer x 2 x n_embd float32)")
     parser.add_argument("--ignore-eos", action="store_true", help="keep going past <|endoftext|>")
-    parser.add_argument("--no-stream", action="store_true", help="print each sample when it is complete")
-    args = parser.parse_args(argv)
+    parser.add_argument("--no-stream", action="store_true", help="print a single continuation only when complete")
+    try:
+        args = parser.parse_args(argv)
+    except UsageError as error:
+        if "PROMPT" in str(error) or "unrecognized arguments: -" in str(error):  # a prompt that looks like an option
+            raise UsageError(f"{error}; a prompt that begins with '-' goes last, after '--': "
+                             'gpt2-numpy --n-tokens 5 -- "-x"') from None
+        raise
+    if args.prompts.count("-") > 1:
+        raise UsageError('"-" (read the prompt from stdin) may be given only once')
     check_sampling_args(args.temperature, args.top_k, args.top_p)
     return args
 
@@ -109,81 +187,117 @@ def main(argv=None):  # console script entry point: errors become one line on st
 
 def run(argv=None):  # -> exit status
     args = parse_args(argv)
-    prompt = read_prompt(args.prompt)
-    note_ignored_options(args)
+    texts = [read_prompt(prompt) for prompt in args.prompts]
+    greedy = args.temperature == 0
+    note_ignored_options(args, greedy)
     hparams, params, tokenizer = load_model(args)
-    inputs = prompt_ids(tokenizer, prompt, hparams["n_vocab"])
+    names = ["the prompt"] if len(texts) == 1 else [f"prompt {index + 1}" for index in range(len(texts))]
+    prompts = [prompt_ids(tokenizer, text, hparams["n_vocab"], name) for text, name in zip(texts, names)]
+    for prompt, name in zip(prompts, names):  # every prompt is checked before any text is printed
+        check_room(len(prompt), args.n_tokens, hparams["n_ctx"], name)
     options = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, stop_at_eos=not args.ignore_eos)
-    for index in range(args.num_samples):
-        seed = None if args.seed is None else args.seed + index  # distinct samples, each reproducible on its own
-        ids = iter_generate(inputs, params, hparams["n_head"], args.n_tokens, seed=seed, **options)
-        if index:
-            write_stdout("\n")  # a blank line between samples (each one ends with a newline)
-        if args.num_samples > 1:
-            log(f"sample {index + 1} of {args.num_samples}" + ("" if seed is None else f" (seed {seed})"))
-        print_timed(ids, tokenizer, stream=not args.no_stream, n_prompt=len(inputs))
+    # the k-th continuation printed is row k - 1, seeded args.seed + k - 1; greedy rows of one prompt are all equal,
+    # so each prompt runs once and its continuation is printed num_samples times
+    rows = [prompt for prompt in prompts for _ in range(1 if greedy else args.num_samples)]
+    copies = args.num_samples if greedy else 1
+    if len(rows) == 1:
+        ids = iter_generate(rows[0], params, hparams["n_head"], args.n_tokens, seed=args.seed, **options)
+        print_timed(ids, tokenizer, stream=not args.no_stream, n_tokens=args.n_tokens, n_prompt=len(rows[0]),
+                    copies=copies)
+    else:
+        print_batches(rows, params, hparams["n_head"], tokenizer, args, options, copies)
     return 0
 
 
-def read_prompt(argument):  # -> prompt text; "-" reads stdin
-    if argument != "-":
-        text = argument
-    else:
-        try:
-            text = sys.stdin.buffer.read().decode("utf-8")
-        except UnicodeDecodeError as error:
-            raise UsageError(f"stdin is not UTF-8 text (byte {error.start}): convert the prompt to UTF-8") from None
+def print_batches(rows, params, n_head, tokenizer, args, options, copies):  # -> None; prints every row in order
+    start, n_new, n_printed = time.perf_counter(), 0, 0
     try:
-        text.encode("utf-8")  # undecodable command-line bytes arrive as lone surrogates
-    except UnicodeEncodeError:
-        raise UsageError("the prompt is not valid UTF-8 text: pass it in UTF-8, or through stdin with '-'") from None
-    return text
+        for first in range(0, len(rows), args.batch_size):
+            batch = rows[first : first + args.batch_size]
+            seed = None if args.seed is None else args.seed + first
+            done = {}  # rows of this batch finished but waiting for an earlier one, so the output stays in order
+            for row, ids in iter_batch(batch, params, n_head, args.n_tokens, seed=seed, **options):
+                done[row] = ids
+                while n_printed - first in done:
+                    ids = done.pop(n_printed - first)
+                    n_new += len(ids)
+                    for copy in range(copies):
+                        write_stdout(("\n" if n_printed or copy else "") + tokenizer.decode(ids) + "\n")
+                    log_sample(n_printed, len(rows), copies, len(ids), args)
+                    n_printed += 1
+    except KeyboardInterrupt:
+        raise Interrupted(f"stopped after {plural(n_printed * copies, 'complete continuation')} of "
+                          f"{len(rows) * copies}, printed above") from None
+    seconds = time.perf_counter() - start
+    log(f"generated {plural(n_new, 'token')} in {len(rows)} rows in {seconds:.2f} s ({n_new / seconds:.1f} tokens/s, "
+        f"batches of up to {args.batch_size})")
 
 
-def note_ignored_options(args):  # -> None; says on stderr when sampling options cannot change greedy output
-    if args.temperature > 0:
+def log_sample(row, n_rows, copies, n_ids, args):  # -> None; stderr names a printed continuation and how it ended
+    n_samples = 1 if copies > 1 else args.num_samples
+    prompt, sample = divmod(row, n_samples)
+    what = f"prompt {prompt + 1}" if n_rows > n_samples else ""
+    if n_samples > 1:
+        what += (", " if what else "") + f"sample {sample + 1} of {n_samples}"
+    if args.seed is not None and copies == 1:
+        what += f" (seed {args.seed + row})"
+    ending = "stopped at <|endoftext|>" if n_ids < args.n_tokens else "reached --n-tokens"
+    log(f"{what}: {plural(n_ids, 'token')}, {ending}" + (f"; printed {copies} times" if copies > 1 else ""))
+
+
+def note_ignored_options(args, greedy):  # -> None; says on stderr when options cannot change greedy output
+    if not greedy:
         return
     options = {"--top-k": args.top_k, "--top-p": args.top_p, "--seed": args.seed}
     given = [flag for flag, value in options.items() if value is not None]
-    if given or args.num_samples > 1:
-        effect = f"ignores {', '.join(given)}" if given else "makes every sample the same"
-        log(f"note: greedy decoding (--temperature 0, the default) {effect}; add e.g. --temperature 0.8 to sample")
+    effects = [f"ignores {', '.join(given)}"] if given else []
+    if args.num_samples > 1:
+        effects.append(f"gives {args.num_samples} identical samples (each is computed once)")
+    if effects:
+        log(f"note: greedy decoding (--temperature 0, the default) {' and '.join(effects)}; add e.g. "
+            "--temperature 0.8 to sample")
 
 
-def prompt_ids(tokenizer, prompt, n_vocab):  # -> ids to feed the model, all < n_vocab
+def prompt_ids(tokenizer, prompt, n_vocab, name="the prompt"):  # -> ids to feed the model, all < n_vocab
     # "<|endoftext|>" typed in a prompt is the document separator; an empty prompt starts from it, as GPT-2 was trained
     ids = tokenizer.encode(prompt, allowed_special="all") or [EOT_ID]
     outside = [token_id for token_id in ids if token_id >= n_vocab]
     if outside:
         raise UsageError(
-            f"the prompt's token {outside[0]} ({tokenizer.decode(outside[:1])!r}) is outside this model's vocabulary "
+            f"{name}'s token {outside[0]} ({tokenizer.decode(outside[:1])!r}) is outside this model's vocabulary "
             f"of {n_vocab} tokens: use a model with GPT-2's full vocabulary, or a prompt of other words"
         )
     return ids
 
 
-def print_sample(ids, tokenizer, stream):  # -> number of ids; stdout gets their text and a newline, even on Ctrl-C
+def print_sample(ids, tokenizer, stream):  # -> list of the ids printed; stdout gets their text and a newline
     decoder = tokenizer.stream_decoder()
-    held = []  # text not yet written: all of it with --no-stream
-    n_ids = 0
+    held, printed = [], []  # held: text not yet written, all of it with --no-stream
     try:
-        for n_ids, token_id in enumerate(ids, start=1):
+        for token_id in ids:
+            printed.append(token_id)
             piece = decoder.add(token_id)
             if stream:
                 write_stdout(piece)
             else:
                 held.append(piece)
-    finally:
+    finally:  # even on Ctrl-C: what was generated is printed, and a cut character shows as U+FFFD
         write_stdout("".join(held) + decoder.finish() + "\n")
-    return n_ids
+    return printed
 
 
-def print_timed(ids, tokenizer, stream, n_prompt):  # -> None; prints a sample, then its speed on stderr
+def print_timed(ids, tokenizer, stream, n_tokens, n_prompt, copies=1):  # -> None; a sample, then its speed on stderr
     start = time.perf_counter()
-    n_ids = print_sample(ids, tokenizer, stream)
+    try:
+        printed = print_sample(ids, tokenizer, stream)
+    except KeyboardInterrupt:
+        raise Interrupted("stopped by Ctrl-C; the text generated so far is printed above") from None
     seconds = time.perf_counter() - start
-    speed = f"{n_ids / seconds:.1f} tokens/s"
-    log(f"generated {n_ids} tokens in {seconds:.2f} s ({speed}) after a {n_prompt}-token prompt")
+    ending = " (stopped at <|endoftext|>)" if len(printed) < n_tokens else ""
+    log(f"generated {plural(len(printed), 'token')}{ending} in {seconds:.2f} s ({len(printed) / seconds:.1f} tokens/s) "
+        f"after a {n_prompt}-token prompt")
+    for _ in range(copies - 1):  # greedy: every further sample is the same text
+        write_stdout("\n" + tokenizer.decode(printed) + "\n")
 
 
 def write_stdout(text):

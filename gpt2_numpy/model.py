@@ -24,18 +24,24 @@ def softmax(x):  # [..., n] -> [..., n]
     return exp_x
 
 
-def layer_norm(x, g, b, eps=1e-5):  # [n_seq, n_embd] -> [n_seq, n_embd]
+def layer_norm(x, g, b, eps=1e-5):  # [..., n_seq, n_embd] -> [..., n_seq, n_embd]
     centered = x - x.mean(axis=-1, keepdims=True)
     variance = (centered * centered).mean(axis=-1, keepdims=True)  # reuses `centered`, unlike np.var
     return g * centered / np.sqrt(variance + eps) + b
 
 
-def linear(x, w, b):  # [n_seq, n_in] -> [n_seq, n_out]
-    return x @ w + b
+def linear(x, w, b):  # [..., n_in] -> [..., n_out]
+    return matmul_rows(x, w) + b
 
 
-def ffn(x, c_fc, c_proj):  # [n_seq, n_embd] -> [n_seq, n_embd]
-    return linear(gelu(linear(x, **c_fc)), **c_proj)  # [n_seq, 4*n_embd] in between
+def matmul_rows(x, w):  # [..., n_in] @ [n_in, n_out] -> [..., n_out]
+    # one matrix product over all leading axes: matmul on a [n_rows, n_seq, n_in] stack would run one product per
+    # row, each streaming all of w, and a batch decode step would cost as much as n_rows single ones
+    return (x.reshape(-1, x.shape[-1]) @ w).reshape(*x.shape[:-1], w.shape[-1])
+
+
+def ffn(x, c_fc, c_proj):  # [..., n_seq, n_embd] -> [..., n_seq, n_embd]
+    return linear(gelu(linear(x, **c_fc)), **c_proj)  # [..., n_seq, 4*n_embd] in between
 
 
 def causal_mask(n_q, n_k):  # -> [n_q, n_k]
@@ -43,57 +49,64 @@ def causal_mask(n_q, n_k):  # -> [n_q, n_k]
     return np.triu(np.full((n_q, n_k), -np.inf, dtype=np.float32), k=n_k - n_q + 1)
 
 
-def attention(q, k, v, mask):  # [n_head, n_q, d_head], [n_head, n_k, d_head] x2, [n_q, n_k] -> [n_head, n_q, d_head]
-    # softmax(q k^T / sqrt(d_head) + mask) v, for all heads in one batched contraction; with k (or v) as the first
-    # operand NumPy lays the result out C-ordered, which the softmax over the last axis needs to be fast
-    scores = np.einsum("hkd,hqd->hqk", k, q / math.sqrt(q.shape[-1]), optimize=SCORES_PATH)
-    scores += mask  # in place: no second [n_head, n_q, n_k] array
-    return np.einsum("hkd,hqk->hqd", v, softmax(scores), optimize=SCORES_PATH)
+def attention(q, k, v, mask):  # [..., n_head, n_q, d_head], [..., n_head, n_k, d_head] x2, [..., n_q, n_k] -> like q
+    # softmax(q k^T / sqrt(d_head) + mask) v, for all heads (and rows) in one batched contraction; with k (or v) as
+    # the first operand NumPy lays the result out C-ordered, which the softmax over the last axis needs to be fast
+    scores = np.einsum("...kd,...qd->...qk", k, q / math.sqrt(q.shape[-1]), optimize=SCORES_PATH)
+    scores += mask  # in place: no second [..., n_head, n_q, n_k] array
+    return np.einsum("...kd,...qk->...qd", v, softmax(scores), optimize=SCORES_PATH)
 
 
-def split_heads(x, n_head):  # [n_seq, 3*n_embd] -> [3, n_head, n_seq, d_head]: q, k, v, each split into heads
-    n_seq = x.shape[0]
-    return x.reshape(n_seq, 3, n_head, -1).transpose(1, 2, 0, 3)
+def split_heads(x, n_head):  # [..., n_seq, 3*n_embd] -> [3, ..., n_head, n_seq, d_head]: q, k, v, split into heads
+    *batch, n_seq, _ = x.shape
+    qkv = np.moveaxis(x.reshape(*batch, n_seq, 3, n_head, -1), -3, 0)  # [3, ..., n_seq, n_head, d_head]
+    return qkv.swapaxes(-3, -2)
 
 
-def merge_heads(x):  # [n_head, n_seq, d_head] -> [n_seq, n_head*d_head]
-    n_head, n_seq, d_head = x.shape
-    return x.transpose(1, 0, 2).reshape(n_seq, n_head * d_head)
+def merge_heads(x):  # [..., n_head, n_seq, d_head] -> [..., n_seq, n_head*d_head]
+    *batch, n_head, n_seq, d_head = x.shape
+    return x.swapaxes(-3, -2).reshape(*batch, n_seq, n_head * d_head)
 
 
-def mha(x, c_attn, c_proj, n_head, past=None):  # [n_seq, n_embd] -> [n_seq, n_embd]
-    q, k, v = split_heads(linear(x, **c_attn), n_head)  # [n_head, n_seq, d_head] each
+def mha(x, c_attn, c_proj, n_head, mask, past=None):  # [..., n_seq, n_embd] -> [..., n_seq, n_embd]
+    q, k, v = split_heads(linear(x, **c_attn), n_head)  # [..., n_head, n_seq, d_head] each
     if past is not None:
-        k, v = extend_past(past, k, v)  # [n_head, n_past+n_seq, d_head]
-    return linear(merge_heads(attention(q, k, v, causal_mask(q.shape[1], k.shape[1]))), **c_proj)
+        k, v = extend_past(past, k, v)  # [..., n_head, n_past+n_seq, d_head]
+    return linear(merge_heads(attention(q, k, v, mask)), **c_proj)
 
 
-def block(x, ln_1, attn, ln_2, mlp, n_head, past=None):  # [n_seq, n_embd] -> [n_seq, n_embd]
-    x = x + mha(layer_norm(x, **ln_1), **attn, n_head=n_head, past=past)  # pre-norm residual branches
+def block(x, ln_1, attn, ln_2, mlp, n_head, mask, past=None):  # [..., n_seq, n_embd] -> [..., n_seq, n_embd]
+    x = x + mha(layer_norm(x, **ln_1), **attn, n_head=n_head, mask=mask, past=past)  # pre-norm residual branches
     return x + ffn(layer_norm(x, **ln_2), **mlp)
 
 
-def embed(inputs, wte, wpe, n_past=0):  # [n_seq] -> [n_seq, n_embd]
+def embed(inputs, wte, wpe, n_past=0, pad=None):  # [..., n_seq] -> [..., n_seq, n_embd]
     ids = check_inputs(inputs, n_vocab=wte.shape[0], n_ctx=wpe.shape[0], n_past=n_past)
-    return wte[ids] + wpe[n_past : n_past + len(ids)]
+    if pad is None:
+        return wte[ids] + wpe[n_past : n_past + ids.shape[-1]]
+    return wte[ids] + wpe[positions(pad, n_past, ids.shape[-1])]
 
 
-def transformer(inputs, wte, wpe, blocks, ln_f, n_head, cache=None):  # [n_seq] -> [n_seq, n_embd]
-    n_past = 0 if cache is None else cache.n_past
-    x = embed(inputs, wte, wpe, n_past)
+def transformer(inputs, wte, wpe, blocks, ln_f, n_head, cache=None):  # [..., n_seq] -> [..., n_seq, n_embd]
+    n_past, pad = (0, None) if cache is None else (cache.n_past, cache.pad)
+    x = embed(inputs, wte, wpe, n_past, pad)
+    n_seq = x.shape[-2]
+    mask = causal_mask(n_seq, n_past + n_seq)  # built once, shared by every block
+    if pad is not None:
+        mask = mask + padding_mask(pad, n_past, n_seq)  # [n_rows, 1, n_seq, n_past+n_seq]
     for layer, block_params in enumerate(blocks):
         past = None if cache is None else (cache.keys[layer], cache.values[layer], n_past)
-        x = block(x, **block_params, n_head=n_head, past=past)
+        x = block(x, **block_params, n_head=n_head, mask=mask, past=past)
     if cache is not None:
-        cache.n_past += len(x)
+        cache.n_past += n_seq
     return layer_norm(x, **ln_f)
 
 
-def lm_head(x, wte):  # [n_seq, n_embd] -> [n_seq, n_vocab]
-    return x @ wte.T  # GPT-2 ties the output projection to the token embeddings
+def lm_head(x, wte):  # [..., n_seq, n_embd] -> [..., n_seq, n_vocab]
+    return matmul_rows(x, wte.T)  # GPT-2 ties the output projection to the token embeddings
 
 
-def gpt2(inputs, wte, wpe, blocks, ln_f, n_head):  # [n_seq] -> [n_seq, n_vocab]
+def gpt2(inputs, wte, wpe, blocks, ln_f, n_head):  # [..., n_seq] -> [..., n_seq, n_vocab]
     return lm_head(transformer(inputs, wte, wpe, blocks, ln_f, n_head), wte)
 
 
@@ -102,45 +115,79 @@ def gpt2(inputs, wte, wpe, blocks, ln_f, n_head):  # [n_seq] -> [n_seq, n_vocab]
 
 @dataclass
 class KVCache:
-    keys: np.ndarray  # [n_layer, n_head, n_ctx, d_head], valid up to n_past
-    values: np.ndarray  # [n_layer, n_head, n_ctx, d_head], valid up to n_past
-    n_past: int = 0
+    keys: np.ndarray  # [n_layer, (n_rows,) n_head, n_slots, d_head], valid up to n_past
+    values: np.ndarray  # the same shape as keys
+    n_past: int = 0  # slots filled, the same for every row
+    pad: np.ndarray = None  # [n_rows]: a batch's left padding, the slots before each row's first token; None: no batch
+
+    def keep(self, rows):  # -> KVCache of only these rows of a batch, e.g. those still generating
+        keys, values = (np.zeros_like(self.keys[:, rows]) for _ in range(2))  # calloc: untouched slots stay unpaged
+        keys[..., : self.n_past, :], values[..., : self.n_past, :] = (
+            kv[:, rows, ..., : self.n_past, :] for kv in (self.keys, self.values))
+        return KVCache(keys, values, self.n_past, self.pad[rows])
 
 
-def new_cache(wpe, blocks, n_head):  # -> KVCache sized for the model's whole context
+def new_cache(wpe, blocks, n_head, pad=None, n_slots=None):  # -> KVCache of n_slots (default n_ctx) positions
+    """An empty KV cache for gpt2_cached: for one sequence, or, given pad ([n_rows] ints), for a batch whose row i
+    starts with pad[i] slots of left padding. n_slots caps the positions it holds (at most n_ctx)."""
     # preallocated once, so each step writes in place instead of concatenating (which copies the cache every token)
     n_ctx, n_embd = wpe.shape
-    shape = (len(blocks), n_head, n_ctx, n_embd // n_head)
-    return KVCache(np.zeros(shape, np.float32), np.zeros(shape, np.float32))
+    rows = () if pad is None else (len(pad),)
+    shape = (len(blocks), *rows, n_head, n_ctx if n_slots is None else n_slots, n_embd // n_head)
+    pad = None if pad is None else np.asarray(pad, dtype=np.int64)
+    return KVCache(np.zeros(shape, np.float32), np.zeros(shape, np.float32), pad=pad)
 
 
-def extend_past(past, k, v):  # [n_head, n_seq, d_head] x2 -> [n_head, n_past+n_seq, d_head] x2
+def extend_past(past, k, v):  # [..., n_head, n_seq, d_head] x2 -> [..., n_head, n_past+n_seq, d_head] x2
     k_cache, v_cache, n_past = past
-    n_total = n_past + k.shape[1]
-    k_cache[:, n_past:n_total], v_cache[:, n_past:n_total] = k, v
-    return k_cache[:, :n_total], v_cache[:, :n_total]
+    n_total = n_past + k.shape[-2]
+    k_cache[..., n_past:n_total, :], v_cache[..., n_past:n_total, :] = k, v
+    return k_cache[..., :n_total, :], v_cache[..., :n_total, :]
 
 
-def gpt2_cached(inputs, cache, wte, wpe, blocks, ln_f, n_head, last_only=False):  # [n_new] -> [n_new or 1, n_vocab]
-    # runs only the new tokens; the cache supplies (and then stores) the keys and values of all earlier positions
+# A batch of prompts of different lengths is left-padded to one length, so every row fills the same cache slots and
+# a decode step is one array operation for all rows; each row's positions still start at 0 at its own first token,
+# and the padding mask hides the padding from it. (Right padding would instead need per-row slots and lengths.)
+
+
+def positions(pad, n_past, n_seq):  # [n_rows] -> [n_rows, n_seq]: each row's own position at each slot
+    return np.maximum(np.arange(n_past, n_past + n_seq) - pad[:, None], 0)  # padding slots reuse position 0
+
+
+def padding_mask(pad, n_past, n_seq):  # [n_rows] -> [n_rows, 1, n_seq, n_past+n_seq]: -inf where a key is padding
+    # hidden from the real queries only: a padding query (whose output no real row uses) sees the padding, so that
+    # no row of scores is all -inf, which softmax would turn into NaN and the weighted sum spread to every row (0 * NaN)
+    query, key = np.arange(n_past, n_past + n_seq)[:, None], np.arange(n_past + n_seq)
+    hidden = (key < pad[:, None, None]) & (query >= pad[:, None, None])  # [n_rows, n_seq, n_past+n_seq]
+    return np.where(hidden, np.float32(-np.inf), np.float32(0))[:, None]
+
+
+def gpt2_cached(inputs, cache, wte, wpe, blocks, ln_f, n_head, last_only=False):  # [..., n_new] -> [..., n, n_vocab]
+    """Logits of new token ids after those already in `cache` (from new_cache), which the call extends; returns
+    (logits, cache). inputs is [n_new] for one sequence or [n_rows, n_new] for a batch cache; the logits are
+    [..., n_new, n_vocab], or [..., 1, n_vocab] for the last position only with last_only=True."""
     ids = check_inputs(inputs, n_vocab=wte.shape[0], n_ctx=wpe.shape[0], n_past=cache.n_past)  # before any change
+    if cache.n_past + ids.shape[-1] > cache.keys.shape[-2]:
+        raise ValueError(f"{cache.n_past + ids.shape[-1]} positions exceed the cache's {cache.keys.shape[-2]} slots")
     # a long prompt goes in chunks: each chunk's queries skip the keys after it (which the mask would zero anyway)
-    # and its [n_head, chunk, n_k] scores stay cache-sized
-    chunks = [ids[start : start + PREFILL_CHUNK] for start in range(0, len(ids), PREFILL_CHUNK)]
-    x = np.concatenate([transformer(chunk, wte, wpe, blocks, ln_f, n_head, cache) for chunk in chunks])
-    return lm_head(x[-1:] if last_only else x, wte), cache  # sampling needs only the last row: skip the rest
+    # and its [..., n_head, chunk, n_k] scores stay cache-sized
+    starts = range(0, ids.shape[-1], PREFILL_CHUNK)
+    x = np.concatenate([transformer(ids[..., s : s + PREFILL_CHUNK], wte, wpe, blocks, ln_f, n_head, cache)
+                        for s in starts], axis=-2)
+    return lm_head(x[..., -1:, :] if last_only else x, wte), cache  # sampling needs only the last row: skip the rest
 
 
-def check_inputs(inputs, n_vocab, n_ctx, n_past=0):  # [n_seq] -> int64 [n_seq]
+def check_inputs(inputs, n_vocab, n_ctx, n_past=0):  # [(n_rows,) n_seq] -> int64 [(n_rows,) n_seq]
     # NumPy would wrap negative ids silently (and wpe would run short past n_ctx), so both are refused here, by name
     ids = np.asarray(inputs)
-    if ids.ndim != 1 or len(ids) == 0 or not np.issubdtype(ids.dtype, np.integer):
+    if ids.ndim not in (1, 2) or ids.size == 0 or not np.issubdtype(ids.dtype, np.integer):
         raise ValueError(
-            f"inputs must be a non-empty 1-D sequence of integer token ids, got {ids.dtype} shape {ids.shape}"
+            f"inputs must be a non-empty 1-D sequence of integer token ids (or a 2-D batch of equally long ones), got "
+            f"{ids.dtype} shape {ids.shape}"
         )
     bad = ids[(ids < 0) | (ids >= n_vocab)]
     if len(bad):
         raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {n_vocab})")
-    if n_past + len(ids) > n_ctx:
-        raise ValueError(f"{n_past + len(ids)} positions exceed the model's context of n_ctx={n_ctx} tokens")
+    if n_past + ids.shape[-1] > n_ctx:
+        raise ValueError(f"{n_past + ids.shape[-1]} positions exceed the model's context of n_ctx={n_ctx} tokens")
     return ids.astype(np.int64, copy=False)

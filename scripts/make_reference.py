@@ -7,6 +7,8 @@ For every config in tests/fixtures/configs.json it makes the seeded weights with
   for "tiny" also `greedy_prompt` and `greedy_ids` from `generate(do_sample=False)`.
 - tests/fixtures/hf_tiny/: "tiny" written by `save_pretrained` (names carry the `transformer.` prefix).
 - tests/fixtures/hf_tiny_hub/: "tiny" in the hub's style (no prefix, with the `h.N.attn.bias` mask buffers).
+- tests/fixtures/reference_batch.npz: HF's batched greedy `generate` on "tiny" for prompts of different lengths,
+  left-padded with an `attention_mask`, with and without an end-of-text stand-in that stops one row early.
 
 The weights themselves are not committed: tests regenerate them from the seed.
 
@@ -14,8 +16,9 @@ Rerun (reference tools live in a venv outside the repo; they are never runtime d
     python3 -m venv ../refvenv
     ../refvenv/bin/pip install torch==2.13.0 && ../refvenv/bin/pip install transformers safetensors
     ../refvenv/bin/pip install --no-deps -e .
-    ../refvenv/bin/python scripts/make_reference.py
+    ../refvenv/bin/python scripts/make_reference.py [--only logits|batch]
 """
+import argparse
 import json
 from pathlib import Path
 
@@ -31,6 +34,7 @@ N_INPUTS = {"tiny": 64, "odd_heads": 48, "124M": 128}  # tiny and odd_heads fill
 POSITIONS_124M = [0, 1, 63, 127]
 GREEDY_PROMPT_LEN, GREEDY_NEW_TOKENS = 8, 24
 CLI_PROMPT_IDS, CLI_NEW_TOKENS = [40, 481, 467, 284, 262], 20  # "I will go to the": all ids fit the tiny vocabulary
+BATCH_LENGTHS, BATCH_NEW_TOKENS = [1, 4, 9, 16], 12  # ragged prompts for batched generation
 
 
 def hf_model(hparams, params, attn_implementation="eager"):  # our layout -> GPT2LMHeadModel with the same numbers
@@ -128,11 +132,53 @@ def save_hf_fixtures(model, hparams):
     (hub_dir / "config.json").write_text(json.dumps(model.config.to_dict(), indent=2))
 
 
+@torch.no_grad()
+def make_batch_reference(hparams, seed):  # HF's batched greedy search, left padding and attention_mask, on "tiny"
+    model = hf_model(hparams, random_params(hparams, seed))
+    rng = np.random.default_rng(seed + 2000)
+    prompts = [rng.integers(0, hparams["n_vocab"], n) for n in BATCH_LENGTHS]
+    ids, margins = hf_batch_greedy(model, prompts, eos_id=None)
+    # an end-of-text stand-in that stops one row early and no other: an id above 256 (Python caches small ints, so
+    # `is` would pass where `==` is meant) that one row reaches mid-way and no other row ever chooses
+    eos_id = next(int(token) for row in range(len(prompts)) for step, token in enumerate(ids[row])
+                  if 2 <= step < BATCH_NEW_TOKENS - 2 and token > 256 and token not in ids[row, :step]
+                  and not any(token in other for k, other in enumerate(ids) if k != row))
+    eos_ids, _ = hf_batch_greedy(model, prompts, eos_id=eos_id)
+    np.savez_compressed(
+        FIXTURES / "reference_batch.npz",
+        prompts=np.array([np.pad(p, (max(BATCH_LENGTHS) - len(p), 0), constant_values=-1) for p in prompts]),
+        greedy_ids=ids, eos_id=np.array(eos_id), eos_greedy_ids=eos_ids,
+        versions=np.array([f"torch {torch.__version__}", f"transformers {transformers.__version__}"]),
+    )
+    print(f"batch: greedy ids {ids.shape}, smallest top-1 - top-2 logit margin {margins.min():.3f}")
+
+
+def hf_batch_greedy(model, prompts, eos_id):  # -> ids [n_rows, n_new] (-1 after a row's end), margins [n_rows, n_new]
+    width = max(len(p) for p in prompts)
+    input_ids = torch.tensor(np.array([np.pad(p, (width - len(p), 0)) for p in prompts]))
+    attention_mask = torch.tensor(np.array([[0] * (width - len(p)) + [1] * len(p) for p in prompts]))
+    out = model.generate(input_ids, attention_mask=attention_mask, do_sample=False, max_new_tokens=BATCH_NEW_TOKENS,
+                         min_new_tokens=0, eos_token_id=eos_id, pad_token_id=-1 if eos_id is None else eos_id,
+                         output_scores=True, return_dict_in_generate=True)
+    ids = out.sequences[:, width:].numpy()
+    if eos_id is not None:  # HF pads a finished row with the pad id (here the end-of-text id): mark it -1 instead
+        ended = np.cumsum(ids == eos_id, axis=1) - (ids == eos_id) > 0
+        ids = np.where(ended, -1, ids)
+    top2 = np.sort(torch.stack(out.scores, 1).numpy(), axis=-1)[..., -2:]
+    return ids, top2[..., 1] - top2[..., 0]
+
+
 def main():
+    parser = argparse.ArgumentParser(description="Build the reference fixtures from Hugging Face transformers.")
+    parser.add_argument("--only", choices=["logits", "batch"], help="build only these fixtures (default: all)")
+    args = parser.parse_args()
     torch.manual_seed(0)
     configs = json.loads((FIXTURES / "configs.json").read_text())
-    for name, config in configs.items():
-        make_reference(name, config["hparams"], config["seed"])
+    if args.only in (None, "logits"):
+        for name, config in configs.items():
+            make_reference(name, config["hparams"], config["seed"])
+    if args.only in (None, "batch"):
+        make_batch_reference(configs["tiny"]["hparams"], configs["tiny"]["seed"])
 
 
 if __name__ == "__main__":

@@ -133,7 +133,7 @@ def assert_one_error_line(result, fragment):
     "args, fragment",
     [
         (["--n-tokens", "60"], "the prompt's 5 tokens plus 60 new tokens make 65, more than the model's context of 64 "
-                               "tokens: shorten the prompt or generate at most 59 tokens"),
+                               "tokens: shorten the prompt to at most 4 tokens or generate at most 59 tokens"),
         (["--temperature", "-1"], "temperature (--temperature) must be a number >= 0"),
         (["--temperature", "warm"], "argument --temperature: invalid float value: 'warm'"),
         (["--top-p", "0"], "top_p (--top-p) must be a number in (0, 1]"),
@@ -183,7 +183,8 @@ def test_unreadable_model_files_are_reported_by_the_loaders(models_dir, name):
 
 def test_a_model_with_more_tokens_than_its_vocabulary_files_is_refused(models_dir):
     byte_tokens = json.loads((models_dir / "124M" / "encoder.json").read_text(encoding="utf-8"))
-    small = {token: i for i, token in enumerate(token for token, i in sorted(byte_tokens.items(), key=lambda t: t[1])[:256])}
+    first_256 = sorted(byte_tokens.items(), key=lambda t: t[1])[:256]
+    small = {token: i for i, token in enumerate(token for token, i in first_256)}
     (models_dir / "124M" / "encoder.json").write_text(json.dumps({**small, "<|endoftext|>": 256}), encoding="utf-8")
     (models_dir / "124M" / "vocab.bpe").write_text("#version: 0.2\n")  # 257 tokens: bytes and end of text, no merges
     assert_one_error_line(cli("a", models_dir=models_dir), "the model has 512 tokens but its vocabulary files only 257")
@@ -237,23 +238,33 @@ def test_ignore_eos_keeps_going_past_end_of_text(models_dir, tokenizer, params, 
     monkeypatch.setattr(generate_module, "EOT_ID", ids[stop])  # the tiny vocabulary has no id 50256: pick a stand-in
     args = [PROMPT, "--n-tokens", str(N_TOKENS), "--models-dir", str(models_dir)]
     assert run(args) == 0
-    assert capsys.readouterr().out == tokenizer.decode(ids[:stop]) + "\n"
+    out, err = capsys.readouterr()
+    assert out == tokenizer.decode(ids[:stop]) + "\n"
+    assert f"generated {stop} tokens (stopped at <|endoftext|>) in " in err
     assert run([*args, "--ignore-eos"]) == 0
-    assert capsys.readouterr().out == tokenizer.decode(ids) + "\n"
+    out, err = capsys.readouterr()
+    assert out == tokenizer.decode(ids) + "\n"
+    assert f"generated {N_TOKENS} tokens in " in err
 
 
 @pytest.mark.parametrize(
     "args, note",
     [
-        (["--top-k", "5", "--seed", "0"], "note: greedy decoding (--temperature 0, the default) ignores --top-k, --seed"),
-        (["--num-samples", "2"], "note: greedy decoding (--temperature 0, the default) makes every sample the same"),
+        (["--top-k", "5", "--seed", "0"],
+         "note: greedy decoding (--temperature 0, the default) ignores --top-k, --seed"),
+        (["--num-samples", "2"], "note: greedy decoding (--temperature 0, the default) gives 2 identical samples "
+                                 "(each is computed once)"),
+        (["--seed", "1", "--num-samples", "2"], "note: greedy decoding (--temperature 0, the default) ignores --seed "
+                                                "and gives 2 identical samples (each is computed once)"),
         (["--temperature", "0.5", "--top-k", "5"], None),
     ],
 )
 def test_greedy_notes_options_that_change_nothing(models_dir, capsys, args, note):
     assert run([PROMPT, "--n-tokens", "2", "--models-dir", str(models_dir), *args]) == 0
-    notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note:")]
+    err = capsys.readouterr().err
+    notes = [line for line in err.splitlines() if line.startswith("note:")]
     assert notes == ([f"{note}; add e.g. --temperature 0.8 to sample"] if note else [])
+    assert "(seed" not in err or "--temperature" in args  # greedy never announces a seed it ignores
 
 
 def stdout_while_generating(ids, capsys):  # -> generator of ids, and the list of stdout text seen before each next id
@@ -274,7 +285,7 @@ def test_each_token_is_written_before_the_next_is_generated(tokenizer, capsys, s
     emoji_ids = tokenizer.encode(" \N{GRINNING FACE}")
     assert len(emoji_ids) == 2  # its four UTF-8 bytes span two tokens
     generated, seen = stdout_while_generating(ids, capsys)
-    assert print_sample(generated, tokenizer, stream=stream) == len(ids)
+    assert print_sample(generated, tokenizer, stream=stream) == ids
     seen.append(capsys.readouterr().out)
     if stream:  # the emoji's first token prints its space but holds back the incomplete bytes, never U+FFFD
         assert seen == ["I", " go", " ", "\N{GRINNING FACE}", " out", "\n"]
@@ -291,6 +302,74 @@ def test_ctrl_c_keeps_the_text_so_far(tokenizer, capsys, stream):
     with pytest.raises(KeyboardInterrupt):
         print_sample(interrupted(), tokenizer, stream=stream)
     assert capsys.readouterr().out == "I go out\n"
+
+
+def test_ending_mid_character_prints_the_replacement_character(tokenizer, capsys):
+    first_byte = tokenizer.encode("\N{GRINNING FACE}")[:1]  # its 4 UTF-8 bytes span two tokens: stop after one
+    assert print_sample(iter(first_byte), tokenizer, stream=True) == first_byte
+    assert capsys.readouterr().out == "\N{REPLACEMENT CHARACTER}\n"
+
+
+def test_ctrl_c_says_what_was_kept(models_dir, monkeypatch, capsys):
+    def interrupted(*args, **options):
+        yield 262
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(generate_module, "iter_generate", interrupted)
+    with pytest.raises(SystemExit) as stop:
+        generate_module.main([PROMPT, "--models-dir", str(models_dir)])
+    out, err = capsys.readouterr()
+    assert stop.value.code == 130
+    assert out == " the\n"
+    assert err.splitlines()[-1] == "interrupted: stopped by Ctrl-C; the text generated so far is printed above"
+
+
+def test_several_prompts_and_samples_print_in_order_with_blank_lines(models_dir, tokenizer, params):
+    prompts = [PROMPT, "I go"]
+    args = ["--n-tokens", "6", "--temperature", "1", "--seed", "3", "--num-samples", "2", "--batch-size", "3"]
+    result = cli(*prompts, *args, models_dir=models_dir)
+    assert result.returncode == 0, result.stderr
+    n_head = TINY["hparams"]["n_head"]
+    expected = [tokenizer.decode(generate(tokenizer.encode(prompt), params, n_head, 6, temperature=1.0, seed=3 + k))
+                for k, prompt in enumerate(p for p in prompts for _ in range(2))]  # the k-th printed: seed 3 + k
+    assert len(set(expected)) == 4
+    assert result.stdout == "\n\n".join(expected) + "\n"
+    assert "prompt 2, sample 2 of 2 (seed 6): 6 tokens, reached --n-tokens" in result.stderr
+    assert "generated 24 tokens in 4 rows in " in result.stderr and "batches of up to 3" in result.stderr
+
+
+def test_greedy_several_prompts_equal_each_alone(models_dir, tokenizer, params, hf_greedy_text):
+    result = cli(PROMPT, "I go", "--n-tokens", str(N_TOKENS), "--num-samples", "2", models_dir=models_dir)
+    assert result.returncode == 0, result.stderr
+    other = tokenizer.decode(generate(tokenizer.encode("I go"), params, TINY["hparams"]["n_head"], N_TOKENS))
+    assert result.stdout == "\n\n".join([hf_greedy_text, hf_greedy_text, other, other]) + "\n"
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["I will go", " the" * 70, "--n-tokens", "1"],
+         "prompt 2's 70 tokens plus 1 new token make 71, more than the model's context of 64 tokens: shorten prompt 2 "
+         "to at most 63 tokens"),
+        (["a", "b", "--batch-size", "0"], "argument --batch-size: must be at least 1, got 0"),
+        (["-", "-"], '"-" (read the prompt from stdin) may be given only once'),
+        (["-x"], "a prompt that begins with '-' goes last, after '--': gpt2-numpy --n-tokens 5 -- \"-x\""),
+        (["hello", "-x"], "a prompt that begins with '-' goes last, after '--'"),
+    ],
+)
+def test_bad_batch_arguments_are_one_error_line(models_dir, args, fragment):
+    result = cli(*args, models_dir=models_dir)
+    assert result.returncode == 2 and result.stdout == ""
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and fragment in errors[0], result.stderr
+
+
+def test_a_prompt_longer_than_the_context_is_one_error_line(models_dir):
+    result = cli("-", "--n-tokens", "1", models_dir=models_dir, stdin=b" the" * 65)  # " the" (262) fits tiny's vocab
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.splitlines()[-1] == (
+        "error: the prompt's 65 tokens plus 1 new token make 66, more than the model's context of 64 tokens: "
+        "shorten the prompt to at most 63 tokens")
 
 
 def test_empty_prompt_starts_from_end_of_text_and_the_token_is_allowed(tokenizer):

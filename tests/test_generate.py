@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 
 from gpt2_numpy import generate as generate_module
+from gpt2_numpy import model as model_module
 from gpt2_numpy.errors import UsageError
-from gpt2_numpy.generate import generate, iter_generate
-from gpt2_numpy.model import gpt2
+from gpt2_numpy.generate import generate, generate_batch, iter_batch, iter_generate
+from gpt2_numpy.model import gpt2, gpt2_cached, new_cache
 from gpt2_numpy.random_params import random_params
 from gpt2_numpy.sampling import next_token
 from tests.conftest import FIXTURES
@@ -89,10 +90,16 @@ def test_prompt_plus_new_tokens_must_fit_the_context(tiny):
     hparams, params, prompt, _ = tiny  # 8 prompt tokens, n_ctx 64
     assert len(generate(prompt, params, hparams["n_head"], 56)) == 56
     with pytest.raises(UsageError, match="prompt's 8 tokens plus 57 new tokens make 65, more than the model's context "
-                                         "of 64 tokens: shorten the prompt or generate at most 56 tokens"):
+                                         "of 64 tokens: shorten the prompt to at most 7 tokens or generate at most 56 "
+                                         "tokens"):
         iter_generate(prompt, params, hparams["n_head"], 57)  # raised at the call, before any id is asked for
-    with pytest.raises(UsageError, match="cut it to under 64 tokens"):
-        iter_generate(list(range(64)), params, hparams["n_head"], 1)
+    with pytest.raises(UsageError, match="63 tokens plus 2 new tokens make 65, .* generate at most 1 token$"):
+        iter_generate(list(range(63)), params, hparams["n_head"], 2)
+    for n_prompt in (64, 65, 1000):  # a prompt as long as the context, or longer, gets the same UsageError
+        with pytest.raises(UsageError, match=f"the prompt's {n_prompt} tokens plus 1 new token make {n_prompt + 1}, "
+                                             "more than the model's context of 64 tokens: shorten the prompt to at "
+                                             "most 63 tokens$"):
+            iter_generate([1] * n_prompt, params, hparams["n_head"], 1)
 
 
 @pytest.mark.parametrize(
@@ -116,3 +123,116 @@ def test_bad_prompt_ids_raise_value_error(tiny, prompt):
     hparams, params, _, _ = tiny
     with pytest.raises(ValueError):
         iter_generate(prompt, params, hparams["n_head"], 1)
+
+
+# --- Batched generation ---
+
+
+@pytest.fixture(scope="module")
+def batch_reference():  # -> prompts (lists of different lengths), HF's batched greedy ids, the stand-in end id and ids
+    reference = np.load(FIXTURES / "reference_batch.npz")
+    prompts = [[int(t) for t in row if t >= 0] for row in reference["prompts"]]  # -1 marks the fixture's padding
+    eos_id = int(reference["eos_id"])
+    # HF keeps the end id in the row it ends (then pads, -1 here); we return the ids before it
+    eos_rows = [[int(t) for t in row if t >= 0 and t != eos_id] for row in reference["eos_greedy_ids"]]
+    return prompts, reference["greedy_ids"].tolist(), eos_id, eos_rows
+
+
+def test_batch_greedy_equals_hugging_face_batched_and_each_prompt_alone(tiny, batch_reference):
+    hparams, params, _, _ = tiny
+    prompts, hf_ids, _, _ = batch_reference
+    assert sorted(map(len, prompts)) == [1, 4, 9, 16]
+    n_new = len(hf_ids[0])
+    batch = generate_batch(prompts, params, hparams["n_head"], n_new, stop_at_eos=False)
+    assert batch == hf_ids
+    assert batch == [generate(prompt, params, hparams["n_head"], n_new) for prompt in prompts]
+
+
+def test_a_row_that_reaches_end_of_text_stops_and_the_others_go_on(tiny, batch_reference, monkeypatch):
+    hparams, params, _, _ = tiny
+    prompts, hf_ids, eos_id, hf_eos_rows = batch_reference
+    assert eos_id > 256  # above CPython's cached small ints: `is` instead of `==` would never stop
+    monkeypatch.setattr(generate_module, "EOT_ID", eos_id)
+    batch = generate_batch(prompts, params, hparams["n_head"], len(hf_ids[0]))
+    assert batch == hf_eos_rows
+    assert sum(len(row) < len(hf_ids[0]) for row in batch) == 1  # exactly one row stopped early
+    assert batch == [generate(prompt, params, hparams["n_head"], len(hf_ids[0])) for prompt in prompts]
+
+
+def test_finished_rows_leave_the_batch(tiny, batch_reference, monkeypatch):
+    hparams, params, _, _ = tiny
+    prompts, hf_ids, eos_id, hf_eos_rows = batch_reference
+    monkeypatch.setattr(generate_module, "EOT_ID", eos_id)
+    rows_per_step = []
+    real_lm_head = model_module.lm_head
+    monkeypatch.setattr(model_module, "lm_head", lambda x, wte: rows_per_step.append(len(x)) or real_lm_head(x, wte))
+    generate_batch(prompts, params, hparams["n_head"], len(hf_ids[0]))
+    stopped_after = min(len(row) for row in hf_eos_rows) + 1  # the step that chose the end id
+    assert rows_per_step == [4] * stopped_after + [3] * (len(hf_ids[0]) - stopped_after)
+
+
+def test_batched_cache_logits_equal_each_row_alone_at_every_position(tiny, batch_reference):
+    hparams, params, _, _ = tiny
+    prompts, hf_ids, _, _ = batch_reference
+    n_head, width = hparams["n_head"], max(map(len, prompts))
+    sequences = [prompt + ids for prompt, ids in zip(prompts, hf_ids)]  # [n_rows] of prompt + 12 ids
+    pad = [width - len(prompt) for prompt in prompts]
+    cache = new_cache(params["wpe"], params["blocks"], n_head, pad=pad, n_slots=width + len(hf_ids[0]))
+    padded = np.array([[0] * n_pad + seq for n_pad, seq in zip(pad, sequences)])  # [n_rows, width + 12]
+    prefill, cache = gpt2_cached(padded[:, :width], cache, **params, n_head=n_head)
+    steps = [gpt2_cached(padded[:, [t]], cache, **params, n_head=n_head)[0] for t in range(width, padded.shape[1])]
+    batched = np.concatenate([prefill, *steps], axis=1)  # [n_rows, width + 12, n_vocab]
+    for row, (n_pad, seq) in enumerate(zip(pad, sequences)):
+        alone = gpt2(seq, **params, n_head=n_head)
+        assert np.abs(batched[row, n_pad:] - alone).max() <= 1e-5
+
+
+def test_same_seed_same_batch_and_each_row_has_its_own_generator(tiny, batch_reference):
+    hparams, params, _, _ = tiny
+    prompts, _, _, _ = batch_reference
+
+    def sample(seed):
+        return generate_batch(prompts, params, hparams["n_head"], 10, temperature=1.0, seed=seed)
+
+    first = sample(7)
+    assert first == sample(7)
+    assert all(row != other for row, other in zip(first, sample(8)))
+    # row i draws with seed 7 + i, exactly as the prompt alone would
+    alone = [generate(p, params, hparams["n_head"], 10, temperature=1.0, seed=7 + i) for i, p in enumerate(prompts)]
+    assert first == alone
+
+
+def test_each_row_samples_from_its_own_distribution(tiny, batch_reference):
+    hparams, params, _, _ = tiny
+    prompts, _, _, _ = batch_reference
+    a, b = prompts[1], prompts[3]
+    probs = [np.exp(np.float64(x) - np.logaddexp.reduce(np.float64(x))) for x in
+             (gpt2(p, **params, n_head=hparams["n_head"])[-1] for p in (a, b))]
+    token = int(np.argmax(np.abs(probs[0] - probs[1])))  # the id whose probability differs most between the rows
+    n = 1500
+    rows = generate_batch([a, b] * n, params, hparams["n_head"], 1, temperature=1.0, seed=0, stop_at_eos=False)
+    for parity, p in enumerate(probs):
+        count = sum(row == [token] for row in rows[parity::2])
+        sigma = np.sqrt(n * p[token] * (1 - p[token]))
+        assert abs(count - n * p[token]) <= 5 * sigma, (parity, count, n * p[token])
+    other_sigma = np.sqrt(n * probs[1][token] * (1 - probs[1][token]))
+    assert abs(probs[0][token] - probs[1][token]) * n > 10 * other_sigma  # the check can tell the rows apart
+
+
+def test_batch_arguments_are_checked_up_front_and_name_the_prompt(tiny):
+    hparams, params, _, _ = tiny
+    with pytest.raises(UsageError, match="^prompt 1's 70 tokens plus 5 new tokens make 75, more than the model's "):
+        iter_batch([[1, 2], [3] * 70], params, hparams["n_head"], 5)
+    with pytest.raises(ValueError, match="^prompt 2: token id 512 is outside the vocabulary"):
+        iter_batch([[1, 2], [3], [512]], params, hparams["n_head"], 5)
+    with pytest.raises(UsageError, match="non-empty list"):
+        iter_batch([], params, hparams["n_head"], 5)
+    with pytest.raises(UsageError, match="seed"):
+        iter_batch([[1]], params, hparams["n_head"], 5, temperature=1.0, seed=-1)
+
+
+@pytest.mark.parametrize("seed", [-1, 1.5, "a", True])
+def test_a_bad_seed_is_a_usage_error(tiny, seed):
+    hparams, params, prompt, _ = tiny
+    with pytest.raises(UsageError, match=r"seed \(--seed\) must be a whole number >= 0"):
+        generate(prompt, params, hparams["n_head"], 1, temperature=1.0, seed=seed)

@@ -26,7 +26,8 @@ CACHE_TOLERANCE = 1e-5  # cached vs full pass: only the summation order of the m
 
 def load_reference(name):  # -> hparams, params, reference arrays
     config = CONFIGS[name]
-    return config["hparams"], random_params(config["hparams"], config["seed"]), np.load(FIXTURES / f"reference_{name}.npz")
+    reference = np.load(FIXTURES / f"reference_{name}.npz")
+    return config["hparams"], random_params(config["hparams"], config["seed"]), reference
 
 
 @pytest.fixture(scope="module")
@@ -85,6 +86,15 @@ def test_a_long_prompt_in_prefill_chunks_matches_the_full_pass(tiny, monkeypatch
     monkeypatch.setattr(model, "PREFILL_CHUNK", 10)  # 64 tokens: chunks of 10, 10, ..., 4
     cached = feed_in_chunks(params, hparams["n_head"], reference["inputs"], [64])
     assert np.abs(cached - reference["logits"]).max() <= HF_TOLERANCE
+
+
+def test_last_only_after_a_prompt_of_several_prefill_chunks_is_the_last_position(tiny, monkeypatch):
+    hparams, params, reference = tiny
+    monkeypatch.setattr(model, "PREFILL_CHUNK", 10)  # 64 tokens: chunks of 10, ..., 10, 4
+    cache = new_cache(params["wpe"], params["blocks"], hparams["n_head"])
+    last, _ = gpt2_cached(reference["inputs"], cache, **params, n_head=hparams["n_head"], last_only=True)
+    assert last.shape == (1, hparams["n_vocab"])
+    assert np.abs(last[0] - reference["logits"][-1]).max() <= HF_TOLERANCE
 
 
 def test_kv_cache_last_only_returns_the_last_row(tiny):
@@ -181,7 +191,7 @@ def test_out_of_range_ids_are_refused(tiny, inputs, fragment):
         gpt2(inputs, **params, n_head=hparams["n_head"])
 
 
-@pytest.mark.parametrize("inputs", [[], [1.0, 2.0], [[1, 2]]])
+@pytest.mark.parametrize("inputs", [[], [1.0, 2.0], [[[1, 2]]], [[]]])
 def test_malformed_inputs_are_refused(tiny, inputs):
     hparams, params, _ = tiny
     with pytest.raises(ValueError, match="1-D sequence of integer token ids"):
