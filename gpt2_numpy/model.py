@@ -49,12 +49,16 @@ def causal_mask(n_q, n_k):  # -> [n_q, n_k]
     return np.triu(np.full((n_q, n_k), -np.inf, dtype=np.float32), k=n_k - n_q + 1)
 
 
+def attention_scores(q, k):  # [..., n_head, n_q, d_head], [..., n_head, n_k, d_head] -> [..., n_head, n_q, n_k]
+    # q k^T / sqrt(d_head), for all heads (and rows) in one batched contraction; with k as the first operand NumPy
+    # lays the result out C-ordered, which the softmax over the last axis needs to be fast
+    return np.einsum("...kd,...qd->...qk", k, q / math.sqrt(q.shape[-1]), optimize=SCORES_PATH)
+
+
 def attention(q, k, v, mask):  # [..., n_head, n_q, d_head], [..., n_head, n_k, d_head] x2, [..., n_q, n_k] -> like q
-    # softmax(q k^T / sqrt(d_head) + mask) v, for all heads (and rows) in one batched contraction; with k (or v) as
-    # the first operand NumPy lays the result out C-ordered, which the softmax over the last axis needs to be fast
-    scores = np.einsum("...kd,...qd->...qk", k, q / math.sqrt(q.shape[-1]), optimize=SCORES_PATH)
+    scores = attention_scores(q, k)
     scores += mask  # in place: no second [..., n_head, n_q, n_k] array
-    return np.einsum("...kd,...qk->...qd", v, softmax(scores), optimize=SCORES_PATH)
+    return np.einsum("...kd,...qk->...qd", v, softmax(scores), optimize=SCORES_PATH)  # softmax(scores + mask) v
 
 
 def split_heads(x, n_head):  # [..., n_seq, 3*n_embd] -> [3, ..., n_head, n_seq, d_head]: q, k, v, split into heads
