@@ -7,14 +7,26 @@ from dataclasses import dataclass
 
 import numpy as np
 
-GELU_SCALE = math.sqrt(2 / math.pi)  # a Python float: NumPy 2 would promote float32 * np.float64 to float64
+# Python floats, not NumPy's: NumPy 2 would promote float32 * np.float64 to float64
+GELU_SCALE = math.sqrt(2 / math.pi)
+MINUS_2U = (-2 * GELU_SCALE, -2 * GELU_SCALE * 0.044715)  # -2 sqrt(2/pi) (x + 0.044715 x^3) = x (a + b x^2)
 SCORES_PATH = ["einsum_path", (0, 1)]  # precomputed contraction: BLAS-backed, and no path search on every call
-PREFILL_CHUNK = 256  # tokens per step of a long prompt through the KV cache: 1024 tokens in 2.5 s instead of 3.2 s
+QUERY_BLOCK = 128  # queries per block of causal attention: a block's scores stay in cache, and it skips the future
 
 
 def gelu(x):  # [...] -> [...]
-    # GPT-2's tanh approximation of x * Phi(x); x * x * x because NumPy's float32 x**3 is about 10x slower
-    return 0.5 * x * (1 + np.tanh(GELU_SCALE * (x + 0.044715 * x * x * x)))
+    # GPT-2's tanh approximation of x Phi(x): 0.5 x (1 + tanh u), u = sqrt(2/pi) (x + 0.044715 x^3), computed as
+    # x / (1 + e^(-2u)), since 0.5 (1 + tanh u) = 1 / (1 + e^(-2u)) and exp costs half of tanh here; in place
+    # from the first temporary on, as [n_seq, 4 n_embd] is the largest activation
+    a, b = MINUS_2U
+    z = x * x
+    z *= b
+    z += a
+    z *= x  # -2u
+    with np.errstate(over="ignore"):  # e^(-2u) = inf for x below about -10 gives x / inf = -0, the true limit
+        np.exp(z, out=z)
+    z += 1
+    return np.divide(x, z, out=z)
 
 
 def softmax(x):  # [..., n] -> [..., n]
@@ -27,11 +39,16 @@ def softmax(x):  # [..., n] -> [..., n]
 def layer_norm(x, g, b, eps=1e-5):  # [..., n_seq, n_embd] -> [..., n_seq, n_embd]
     centered = x - x.mean(axis=-1, keepdims=True)
     variance = (centered * centered).mean(axis=-1, keepdims=True)  # reuses `centered`, unlike np.var
-    return g * centered / np.sqrt(variance + eps) + b
+    centered /= np.sqrt(variance + eps)  # g (x - mean) / sqrt(variance + eps) + b, in place on one temporary
+    centered *= g
+    centered += b
+    return centered
 
 
 def linear(x, w, b):  # [..., n_in] -> [..., n_out]
-    return matmul_rows(x, w) + b
+    y = matmul_rows(x, w)
+    y += b  # x w + b, in place: no second [n_seq, n_out] array
+    return y
 
 
 def matmul_rows(x, w):  # [..., n_in] @ [n_in, n_out] -> [..., n_out]
@@ -72,11 +89,24 @@ def merge_heads(x):  # [..., n_head, n_seq, d_head] -> [..., n_seq, n_head*d_hea
     return x.swapaxes(-3, -2).reshape(*batch, n_seq, n_head * d_head)
 
 
+def causal_attention(q, k, v, mask):  # attention's shapes; the queries are the last n_q of the n_k positions
+    # block by block of queries, each against only the keys up to its last query: the causal triangle is about half
+    # of the [n_q, n_k] scores, and exp (25x the cost of a multiply here) is most of attention's time
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    out = np.empty_like(q)
+    for start in range(0, n_q, QUERY_BLOCK):
+        end = min(start + QUERY_BLOCK, n_q)
+        seen = n_k - n_q + end  # keys up to this block's last query
+        block_mask = mask[..., start:end, :seen]
+        out[..., start:end, :] = attention(q[..., start:end, :], k[..., :seen, :], v[..., :seen, :], block_mask)
+    return out
+
+
 def mha(x, c_attn, c_proj, n_head, mask, past=None):  # [..., n_seq, n_embd] -> [..., n_seq, n_embd]
     q, k, v = split_heads(linear(x, **c_attn), n_head)  # [..., n_head, n_seq, d_head] each
     if past is not None:
         k, v = extend_past(past, k, v)  # [..., n_head, n_past+n_seq, d_head]
-    return linear(merge_heads(attention(q, k, v, mask)), **c_proj)
+    return linear(merge_heads(causal_attention(q, k, v, mask)), **c_proj)
 
 
 def block(x, ln_1, attn, ln_2, mlp, n_head, mask, past=None):  # [..., n_seq, n_embd] -> [..., n_seq, n_embd]
@@ -173,11 +203,7 @@ def gpt2_cached(inputs, cache, wte, wpe, blocks, ln_f, n_head, last_only=False):
     ids = check_inputs(inputs, n_vocab=wte.shape[0], n_ctx=wpe.shape[0], n_past=cache.n_past)  # before any change
     if cache.n_past + ids.shape[-1] > cache.keys.shape[-2]:
         raise ValueError(f"{cache.n_past + ids.shape[-1]} positions exceed the cache's {cache.keys.shape[-2]} slots")
-    # a long prompt goes in chunks: each chunk's queries skip the keys after it (which the mask would zero anyway)
-    # and its [..., n_head, chunk, n_k] scores stay cache-sized
-    starts = range(0, ids.shape[-1], PREFILL_CHUNK)
-    x = np.concatenate([transformer(ids[..., s : s + PREFILL_CHUNK], wte, wpe, blocks, ln_f, n_head, cache)
-                        for s in starts], axis=-2)
+    x = transformer(ids, wte, wpe, blocks, ln_f, n_head, cache)
     return lm_head(x[..., -1:, :] if last_only else x, wte), cache  # sampling needs only the last row: skip the rest
 
 

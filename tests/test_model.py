@@ -81,16 +81,19 @@ def test_kv_cache_matches_full_pass_at_every_position(tiny, sizes):
     assert np.abs(cached - full).max() <= CACHE_TOLERANCE
 
 
-def test_a_long_prompt_in_prefill_chunks_matches_the_full_pass(tiny, monkeypatch):
+@pytest.mark.parametrize("query_block", [10, 64])
+def test_attention_in_query_blocks_matches_hugging_face(tiny, monkeypatch, query_block):
     hparams, params, reference = tiny
-    monkeypatch.setattr(model, "PREFILL_CHUNK", 10)  # 64 tokens: chunks of 10, 10, ..., 4
-    cached = feed_in_chunks(params, hparams["n_head"], reference["inputs"], [64])
+    monkeypatch.setattr(model, "QUERY_BLOCK", query_block)  # 64 tokens: blocks of 10, ..., 10, 4; or one block
+    full = gpt2(reference["inputs"], **params, n_head=hparams["n_head"])
+    assert np.abs(full - reference["logits"]).max() <= HF_TOLERANCE
+    cached = feed_in_chunks(params, hparams["n_head"], reference["inputs"], [30, 34])  # blocks after cached keys
     assert np.abs(cached - reference["logits"]).max() <= HF_TOLERANCE
 
 
-def test_last_only_after_a_prompt_of_several_prefill_chunks_is_the_last_position(tiny, monkeypatch):
+def test_last_only_after_a_long_prompt_is_the_last_position(tiny, monkeypatch):
     hparams, params, reference = tiny
-    monkeypatch.setattr(model, "PREFILL_CHUNK", 10)  # 64 tokens: chunks of 10, ..., 10, 4
+    monkeypatch.setattr(model, "QUERY_BLOCK", 10)  # 64 tokens: blocks of 10, ..., 10, 4
     cache = new_cache(params["wpe"], params["blocks"], hparams["n_head"])
     last, _ = gpt2_cached(reference["inputs"], cache, **params, n_head=hparams["n_head"], last_only=True)
     assert last.shape == (1, hparams["n_vocab"])
