@@ -2,7 +2,9 @@
 
 Greedy (argmax) when temperature is 0, the default. Otherwise the logits are divided by the temperature, cut to the
 top_k highest, then to the nucleus (the smallest set of most probable tokens whose probability reaches top_p), and one
-id is drawn from what is left with a `numpy.random.Generator`, so a seed reproduces the same ids.
+id is drawn from what is left with a `numpy.random.Generator`, so a seed reproduces the same ids. The draw runs over the
+kept ids in id order, so a filter that keeps every token (top_k >= n_vocab, top_p = 1) draws exactly what no filter
+draws from the same seed.
 """
 import math
 import numbers
@@ -14,9 +16,10 @@ from gpt2_numpy.model import softmax
 
 FLOAT32_TINY = float(np.finfo(np.float32).tiny)
 NUCLEUS_START = 64  # first slice sorted when looking for the nucleus; it grows 8x until it holds enough probability
+DRAW_BLOCK = 1024  # ids per block of the two-level draw: 50 blocks for GPT-2 (128 to 1024 draw about as fast)
 
 
-def check_sampling_args(temperature=0.0, top_k=None, top_p=None):  # -> None, or UsageError naming the bad argument
+def check_sampling_args(temperature=0.0, top_k=None, top_p=None, seed=None):  # -> None, or UsageError naming it
     if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real) or not temperature >= 0:
         raise UsageError(f"temperature (--temperature) must be a number >= 0 (0: greedy), got {temperature!r}")
     if math.isinf(temperature):
@@ -25,18 +28,26 @@ def check_sampling_args(temperature=0.0, top_k=None, top_p=None):  # -> None, or
         raise UsageError(f"top_k (--top-k) must be a whole number >= 1 (unset keeps every token), got {top_k!r}")
     if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, numbers.Real) or not 0 < top_p <= 1):
         raise UsageError(f"top_p (--top-p) must be a number in (0, 1] (1 keeps every token), got {top_p!r}")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0):
+        raise UsageError(f"seed (--seed) must be a whole number >= 0 (unset: a fresh random seed), got {seed!r}")
 
 
 def next_token(logits, rng=None, temperature=0.0, top_k=None, top_p=None):  # [n_vocab] -> int
     check_sampling_args(temperature, top_k, top_p)
     if temperature == 0:
         return int(np.argmax(logits))
-    ids = top_indices(logits, top_k) if top_k is not None else np.arange(len(logits))  # [n_kept]
-    probs = temperature_softmax(logits[ids], temperature)  # [n_kept]
+    # [n_kept] ids kept so far, in id order: the draw then depends on which ids are kept, not on the order argpartition
+    # leaves them in. None while every id is kept, which spares a 400 kB arange per step.
+    ids = None
+    if top_k is not None and top_k < len(logits):
+        ids = np.sort(np.argpartition(logits, -top_k)[-top_k:])  # argpartition: the k largest in O(n_vocab)
+        logits = logits[ids]
+    probs = temperature_softmax(logits, temperature)  # [n_kept]
     if top_p is not None and top_p < 1:
-        keep = nucleus(probs, top_p)  # [n_nucleus]
-        ids, probs = ids[keep], probs[keep]
-    return int(ids[draw(probs, rng if rng is not None else np.random.default_rng())])
+        keep = np.sort(nucleus(probs, top_p))  # [n_nucleus], in id order
+        ids, probs = (keep if ids is None else ids[keep]), probs[keep]
+    index = draw(probs, rng if rng is not None else np.random.default_rng())
+    return index if ids is None else int(ids[index])
 
 
 def top_indices(x, k):  # [n] -> [min(k, n)] indices of the largest values, largest first
@@ -48,8 +59,10 @@ def top_indices(x, k):  # [n] -> [min(k, n)] indices of the largest values, larg
 def temperature_softmax(logits, temperature):  # [n] -> [n] probabilities
     # shift before dividing: the top logit becomes 0 and the others can only overflow towards -inf, where exp gives 0;
     # a temperature below float32's smallest normal number would round to 0 and make the top logit 0/0
+    scaled = logits - logits.max()
     with np.errstate(over="ignore"):
-        return softmax((logits - np.max(logits)) / max(temperature, FLOAT32_TINY))
+        scaled /= max(temperature, FLOAT32_TINY)  # in place: one buffer of n_vocab floats fewer per step
+    return softmax(scaled)
 
 
 def nucleus(probs, top_p):  # [n] -> [m] indices, most probable first: the fewest whose probability reaches top_p
@@ -65,11 +78,19 @@ def nucleus(probs, top_p):  # [n] -> [m] indices, most probable first: the fewes
         n_top *= 8
 
 
-def draw(probs, rng):  # [n] -> index, chosen with probability probs[i] / sum(probs)
-    # inverse CDF: far cheaper than rng.choice(p=...), which re-validates 50257 probabilities every step
-    # float32: each entry's share of the CDF is off by at most half an ulp of the running total (<= 6e-8), negligible
-    # for sampling, and 3x faster here than a float64 CDF of 50257 entries
-    cdf = np.cumsum(probs)
-    # side="right": a zero-probability entry adds nothing to the CDF, so no u in [0, total) can land on it;
-    # min: u * total may round up to the total itself
-    return min(int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right")), len(probs) - 1)
+def draw(probs, rng):  # [n] -> index i, chosen with probability probs[i] / sum(probs); never one of probability 0
+    # cumsum is sequential and slow (~4 ns an entry): pick a block of DRAW_BLOCK entries by its sum, then an entry in
+    # it, so the cumsums cover ~50 block sums and one block instead of all 50257 entries
+    if len(probs) <= DRAW_BLOCK:
+        return inverse_cdf(probs, rng.random())
+    block_sums = np.add.reduceat(probs, np.arange(0, len(probs), DRAW_BLOCK))  # [n_blocks]
+    start = inverse_cdf(block_sums, rng.random()) * DRAW_BLOCK
+    return start + inverse_cdf(probs[start : start + DRAW_BLOCK], rng.random())
+
+
+def inverse_cdf(weights, u):  # [n], u in [0, 1) -> the index whose interval of the CDF holds u * sum(weights)
+    # far cheaper than rng.choice(p=...), which re-validates every probability on each step.
+    # float64: u * total stays below the total for every u < 1, where a float32 total would round it up to the total
+    # about 3e-8 of the time; side="right": a zero weight adds nothing to the CDF, so no u * total can land on it
+    cdf = np.cumsum(weights, dtype=np.float64)
+    return int(np.searchsorted(cdf, u * cdf[-1], side="right"))

@@ -7,8 +7,8 @@ fixtures:
 - tests/fixtures/tf_tiny/: the "tiny" config;
 - tests/fixtures/tf_half/: one small DT_HALF tensor, for the "only DT_FLOAT" error.
 
-Rerun (TensorFlow lives in a venv outside the repo; it is never a dependency of gpt2_numpy):
-    python3 -m venv ../tfvenv && ../tfvenv/bin/pip install tensorflow-cpu && ../tfvenv/bin/pip install -e .
+Rerun (TensorFlow lives in a venv outside the repo; it is never a dependency of gpt2_numpy), from the repo root:
+    python3 -m venv ../tfvenv && ../tfvenv/bin/pip install tensorflow-cpu -e .
     ../tfvenv/bin/python scripts/make_tf_fixture.py
 A 124M-shaped checkpoint for benchmarks (about 500 MB: write it outside the repo, never commit it):
     ../tfvenv/bin/python scripts/make_tf_fixture.py --config 124M --out /tmp/gpt2-tf-124M
@@ -16,14 +16,24 @@ A 124M-shaped checkpoint for benchmarks (about 500 MB: write it outside the repo
 import argparse
 import json
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
-import tensorflow as tf
+try:  # the tools live in a venv of their own: without them, --help still works and a run says what to install
+    import numpy as np
+    import tensorflow as tf
 
-from gpt2_numpy.random_params import random_params
+    from gpt2_numpy.random_params import random_params
+except ModuleNotFoundError as error:
+    MISSING = error.name.partition(".")[0]  # the package to install, not its submodule
+else:
+    MISSING = None
 
+SETUP = (
+    "run this script in a venv with TensorFlow and gpt2_numpy, made from the repo root with: python3 -m venv ../tfvenv "
+    "&& ../tfvenv/bin/pip install tensorflow-cpu -e . && ../tfvenv/bin/python scripts/make_tf_fixture.py"
+)
 FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures"
 # TF's CheckpointState, naming the prefix; all_model_checkpoint_paths (which OpenAI's file also lists) is optional
 CHECKPOINT_FILE = 'model_checkpoint_path: "model.ckpt"\n'
@@ -71,10 +81,12 @@ def write_half(folder):  # a float16 tensor: our reader must refuse it by name
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="tiny", help="a config name from tests/fixtures/configs.json")
     parser.add_argument("--out", type=Path, help="folder to write (default: the committed fixtures)")
     args = parser.parse_args()
+    if MISSING:
+        sys.exit(f"error: {MISSING} is missing from {sys.executable}: {SETUP}")
     config = json.loads((FIXTURES / "configs.json").read_text())[args.config]
     write_dir(args.out or FIXTURES / f"tf_{args.config}", lambda folder: write_model(folder, config))
     if args.out is None:

@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 
 from gpt2_numpy.errors import UsageError
-from gpt2_numpy.sampling import check_sampling_args, draw, next_token, nucleus
+from gpt2_numpy.generate import generate
+from gpt2_numpy.random_params import random_params
+from gpt2_numpy.sampling import DRAW_BLOCK, check_sampling_args, draw, next_token, nucleus
 
 N_DRAWS = 8_000
 # A frequency f of a bin with probability p over N draws has binomial std sqrt(p (1 - p) / N) <= 0.0056 here; 5 std
@@ -91,6 +93,123 @@ def test_draw_never_picks_a_zero_probability():
     assert {draw(probs, rng) for _ in range(2000)} == {1, 3}
 
 
+class StubRng:
+    """Returns the same uniform number every time, to reach the ends of [0, 1) that a real generator almost never
+    gives."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def random(self):
+        return self.value
+
+
+# 1 - 2**-30 is a valid draw of [0, 1), but times a float32 total near 1 it rounds up to the total itself (float32's
+# spacing below 1 is 2**-24); a real generator gives such a number about 3e-8 of the time.
+HIGHEST_UNIFORM = 1 - 2**-30
+
+
+def banned_eot_logits(n_vocab=50257):  # -> logits with the last id (<|endoftext|> in GPT-2) banned by -inf
+    logits = np.random.default_rng(9).standard_normal(n_vocab).astype(np.float32)
+    logits[-1] = -np.inf
+    return logits
+
+
+@pytest.mark.parametrize(
+    "logits, options",
+    [
+        (banned_eot_logits(), {"temperature": 1.0}),
+        (banned_eot_logits(), {"temperature": 0.8, "top_k": 50257}),
+        (banned_eot_logits(), {"temperature": 1.0, "top_p": 0.9999999}),
+        (banned_eot_logits(300), {"temperature": 1.0}),  # a vocabulary of a single block
+        # finite logits whose probability underflows to 0 in float32: exp(-200) and exp(-60 / 0.5)
+        (np.array([0.0] * 50256 + [-200.0], np.float32), {"temperature": 1.0}),
+        (np.array([0.0] * 50256 + [-60.0], np.float32), {"temperature": 0.5}),
+    ],
+)
+def test_highest_uniform_draws_the_last_id_of_nonzero_probability(logits, options):
+    # u = 1 - 2**-30 falls in the last interval of the inverse CDF: the last id with a probability above 1e-9.
+    # Rounding u * total up to the total must not pick the zero-probability id after it.
+    assert next_token(logits, StubRng(HIGHEST_UNIFORM), **options) == len(logits) - 2
+
+
+def test_top_k_draws_no_zero_probability_id():
+    # ten finite logits: top-k 20 must also keep ten ids of probability 0
+    logits = np.full(1000, -np.inf, np.float32)
+    logits[100:110] = np.linspace(0.0, 1.0, 10)
+    assert next_token(logits, StubRng(0.0), temperature=1.0, top_k=20) == 100
+    assert next_token(logits, StubRng(HIGHEST_UNIFORM), temperature=1.0, top_k=20) == 109
+
+
+def test_top_k_draws_over_its_ids_in_id_order():
+    # The draw depends only on which ids top-k keeps, not on the order argpartition (a NumPy detail) leaves them in:
+    # u picks the id whose interval holds u in the CDF of the kept ids taken in id order, computed here in float64.
+    logits = np.random.default_rng(16).standard_normal(5000).astype(np.float32)
+    kept = np.sort(np.argsort(logits)[-40:])
+    cdf = np.cumsum(np.exp((logits[kept].astype(np.float64) - logits.max()) / 0.7))
+    cdf /= cdf[-1]
+    for u in [0.0, 0.1, 0.3, 0.5, 0.7, 0.9, HIGHEST_UNIFORM]:
+        assert np.min(np.abs(cdf[:-1] - u)) > 1e-5  # far from inner bounds: float32 rounding cannot move the answer
+        assert next_token(logits, StubRng(u), temperature=0.7, top_k=40) == kept[np.searchsorted(cdf, u, side="right")]
+
+
+@pytest.mark.parametrize("n", [3, DRAW_BLOCK - 1, DRAW_BLOCK, DRAW_BLOCK + 1, 3 * DRAW_BLOCK + 5])
+def test_draw_at_both_ends_of_the_uniform_range(n):
+    # zero-probability ids first and last, around blocks of DRAW_BLOCK ids: u = 0 takes the first nonzero id, u
+    # near 1 the last
+    probs = np.zeros(n, np.float32)
+    probs[1 : n - 1] = 1 / (n - 2)
+    assert draw(probs, StubRng(0.0)) == 1
+    assert draw(probs, StubRng(HIGHEST_UNIFORM)) == n - 2
+
+
+def test_draw_frequencies_across_blocks():
+    # probability on the first and last ids of blocks, and zeros in between: a block or an offset off by one moves
+    # a whole 0.1 or more to an id that must never be drawn
+    n = 4 * DRAW_BLOCK + 7
+    expected = {0: 0.1, DRAW_BLOCK - 1: 0.2, DRAW_BLOCK: 0.25, 3 * DRAW_BLOCK + 1: 0.15, n - 1: 0.3}
+    probs = np.zeros(n, np.float32)
+    probs[list(expected)] = list(expected.values())
+    rng = np.random.default_rng(10)
+    assert_matches(np.bincount([draw(probs, rng) for _ in range(N_DRAWS)], minlength=n) / N_DRAWS, expected)
+
+
+def test_nucleus_stops_where_the_mass_equals_top_p():
+    # exactly representable probabilities: the cumulative mass equals top_p exactly, and that prefix is enough
+    assert len(nucleus(np.array([0.5, 0.5], np.float32), 0.5)) == 1
+    probs = np.array([0.125, 0.5, 0.25, 0.125], np.float32)
+    assert nucleus(probs, 0.5).tolist() == [1]
+    assert nucleus(probs, 0.75).tolist() == [1, 2]
+    assert len(nucleus(probs, 0.875)) == 3
+
+
+def test_keeping_every_token_draws_exactly_as_no_filter():
+    logits = np.random.default_rng(11).standard_normal(50257).astype(np.float32) * 2
+
+    def draws(seed, **options):  # -> 200 ids from one seed
+        rng = np.random.default_rng(seed)
+        return [next_token(logits, rng, temperature=0.9, **options) for _ in range(200)]
+
+    for seed in [12, 13]:
+        unfiltered = draws(seed)
+        assert draws(seed, top_k=50257) == unfiltered
+        assert draws(seed, top_k=10**9) == unfiltered
+        assert draws(seed, top_p=1.0) == unfiltered
+        assert draws(seed, top_k=50257, top_p=1.0) == unfiltered
+
+
+def test_a_nucleus_holding_all_of_top_k_draws_as_top_k_alone():
+    # scale 1: the 40 highest logits of 50257 lie within 1.7 of each other, so each of them has probability above
+    # 0.005 among the 40, and top-p 0.999 must keep all 40
+    logits = np.random.default_rng(14).standard_normal(50257).astype(np.float32)
+
+    def draws(**options):  # -> 300 ids from one seed
+        rng = np.random.default_rng(15)
+        return [next_token(logits, rng, temperature=1.0, top_k=40, **options) for _ in range(300)]
+
+    assert draws(top_p=0.999) == draws()
+
+
 def test_greedy_limits_equal_argmax():
     rng = np.random.default_rng(5)
     for _ in range(50):
@@ -131,10 +250,30 @@ def test_float32_logits_stay_finite_without_warnings():
         ({"top_k": 2.5}, "top_k (--top-k) must be a whole number"),
         ({"top_p": 0.0}, "top_p (--top-p) must be a number in (0, 1]"),
         ({"top_p": 1.5}, "top_p (--top-p) must be a number in (0, 1]"),
+        ({"seed": -1}, "seed (--seed) must be a whole number >= 0"),
+        ({"seed": 1.5}, "seed (--seed) must be a whole number >= 0"),
+        ({"seed": "a"}, "seed (--seed) must be a whole number >= 0"),
+        ({"seed": True}, "seed (--seed) must be a whole number >= 0"),
+        ({"seed": np.int64(-3)}, "seed (--seed) must be a whole number >= 0"),
+        ({"seed": [1, 2]}, "seed (--seed) must be a whole number >= 0"),
     ],
 )
 def test_bad_arguments_raise_usage_error(arguments, fragment):
     with pytest.raises(UsageError, match=re.escape(fragment)):
         check_sampling_args(**arguments)
-    with pytest.raises(UsageError):
-        next_token(LOGITS, np.random.default_rng(0), **{"temperature": 1.0, **arguments})
+    if "seed" not in arguments:  # next_token takes a generator, not a seed
+        with pytest.raises(UsageError):
+            next_token(LOGITS, np.random.default_rng(0), **{"temperature": 1.0, **arguments})
+
+
+@pytest.mark.parametrize("seed", [None, 0, 7, 2**70, np.int64(5), np.uint8(3)])
+def test_good_seeds_pass(seed):
+    check_sampling_args(1.0, seed=seed)
+
+
+@pytest.mark.parametrize("seed", [-1, 1.5, "a", True])
+def test_generate_refuses_a_bad_seed_with_usage_error(seed):
+    # NumPy's own errors (ValueError, TypeError) would escape run_cli as a traceback
+    hparams = {"n_vocab": 16, "n_ctx": 8, "n_embd": 8, "n_head": 2, "n_layer": 1}
+    with pytest.raises(UsageError, match=re.escape("seed (--seed)")):
+        generate([1, 2], random_params(hparams), hparams["n_head"], 1, seed=seed)
