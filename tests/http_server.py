@@ -9,11 +9,17 @@ in `server.requests` as (path, Range header or None, status).
 
 `faults[path]` is a queue: each request for that path takes the next fault, and once the queue is empty the path is
 served normally. A fault is an HTTP status to answer with, a Cut (the connection drops after that many body bytes
-although Content-Length promised all), or a threading.Event to wait for before serving normally.
-`ignore_range=True` makes the server answer every request with 200 and the whole file, as some servers do.
+although Content-Length promised all), a Throttle (the body trickles out slowly, so that a test can stop the client
+mid-file), or a threading.Event to wait for before serving normally.
+
+Misbehaving servers, for every request:
+- `ignore_range=True` answers every request with 200 and the whole file, as some servers do;
+- `resume_from_zero=True` answers a Range request with 206 but the whole file, Content-Range `bytes 0-(n-1)/n`;
+- `overlong=k` appends k bytes beyond the range its 206 answers announce (Content-Length counts them).
 """
 import re
 import threading
+import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -21,6 +27,7 @@ from pathlib import Path
 from tests.conftest import FIXTURES, official_path
 
 HOLD_SECONDS = 30  # a held response is released by then even if a failing test never sets its Event
+THROTTLE_PIECE = 4096  # bytes a throttled body sends at a time
 
 
 @dataclass(frozen=True)
@@ -28,12 +35,19 @@ class Cut:
     after: int  # body bytes sent before the connection drops
 
 
+@dataclass(frozen=True)
+class Throttle:
+    bytes_per_second: int  # the body's pace; the tiny data file (535 KiB) at 100_000 takes 5.5 s
+
+
 class FileServer:
-    def __init__(self, files, faults=None, ignore_range=False):
+    def __init__(self, files, faults=None, ignore_range=False, resume_from_zero=False, overlong=0):
         self.files = {path: content if isinstance(content, bytes) else Path(content).read_bytes()
                       for path, content in files.items()}
         self.faults = {path: list(queue) for path, queue in (faults or {}).items()}
         self.ignore_range = ignore_range
+        self.resume_from_zero = resume_from_zero
+        self.overlong = overlong
         self.requests = []
         self.faults_lock = threading.Lock()
 
@@ -60,6 +74,9 @@ class FileServer:
     def requested(self, path):  # -> list of the Range headers (None without one) of the requests for path
         return [range_header for requested, range_header, _ in self.requests if requested == path]
 
+    def requests_for(self, path):  # -> list of (Range header or None, status) of the requests for path
+        return [(range_header, status) for requested, range_header, status in self.requests if requested == path]
+
 
 class FileHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive, as real servers do, so the client's connection reuse is exercised
@@ -76,9 +93,11 @@ class FileHandler(BaseHTTPRequestHandler):
         start = None if owner.ignore_range else range_start(range_header)
         if start is not None and start >= len(body):
             return self.answer(range_header, 416, {"Content-Range": f"bytes */{len(body)}"})
-        sent = body[start or 0:]
-        headers = {} if start is None else {"Content-Range": f"bytes {start}-{len(body) - 1}/{len(body)}"}
-        self.answer(range_header, 200 if start is None else 206, headers, sent, fault)
+        if start is None:
+            return self.answer(range_header, 200, {}, body, fault)
+        start = 0 if owner.resume_from_zero else start
+        headers = {"Content-Range": f"bytes {start}-{len(body) - 1}/{len(body)}"}
+        self.answer(range_header, 206, headers, body[start:] + b"x" * owner.overlong, fault)
 
     def answer(self, range_header, status, headers=None, body=b"", fault=None):
         self.server.owner.requests.append((self.path, range_header, status))
@@ -86,9 +105,20 @@ class FileHandler(BaseHTTPRequestHandler):
         for name, value in {**(headers or {}), "Content-Length": str(len(body))}.items():
             self.send_header(name, value)
         self.end_headers()
+        try:
+            self.send_body(body, fault)
+        except (BrokenPipeError, ConnectionResetError):  # the client is gone (a test killed it): nothing to finish
+            self.close_connection = True
+
+    def send_body(self, body, fault):
         if isinstance(fault, Cut):
             self.wfile.write(body[:fault.after])
             self.close_connection = True  # the rest that Content-Length promised never comes
+        elif isinstance(fault, Throttle):
+            for start in range(0, len(body), THROTTLE_PIECE):
+                self.wfile.write(body[start:start + THROTTLE_PIECE])
+                self.wfile.flush()
+                time.sleep(THROTTLE_PIECE / fault.bytes_per_second)
         else:
             self.wfile.write(body)
 

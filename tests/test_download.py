@@ -4,9 +4,11 @@ Expected bytes are the files the server was given; expected URLs, folders and Ra
 specification and simple arithmetic, never from the downloader's own output.
 """
 import errno
+import importlib
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -23,14 +25,15 @@ import pytest
 import requests
 import urllib3
 
-from gpt2_numpy import download
+from gpt2_numpy import download, weights
 from gpt2_numpy.checkpoint import load_params
-from gpt2_numpy.download import ensure_model
 from gpt2_numpy.models import file_url, models_dir_path
-from gpt2_numpy.errors import DownloadError, UsageError
+from gpt2_numpy.errors import CheckpointError, DownloadError, Gpt2NumpyError, Interrupted, UsageError
+from gpt2_numpy.formats.tf_bundle import TensorBundle
 from gpt2_numpy.random_params import random_params
+from gpt2_numpy.weights import ensure_model
 from tests.conftest import FIXTURES, REPO
-from tests.http_server import Cut, FileServer, hf_layout_files, official_layout_files
+from tests.http_server import Cut, FileServer, Throttle, hf_layout_files, official_layout_files
 
 OPENAI_FILES = ("checkpoint", "encoder.json", "hparams.json", "model.ckpt.index", "model.ckpt.data-00000-of-00001",
                 "vocab.bpe")
@@ -60,7 +63,7 @@ def mirror(monkeypatch, files, **options):  # a FileServer that GPT2_NUMPY_BASE_
 def assert_installed(folder, files):  # exactly the served files, byte for byte, and nothing half-done beside them
     for url_path, source in files.items():
         assert (folder / Path(url_path).name).read_bytes() == Path(source).read_bytes(), url_path
-    expected = {Path(url_path).name for url_path in files} | {download.LOCK, download.MARKER}
+    expected = {Path(url_path).name for url_path in files} | {weights.LOCK, weights.MARKER}
     assert {path.name for path in folder.iterdir()} == expected
 
 
@@ -138,7 +141,7 @@ def test_missing_file_404_fails_at_once_naming_the_url(tmp_path, monkeypatch):
     assert server.requested("/124M/vocab.bpe") == [None]  # a 404 is not retried
     assert layout_names_in(tmp_path / "124M") == set()
     # the files before vocab.bpe stay staged for a rerun
-    assert names_in(tmp_path / "124M" / download.STAGING) == {"checkpoint", "hparams.json", "encoder.json"}
+    assert names_in(tmp_path / "124M" / weights.STAGING) == {"checkpoint", "hparams.json", "encoder.json"}
 
 
 def test_server_errors_are_retried_3_times_with_doubling_waits_then_reported(tmp_path, monkeypatch):
@@ -176,8 +179,8 @@ def test_a_bad_download_is_deleted_alone_and_fetched_again(tmp_path, monkeypatch
     assert str(caught.value).startswith(str(folder / name))  # named where it will be, not inside .download/
     assert problem in str(caught.value)
     assert str(caught.value).endswith(f"deleted the downloaded {name}, so the next run fetches a fresh copy")
-    assert names_in(folder) == {download.LOCK, download.STAGING}  # nothing under a final name, no marker
-    assert names_in(folder / download.STAGING) == set(OPENAI_FILES) - {name}  # the good files wait for a rerun
+    assert names_in(folder) == {weights.LOCK, weights.STAGING}  # nothing under a final name, no marker
+    assert names_in(folder / weights.STAGING) == set(OPENAI_FILES) - {name}  # the good files wait for a rerun
     with mirror(monkeypatch, files) as server:  # a good server afterwards fetches only the bad file again
         assert_installed(ensure_model("124M", tmp_path), files)
     assert server.requests == [(url_path, None, 200)]
@@ -196,7 +199,7 @@ def test_connection_refused_says_what_to_fetch_by_hand(tmp_path, monkeypatch):
     assert "Connection refused" in message
     assert all(f"{base}/124M/{name}" in message for name in OPENAI_FILES)
     assert f"into {tmp_path / '124M'}" in message
-    assert names_in(tmp_path / "124M") == {download.LOCK}  # no empty .download/ left behind
+    assert names_in(tmp_path / "124M") == {weights.LOCK}  # no empty .download/ left behind
 
 
 def test_no_dns_fails_at_once_with_the_manual_download_message(tmp_path, monkeypatch):
@@ -214,7 +217,7 @@ def test_no_dns_fails_at_once_with_the_manual_download_message(tmp_path, monkeyp
     assert len(attempts) == 1  # retrying cannot bring the network back
     assert "Name or service not known" in str(caught.value)
     assert all(f"/gpt-2/models/124M/{name}" in str(caught.value) for name in OPENAI_FILES)
-    assert names_in(tmp_path / "124M") == {download.LOCK}
+    assert names_in(tmp_path / "124M") == {weights.LOCK}
 
 
 def test_second_run_is_a_quick_offline_noop(tmp_path, monkeypatch, capsys):
@@ -224,9 +227,11 @@ def test_second_run_is_a_quick_offline_noop(tmp_path, monkeypatch, capsys):
     capsys.readouterr()
     # the server is gone now, so any request would fail
     assert ensure_model("124M", tmp_path) == folder
-    assert "already complete" in capsys.readouterr().err
+    assert capsys.readouterr().err == ""  # what every generate run goes through: silent
     assert download.run(["124M", "--models-dir", str(tmp_path)]) == 0  # the command line's status and output
-    assert capsys.readouterr().out == f"{folder}\n"
+    output = capsys.readouterr()
+    assert output.out == f"{folder}\n"
+    assert "already complete" in output.err
     assert_installed(folder, files)
 
 
@@ -246,9 +251,11 @@ def test_files_placed_by_hand_are_verified_once_without_network(tmp_path, monkey
     files = official_layout_files()
     folder = tmp_path / "124M"
     place_by_hand(folder, files)
+    (folder / weights.STAGING).mkdir()  # a download given up before the user placed the files: no longer needed
+    (folder / weights.STAGING / f"{Path(DATA).name}.part").write_bytes(b"\0" * 1000)
     assert ensure_model("124M", tmp_path) == folder
     assert_installed(folder, files)
-    assert json.loads((folder / download.MARKER).read_text()) == {
+    assert json.loads((folder / weights.MARKER).read_text()) == {
         Path(url_path).name: Path(source).stat().st_size for url_path, source in files.items()
     }
     stderr = capsys.readouterr().err
@@ -263,13 +270,13 @@ def test_corrupt_files_placed_by_hand_are_reported_and_kept(tmp_path, monkeypatc
     data = folder / Path(DATA).name
     corrupt = flip_a_bit(data.read_bytes(), -1)
     data.write_bytes(corrupt)
-    with pytest.raises(DownloadError) as caught:
+    with pytest.raises(CheckpointError) as caught:  # bad input of the user's, not a failed download
         ensure_model("124M", tmp_path)
     assert str(caught.value).startswith(f"{data}: ")
     assert "CRC32C" in str(caught.value)
     assert str(caught.value).endswith(f"left {data.name} in {folder} untouched: replace the bad file with a good "
                                       "copy, or delete it so the next run downloads one")
-    assert names_in(folder) == set(OPENAI_FILES) | {download.LOCK}  # the user's files stay; no empty .download/
+    assert names_in(folder) == set(OPENAI_FILES) | {weights.LOCK}  # the user's files stay; no empty .download/
     assert data.read_bytes() == corrupt
 
 
@@ -281,17 +288,182 @@ def test_a_bad_file_placed_by_hand_keeps_the_fresh_downloads_for_the_rerun(tmp_p
     data = folder / Path(DATA).name
     data.write_bytes(flip_a_bit(data.read_bytes(), 0))
     with mirror(monkeypatch, files) as server:
-        with pytest.raises(DownloadError) as caught:
+        with pytest.raises(CheckpointError) as caught:  # the user's file is bad, not the download
             ensure_model("124M", tmp_path)
         assert "deleted" not in str(caught.value)
         assert f"left {data.name} in {folder} untouched" in str(caught.value)
         assert layout_names_in(folder) == {Path(path).name for path in by_hand}  # no fetched bytes under final names
         fetched = {Path(path).name for path in files} - layout_names_in(folder)
-        assert names_in(folder / download.STAGING) == fetched
+        assert names_in(folder / weights.STAGING) == fetched
         shutil.copyfile(files[DATA], data)  # the user replaces the bad file
         requests_before = list(server.requests)
         assert_installed(ensure_model("124M", tmp_path), files)
     assert server.requests == requests_before  # the rerun downloaded nothing again
+
+
+def crc_pass_stopped_by(monkeypatch, exception):  # the CRC32C check of the first tensor raises exception instead
+    real_read = TensorBundle.read
+
+    def read(self, name, verify=False):
+        if verify:
+            raise exception
+        return real_read(self, name, verify)
+
+    monkeypatch.setattr(TensorBundle, "read", read)
+
+
+def outcome(call):  # -> what call raised, even KeyboardInterrupt (which would stop pytest itself), or None
+    try:
+        call()
+    except BaseException as error:
+        return error
+    return None
+
+
+@pytest.mark.parametrize("stop", [KeyboardInterrupt(), MemoryError()], ids=["Ctrl-C", "MemoryError"])
+@pytest.mark.parametrize("by_hand", ["all files", "the checkpoint files"])
+def test_verification_stopped_midway_leaves_the_files_placed_by_hand_where_they_are(tmp_path, monkeypatch, stop,
+                                                                                   by_hand):
+    files = official_layout_files()
+    placed = files if by_hand == "all files" else {path: source for path, source in files.items() if "ckpt" in path}
+    folder = tmp_path / "124M"
+    place_by_hand(folder, placed)
+    data = folder / Path(DATA).name
+    damaged = flip_a_bit(data.read_bytes(), len(data.read_bytes()) // 2)
+    data.write_bytes(damaged)
+    placed_bytes = {name: (folder / name).read_bytes() for name in map(lambda path: Path(path).name, placed)}
+    with mirror(monkeypatch, files) as server:
+        with monkeypatch.context() as patch:
+            crc_pass_stopped_by(patch, stop)
+            stopped = outcome(lambda: ensure_model("124M", tmp_path))
+        assert {name: (folder / name).read_bytes() for name in placed_bytes} == placed_bytes  # back, unchanged
+        assert isinstance(stopped, Interrupted if isinstance(stop, KeyboardInterrupt) else type(stop))
+        assert not (folder / weights.MARKER).exists()
+        # the rerun finds the damaged file where the user put it, names it, and keeps it
+        with pytest.raises(CheckpointError) as caught:
+            ensure_model("124M", tmp_path)
+    assert f"left {data.name} in {folder} untouched" in str(caught.value)
+    assert data.read_bytes() == damaged
+    assert layout_names_in(folder) == set(placed_bytes)
+    if by_hand == "all files":
+        assert server.requests == []
+
+
+@pytest.mark.parametrize("extra", [0, 10])
+def test_a_part_as_long_as_the_file_is_kept_and_a_longer_one_starts_over(tmp_path, monkeypatch, capsys, extra):
+    files = official_layout_files()
+    data = files[DATA].read_bytes()
+    staging = tmp_path / "124M" / weights.STAGING
+    staging.mkdir(parents=True)
+    (staging / f"{Path(DATA).name}.part").write_bytes(data + b"x" * extra)  # killed just before the rename
+    with mirror(monkeypatch, files) as server:
+        folder = ensure_model("124M", tmp_path)
+    assert_installed(folder, files)
+    if extra:  # the file on the server changed since: its 416 announces a shorter file
+        assert server.requests_for(DATA) == [(f"bytes={len(data) + extra}-", 416), (None, 200)]
+        assert "starting over" in capsys.readouterr().err
+    else:  # 416 "bytes */N" for a part of N bytes: the part is the whole file
+        assert server.requests_for(DATA) == [(f"bytes={len(data)}-", 416)]
+        assert "starting over" not in capsys.readouterr().err
+
+
+def test_a_resume_answered_from_byte_0_is_refused_and_the_part_kept(tmp_path, monkeypatch):
+    monkeypatch.setattr(download, "CHUNK_BYTES", SMALL_CHUNK)
+    files = official_layout_files()
+    data = files[DATA].read_bytes()
+    kept = 5 * SMALL_CHUNK
+    with mirror(monkeypatch, files, faults={DATA: [Cut(kept + 100)]}, resume_from_zero=True) as server:
+        with pytest.raises(DownloadError) as caught:
+            ensure_model("124M", tmp_path)
+    assert server.requested(DATA) == [None] + [f"bytes={kept}-"] * 4  # the cut, then 1 + 3 retries that add nothing
+    assert f"Content-Range 'bytes 0-{len(data) - 1}/{len(data)}'" in str(caught.value)
+    # appending the whole file after the kept bytes would have made a part that is neither file nor prefix
+    assert (tmp_path / "124M" / weights.STAGING / f"{Path(DATA).name}.part").read_bytes() == data[:kept]
+
+
+def test_a_part_growing_past_the_announced_size_is_deleted_at_once(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(download, "CHUNK_BYTES", SMALL_CHUNK)
+    files = official_layout_files()
+    size = files[DATA].stat().st_size
+    kept = 5 * SMALL_CHUNK
+    with mirror(monkeypatch, files, faults={DATA: [Cut(kept + 100)]}, overlong=10 * SMALL_CHUNK) as server:
+        folder = ensure_model("124M", tmp_path)
+    # the resumed answer runs past the size it announced: the part goes, and the next request starts from byte 0
+    # rather than asking to resume beyond the end of the file
+    assert server.requests_for(DATA) == [(None, 200), (f"bytes={kept}-", 206), (None, 200)]
+    assert f"more than the {size:,} bytes" in capsys.readouterr().err
+    assert_installed(folder, files)
+
+
+@pytest.mark.parametrize("where", ["absolute", "parent"])
+def test_a_checkpoint_file_naming_weights_outside_the_folder_installs_nothing(tmp_path, monkeypatch, where):
+    files = official_layout_files()
+    folder = tmp_path / "124M"
+    if where == "absolute":  # a valid checkpoint elsewhere on this machine
+        prefix = str(FIXTURES / "tf_tiny" / "model.ckpt")
+    else:  # a valid checkpoint beside the staging folder, which a relative path can climb to
+        shutil.copytree(FIXTURES / "tf_tiny", folder / "x")
+        prefix = "../x/model.ckpt"
+    data = files[DATA].read_bytes()
+    served = {**files, "/124M/checkpoint": f'model_checkpoint_path: "{prefix}"\n'.encode(),
+              DATA: flip_a_bit(data, len(data) // 2)}  # the served weights are damaged; checking the others hides it
+    with mirror(monkeypatch, served):
+        with pytest.raises(Gpt2NumpyError):
+            ensure_model("124M", tmp_path)
+    assert layout_names_in(folder) == set()
+    assert not (folder / weights.MARKER).exists()
+
+
+def test_without_hard_links_files_placed_by_hand_are_copied_for_verification(tmp_path, monkeypatch):
+    def no_links(*args, **kwargs):  # as on FAT or some network shares
+        raise OSError(errno.EPERM, os.strerror(errno.EPERM))
+
+    monkeypatch.setattr(os, "link", no_links)
+    files = official_layout_files()
+    by_hand = {path: source for path, source in files.items() if "model.ckpt" in path}
+    place_by_hand(tmp_path / "124M", by_hand)
+    with mirror(monkeypatch, files) as server:
+        assert_installed(ensure_model("124M", tmp_path), files)
+    assert sorted(path for path, _, _ in server.requests) == sorted(set(files) - set(by_hand))
+
+
+def test_a_read_only_folder_is_verified_on_every_run_and_never_written(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("GPT2_NUMPY_BASE_URL", "http://127.0.0.1:9")
+    folder = tmp_path / "124M"
+    place_by_hand(folder, official_layout_files())
+    real_access = os.access
+    # the tests run as root, whom file modes do not stop: the folder only looks read-only, as to another user
+    monkeypatch.setattr(os, "access", lambda path, mode: real_access(path, mode) and not (
+        Path(path) == folder and mode & os.W_OK))
+    assert ensure_model("124M", tmp_path) == folder
+    assert names_in(folder) == set(OPENAI_FILES)  # no lock file, no marker
+    assert "read-only" in capsys.readouterr().err
+    data = folder / Path(DATA).name
+    data.write_bytes(flip_a_bit(data.read_bytes(), 0))
+    with pytest.raises(CheckpointError, match="fails its CRC32C check"):  # verified again, not taken from a record
+        ensure_model("124M", tmp_path)
+    assert names_in(folder) == set(OPENAI_FILES)
+
+
+def test_the_windows_lock_makes_a_second_holder_wait_for_the_first(tmp_path, monkeypatch, capsys):
+    msvcrt = importlib.import_module("msvcrt" if sys.platform == "win32" else "tests.fake_msvcrt")
+    monkeypatch.setattr(weights, "fcntl", None)
+    monkeypatch.setattr(weights, "msvcrt", msvcrt)
+    monkeypatch.setattr(weights, "LOCK_POLL_SECONDS", 0.01)
+    folder = tmp_path / "124M"
+    events, stderr = [], []
+
+    def second_holder():
+        with weights.locked(folder):
+            events.append("the second holds the lock")
+
+    with weights.locked(folder):
+        second = threading.Thread(target=second_holder)
+        second.start()
+        wait_until(lambda: stderr.append(capsys.readouterr().err) or "in progress" in "".join(stderr))
+        events.append("the first lets go")
+    second.join(WAIT_SECONDS)
+    assert events == ["the first lets go", "the second holds the lock"]
 
 
 def test_huggingface_layout_downloads_and_loads(tmp_path, monkeypatch):
@@ -350,7 +522,7 @@ def test_models_dir_that_cannot_be_created_is_reported(tmp_path):
 def test_file_system_errors_get_advice_that_fits(tmp_path, code, advice):
     path = tmp_path / "124M" / "model.ckpt.index"
     with pytest.raises(DownloadError) as caught:
-        with download.locked(tmp_path / "124M"):
+        with weights.locked(tmp_path / "124M"):
             raise OSError(code, os.strerror(code), str(path))
     expected = f"cannot write {path}: {os.strerror(code)}; {advice} with --models-dir or GPT2_NUMPY_WEIGHTS"
     assert str(caught.value) == expected
@@ -358,7 +530,7 @@ def test_file_system_errors_get_advice_that_fits(tmp_path, code, advice):
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs Linux's /dev/full")
 def test_full_disk_is_reported(tmp_path, monkeypatch):
-    staging = tmp_path / "124M" / download.STAGING
+    staging = tmp_path / "124M" / weights.STAGING
     staging.mkdir(parents=True)
     (staging / "checkpoint.part").symlink_to("/dev/full")  # every write there fails with ENOSPC
     with mirror(monkeypatch, official_layout_files()):
@@ -433,3 +605,44 @@ def test_cli_http_error_is_one_error_line_and_exit_1(tmp_path):
     error_lines = [line for line in result.stderr.splitlines() if line.startswith("error")]
     assert error_lines == [f"error: {server.url}{DATA} answered HTTP 404 Not Found: check the model size, and the "
                            "mirror in GPT2_NUMPY_BASE_URL if you set one"]
+
+
+SMALL_CHUNKS_CLI = "import sys; from gpt2_numpy import download; download.CHUNK_BYTES = 16384; download.main()"
+
+
+def start_small_chunk_cli(models_dir, env, name):  # -> Popen: the download CLI writing every 16 KiB, as in-process
+    logs = models_dir.parent
+    return subprocess.Popen(
+        [sys.executable, "-c", SMALL_CHUNKS_CLI, "124M", "--models-dir", str(models_dir)],
+        cwd=REPO, env=env, stdout=open(logs / f"{name}.out", "w"), stderr=open(logs / f"{name}.err", "w"),
+    )
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="sends POSIX signals")
+@pytest.mark.parametrize("stop", ["SIGKILL", "SIGINT"])
+def test_a_download_stopped_mid_file_resumes_on_the_rerun_and_ends_byte_exact(tmp_path, stop):
+    files = official_layout_files()
+    models_dir = tmp_path / "models"
+    staging = models_dir / "124M" / weights.STAGING
+    part = staging / f"{Path(DATA).name}.part"
+    with FileServer(files, faults={DATA: [Throttle(100_000)]}) as server:  # 5 s for the data file, if not stopped
+        env = {**os.environ, "GPT2_NUMPY_BASE_URL": server.url}
+        first = start_small_chunk_cli(models_dir, env, "first")
+        try:
+            wait_until(lambda: download.file_size(part) >= 3 * SMALL_CHUNK)
+            first.send_signal(getattr(signal, stop))
+            code = first.wait(WAIT_SECONDS)
+        finally:
+            first.kill()
+        kept = part.stat().st_size
+        assert 0 < kept < files[DATA].stat().st_size
+        second = start_small_chunk_cli(models_dir, env, "second")
+        assert second.wait(WAIT_SECONDS) == 0
+    assert server.requested(DATA) == [None, f"bytes={kept}-"]
+    assert_installed(models_dir / "124M", files)
+    if stop == "SIGINT":  # Ctrl-C: one line saying what was kept and that a rerun resumes
+        assert code == 130
+        last_line = (tmp_path / "first.err").read_text().splitlines()[-1]
+        assert last_line.startswith("interrupted: ")
+        assert f"{kept:,} bytes of {Path(DATA).name}" in last_line
+        assert str(staging) in last_line and "resume" in last_line
