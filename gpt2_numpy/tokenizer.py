@@ -2,16 +2,20 @@
 
 Encoding runs in three steps:
 1. A regex splits the text into words (letter runs, digit runs, punctuation runs, whitespace, English contractions).
-2. Each word's UTF-8 bytes are spelled with 256 printable stand-in characters, the alphabet of the vocabulary files.
+2. Each of the word's UTF-8 bytes starts as its own part (the vocabulary files spell the 256 bytes with printable
+   stand-in characters; the tokenizer maps tokens to bytes once, when it loads).
 3. BPE merges adjacent parts of the word, best-ranked merge first, until no merge applies; each part is one token.
+   It takes O(n log n) time for a word of n bytes, so even a 1 MB word (minified code, a run of symbols) takes seconds.
 
 Decoding maps ids back to bytes; bytes that end mid-way through a UTF-8 character become U+FFFD, and `stream_decoder()`
 holds such bytes back until the character is complete.
 """
 import codecs
+import heapq
 import json
 import operator
-from itertools import chain, repeat
+from collections import defaultdict
+from itertools import chain
 from pathlib import Path
 
 import regex
@@ -47,18 +51,23 @@ class Tokenizer:
         self.encoder = encoder
         self.n_vocab = len(encoder)
         self.special_tokens = {EOT: encoder[EOT]}
-        self._merge_ranks = {pair: rank for rank, pair in enumerate(merges)}
-        # spelling a word: its UTF-8 bytes as Latin-1 characters, translated to the stand-ins; decoding: the reverse
-        self._spell = str.maketrans({chr(byte): char for byte, char in bytes_to_unicode().items()})
+        # tokens as the bytes they stand for: each spelled character is one byte, as Latin-1
         unspell = str.maketrans({char: chr(byte) for byte, char in bytes_to_unicode().items()})
         self._id_bytes = [b""] * self.n_vocab
         for token, token_id in encoder.items():
             self._id_bytes[token_id] = token.translate(unspell).encode("latin-1")
+        self._word_ids = {token_bytes: token_id for token_id, token_bytes in enumerate(self._id_bytes)}  # bytes -> id
+        self._byte_ids = [self._word_ids[bytes([byte])] for byte in range(256)]
+        # BPE works on ids: a pair (left, right) is the int left * n_vocab + right, cheaper to hash than a tuple
+        self._pair_ranks = {encoder[left] * self.n_vocab + encoder[right]: rank
+                            for rank, (left, right) in enumerate(merges)}
+        self._merged_ids = [encoder[left + right] for left, right in merges]  # rank -> id of the joined token
         self._cache = WordCache(self._encode_word)
 
     def encode(self, text, allowed_special=()):  # -> list of ids
         if not isinstance(text, str):
             raise TypeError(f"encode() takes a str, not {type(text).__name__}; decode bytes to str first")
+        text = without_surrogates(text)
         specials = self._allowed_specials(allowed_special)
         if not specials:
             return self._encode_ordinary(text)
@@ -97,33 +106,60 @@ class Tokenizer:
         return list(chain.from_iterable(map(self._cache.__getitem__, WORD_PATTERN.findall(text))))
 
     def _encode_word(self, word):  # -> tuple of ids
-        spelled = word.encode("utf-8").decode("latin-1").translate(self._spell)
+        utf8 = word.encode("utf-8")
         # a word that is itself a token needs no merging: BPE rebuilds every GPT-2 token from its bytes (tested)
-        whole = self.encoder.get(spelled)
-        return (whole,) if whole is not None else tuple(self.encoder[part] for part in self._bpe(spelled))
+        whole = self._word_ids.get(utf8)
+        return (whole,) if whole is not None else tuple(self._bpe(utf8))
 
-    def _bpe(self, spelled):  # "Ġhello" -> ["Ġhello"]: join the best-ranked adjacent pair everywhere, repeat
-        parts = list(spelled)
-        ranks, unranked = self._merge_ranks, len(self._merge_ranks)
-        while len(parts) > 1:
-            pair_ranks = list(map(ranks.get, zip(parts, parts[1:]), repeat(unranked)))
-            best = min(pair_ranks)
-            if best == unranked:  # no adjacent pair has a merge
-                break
-            parts = join_pairs(parts, pair_ranks, best)
-        return parts
+    def _bpe(self, utf8):  # b"hello" -> [31373]: join the best-ranked adjacent pair, leftmost first, until none merges
+        # Rescanning every pair after each merge costs O(n) per merge, O(n^2) for a word of n bytes: hours for 1 MB.
+        # Instead the parts form a linked list (part i has neighbours before[i] and after[i]), each pair that has a
+        # merge waits in its rank's bucket, and a heap yields the ranks present, best first. A merge changes only the
+        # two pairs beside it: O(1) work per merge, plus O(log n) per rank that enters the heap.
+        # Invariant: pair_rank[i] is the rank of the pair (part i, part after[i]), or None if that pair has no merge
+        # or i no longer starts a part; a bucket entry that disagrees is stale and skipped.
+        ids = [self._byte_ids[byte] for byte in utf8]  # one part per byte to start
+        n, n_vocab, merged_ids, rank_of = len(ids), self.n_vocab, self._merged_ids, self._pair_ranks.get
+        pair_rank = [rank_of(left * n_vocab + right) for left, right in zip(ids, ids[1:])] + [None]
+        buckets = defaultdict(list)  # rank -> starts of the pairs that had that rank when added
+        for i, rank in enumerate(pair_rank):
+            if rank is not None:
+                buckets[rank].append(i)
+        ranks = list(buckets)
+        heapq.heapify(ranks)
+        before, after = list(range(-1, n)), list(range(1, n + 1))  # before[n]: the end of the word has one too
+        while ranks:
+            rank = heapq.heappop(ranks)
+            joined = merged_ids[rank]
+            # left to right, as OpenAI's encoder does: "aaa" -> "aa a". No sort needed: a pair forms only when the
+            # later-made of its two tokens is made, so a bucket fills at the start or during one rank's pass, which
+            # goes left to right and adds positions in order
+            for i in buckets.pop(rank):
+                if pair_rank[i] != rank:
+                    continue
+                right = after[i]
+                ids[i], ids[right], pair_rank[right] = joined, None, None  # the right part is used up
+                after[i] = after[right]
+                before[after[i]] = i
+                for left in (before[i], i):  # the pairs that now end and start with the joined part
+                    if left < 0:
+                        continue
+                    right = after[left]
+                    new_rank = pair_rank[left] = rank_of(ids[left] * n_vocab + ids[right]) if right < n else None
+                    if new_rank is not None:
+                        if new_rank not in buckets:
+                            heapq.heappush(ranks, new_rank)
+                        buckets[new_rank].append(left)
+        return [token_id for token_id in ids if token_id is not None]
 
 
-def join_pairs(parts, pair_ranks, best):  # -> parts with every pair ranked `best` joined, left to right
-    joined, copied = [], 0  # parts[:copied] are already in `joined`
-    while True:
-        try:
-            i = pair_ranks.index(best, copied)  # a rank names one pair, so equal ranks are the same pair
-        except ValueError:
-            return joined + parts[copied:]
-        joined += parts[copied:i]
-        joined.append(parts[i] + parts[i + 1])
-        copied = i + 2  # the right part is used up: "a a a" -> "aa a", as OpenAI's encoder does
+def without_surrogates(text):  # -> text, with surrogate pairs joined and lone surrogates as U+FFFD, as tiktoken does
+    # UTF-8 cannot hold surrogates, yet a str from JSON ("\ud83d\ude00") or a Windows API may carry them
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return text
 
 
 class WordCache(dict):

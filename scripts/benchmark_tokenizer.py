@@ -1,25 +1,41 @@
-"""Encode throughput of our tokenizer, and of tiktoken (if installed) on the same text, in tokens per second.
+"""Encode speed of our tokenizer, and of tiktoken (if installed) on the same input.
 
-    python scripts/benchmark_tokenizer.py [MODEL_DIR] [--runs N]
+    python scripts/benchmark_tokenizer.py [MODEL_DIR] [--runs N] [--baseline OLD_TOKENIZER_PY]
 
-MODEL_DIR holds encoder.json + vocab.bpe (default: ../shared/gpt2-official/124M beside the repo). The text is 1 MB
-(1,000,000 characters) of English documentation shipped with CPython: the language reference, then stdlib docstrings.
-"cold" encodes with a fresh tokenizer (empty word cache), as a program's first prompt would; "warm" encodes the same
-text again, so every word is a cache hit. Each number is the median over the runs; the CPU may be shared, so compare
-numbers taken by one command.
+MODEL_DIR holds encoder.json + vocab.bpe (default: ../shared/gpt2-official/124M beside the repo).
+
+English: 1 MB (1,000,000 characters) of English documentation shipped with CPython: the language reference, then
+stdlib docstrings, in tokens per second. "cold" encodes with a fresh tokenizer (empty word cache), as a program's first
+prompt would; "warm" encodes the same text again, so every word is a cache hit.
+
+Long pieces: 1 MB strings that GPT-2's regex keeps as one word each (random letters, digits, CJK ideographs,
+punctuation; digit runs are not cut, as `\\p{N}+` has no length limit), so BPE runs on the whole string at once. Each
+run encodes a new string with a fresh tokenizer. Columns: seconds, tiktoken's seconds, our seconds per byte over ours on
+English, and growth, the time for 1 MB over the time for 100 KB (10 is linear).
+
+--baseline FILE: also encode the English text with another version of gpt2_numpy/tokenizer.py (for example
+`git show HEAD:gpt2_numpy/tokenizer.py > /tmp/old_tokenizer.py`), alternating cold runs with the current one so both
+see the same load on a shared machine.
+
+Each number is the median over the runs; the CPU may be shared, so compare numbers taken by one command.
 """
 import argparse
+import importlib.util
 import os
 import statistics
 import sys
 import time
+from collections import namedtuple
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # for gpt2_numpy and tests.text_samples when run from a checkout
 
 from gpt2_numpy.tokenizer import EOT, WORD_PATTERN, load_tokenizer  # noqa: E402
-from tests.text_samples import english_text  # noqa: E402
+from tests.text_samples import english_text, long_word  # noqa: E402
+
+LONG_PIECE_KINDS = ("letters", "digits", "CJK", "punctuation")  # keys of tests.text_samples.LONG_WORD_ALPHABETS
+LongPieceRow = namedtuple("LongPieceRow", "name seconds tiktoken_seconds ratio_to_english growth tiktoken_growth")
 
 
 def seconds(function, *args):  # -> (wall-clock seconds of one call, its result)
@@ -28,32 +44,96 @@ def seconds(function, *args):  # -> (wall-clock seconds of one call, its result)
     return time.perf_counter() - start, result
 
 
-def encode_throughput(model_dir, text, runs=5):  # -> {"cold": tokens/s, "warm": tokens/s, "tokens": n}
+def encode_throughput(model_dir, text, runs=5):  # -> {"cold": tok/s, "warm": tok/s, "tokens": n, "seconds": cold s}
     cold, warm = [], []
     for _ in range(runs):
         tokenizer = load_tokenizer(model_dir)
         elapsed, ids = seconds(tokenizer.encode, text)
         cold.append(elapsed)
         warm.append(seconds(tokenizer.encode, text)[0])
-    return {"cold": len(ids) / statistics.median(cold), "warm": len(ids) / statistics.median(warm), "tokens": len(ids)}
+    return {"cold": len(ids) / statistics.median(cold), "warm": len(ids) / statistics.median(warm), "tokens": len(ids),
+            "seconds": statistics.median(cold)}
 
 
-def tiktoken_throughput(model_dir, text, runs=5):  # -> tokens/s of tiktoken's encode_ordinary on the same files
+def tiktoken_encoding(model_dir):  # -> tiktoken.Encoding built from the same files; ImportError without tiktoken
     import tiktoken.load
 
     os.environ["TIKTOKEN_CACHE_DIR"] = ""  # read the files in place; keep no copies in the temp folder
     ranks = tiktoken.load.data_gym_to_mergeable_bpe_ranks(str(model_dir / "vocab.bpe"), str(model_dir / "encoder.json"))
-    encoding = tiktoken.Encoding(
+    return tiktoken.Encoding(
         "gpt2_files", pat_str=WORD_PATTERN.pattern, mergeable_ranks=ranks, special_tokens={EOT: 50256}
     )
+
+
+def tiktoken_throughput(model_dir, text, runs=5):  # -> tokens/s of tiktoken's encode_ordinary on the same files
+    encoding = tiktoken_encoding(model_dir)
     timings = [seconds(encoding.encode_ordinary, text) for _ in range(runs)]
     return len(timings[0][1]) / statistics.median(elapsed for elapsed, _ in timings)
+
+
+def baseline_seconds(model_dir, text, baseline_file, runs=5):  # -> (median cold s now, median cold s of the baseline)
+    spec = importlib.util.spec_from_file_location("baseline_tokenizer", baseline_file)
+    baseline = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(baseline)
+    timings = {load_tokenizer: [], baseline.load_tokenizer: []}
+    for run in range(runs):
+        order = list(timings) if run % 2 == 0 else list(timings)[::-1]  # who goes first alternates, against drift
+        for load in order:
+            timings[load].append(seconds(load(model_dir).encode, text)[0])
+    return tuple(statistics.median(timing) for timing in timings.values())
+
+
+def long_piece_seconds(make_encode, kind, n_bytes, runs):  # -> (median seconds, bytes): encode new pieces of a kind
+    timings = []
+    for seed in range(runs):
+        piece = long_word(kind, n_bytes, seed)
+        assert WORD_PATTERN.findall(piece) == [piece], f"{kind}: GPT-2's regex cuts this piece"
+        timings.append(seconds(make_encode(), piece)[0])
+    return statistics.median(timings), len(piece.encode("utf-8"))
+
+
+def long_piece_rows(model_dir, n_bytes=1_000_000, runs=3):  # -> [LongPieceRow], one per kind of LONG_PIECE_KINDS
+    """Encode time of single-word strings of n_bytes; tiktoken's columns are None when it is not installed."""
+    english = english_text(n_bytes)
+    english_per_byte = encode_throughput(model_dir, english, runs)["seconds"] / len(english.encode("utf-8"))
+    try:
+        encoding = tiktoken_encoding(model_dir)
+    except ImportError:
+        encoding = None
+
+    def fresh_encode():  # a fresh tokenizer per run: a cold start, and no 1 MB word left in the cache
+        return load_tokenizer(model_dir).encode
+
+    rows = []
+    for kind in LONG_PIECE_KINDS:
+        (small, _), (large, size) = (long_piece_seconds(fresh_encode, kind, n, runs) for n in (n_bytes // 10, n_bytes))
+        theirs_small = theirs_large = theirs_growth = None
+        if encoding is not None:
+            theirs_small, theirs_large = (long_piece_seconds(lambda: encoding.encode_ordinary, kind, n, runs)[0]
+                                          for n in (n_bytes // 10, n_bytes))
+            theirs_growth = theirs_large / theirs_small
+        ratio = large / size / english_per_byte
+        rows.append(LongPieceRow(f"{kind}, {size:,} bytes", large, theirs_large, ratio, large / small, theirs_growth))
+    return rows
+
+
+def print_long_piece_table(rows):
+    print(f"{'one-word string':<28}{'ours s':>8}{'tiktoken s':>12}{'ours/English per byte':>23}"
+          f"{'growth at 10x bytes: ours':>27}{'tiktoken':>10}")
+    for row in rows:
+        print(f"{row.name:<28}{row.seconds:>8.2f}{optional(row.tiktoken_seconds, '.3f'):>12}"
+              f"{row.ratio_to_english:>22.1f}x{row.growth:>26.1f}x{optional(row.tiktoken_growth, '.1f'):>9}x")
+
+
+def optional(value, spec):  # -> value formatted, or "-" for None
+    return "-" if value is None else format(value, spec)
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model_dir", nargs="?", type=Path, default=REPO.parent / "shared" / "gpt2-official" / "124M")
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--baseline", type=Path, help="another tokenizer.py to compare cold English encodes with")
     args = parser.parse_args()
     text = english_text(1_000_000)
     ours = encode_throughput(args.model_dir, text, args.runs)
@@ -63,6 +143,13 @@ def main():
         print(f"tiktoken:        {tiktoken_throughput(args.model_dir, text, args.runs) / 1e6:.2f}M tokens/s")
     except ImportError:
         print("tiktoken: not installed (pip install tiktoken)")
+    if args.baseline:
+        now, before = baseline_seconds(args.model_dir, text, args.baseline, args.runs)
+        tokens = ours["tokens"]
+        print(f"cold, alternating runs: this tokenizer.py {tokens / now / 1e6:.2f}M tokens/s ({now:.3f} s), "
+              f"{args.baseline} {tokens / before / 1e6:.2f}M tokens/s ({before:.3f} s)")
+    print()
+    print_long_piece_table(long_piece_rows(args.model_dir, runs=args.runs))
 
 
 if __name__ == "__main__":

@@ -10,9 +10,9 @@ import tiktoken.load
 
 from gpt2_numpy import tokenizer as tokenizer_module
 from gpt2_numpy.errors import TokenizerError
-from gpt2_numpy.tokenizer import EOT, EOT_ID, load_tokenizer
+from gpt2_numpy.tokenizer import EOT, EOT_ID, WORD_PATTERN, load_tokenizer
 from tests.conftest import official_path
-from tests.text_samples import large_texts, sample_strings
+from tests.text_samples import LONG_WORD_ALPHABETS, large_texts, long_word, sample_strings
 
 # the sha256 values tiktoken pins for its "gpt2" encoding: the reference is built from exactly OpenAI's files
 VOCAB_BPE_SHA256 = "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"
@@ -107,7 +107,68 @@ def test_vocabulary_facts(tokenizer, reference):
 
 def test_every_token_is_rebuilt_by_merging_its_bytes(tokenizer):
     # why encode may take a word that is itself a token without running BPE: BPE would end at that token anyway
-    assert [token for token in tokenizer.encoder if token != EOT and tokenizer._bpe(token) != [token]] == []
+    token_ids = range(EOT_ID)  # every id but <|endoftext|>, the last
+    assert [token_id for token_id in token_ids if tokenizer._bpe(tokenizer.token_bytes(token_id)) != [token_id]] == []
+
+
+LONG_WORDS = {
+    **{f"random {kind}": long_word(kind, 10_000, seed=3) for kind in LONG_WORD_ALPHABETS},
+    # runs of one pair: equal ranks side by side, which must join left to right ("aaa" -> "aa a")
+    "a run of one letter": "a" * 10_001,
+    "a run of one symbol": "=" * 9_999,
+    "alternating letters": "ab" * 5_000 + "a",
+}
+
+
+@pytest.mark.parametrize("name", LONG_WORDS)
+def test_long_words_match_tiktoken(tokenizer, reference, name):
+    word = LONG_WORDS[name]
+    assert WORD_PATTERN.findall(word) == [word]  # one word, so BPE runs on all of it at once
+    assert tokenizer.encode(word) == reference.encode_ordinary(word)
+
+
+class CountingDict(dict):
+    """A dict that counts its get() calls."""
+
+    lookups = 0
+
+    def get(self, key, default=None):
+        self.lookups += 1
+        return super().get(key, default)
+
+
+def test_bpe_work_grows_linearly_with_word_length(tokenizer, monkeypatch):
+    # every candidate merge BPE handles starts as one pair-rank lookup: 10x the letters must cost about 10x the lookups,
+    # where rescanning all pairs after each merge costs ~100x; no timing, so a busy machine cannot make this flaky
+    def lookups(n_letters):  # -> pair-rank lookups to encode one word of n_letters random letters
+        counting = CountingDict(tokenizer._pair_ranks)
+        monkeypatch.setattr(tokenizer, "_pair_ranks", counting)
+        tokenizer._bpe(long_word("letters", n_letters).encode())
+        return counting.lookups
+
+    short, long = lookups(2_000), lookups(20_000)
+    assert short >= 2_000 - 1  # at least every adjacent pair is looked up once
+    assert long / short < 12
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "\ud800",  # a lone high surrogate
+        "\udfff",  # a lone low surrogate
+        "ab\ud800cd",  # inside a word
+        " \udc00\udc00 x",  # two lone low ones in a row, after a space
+        "\ude00\ud83d",  # low then high: not a pair, two lone ones
+        "hi \ud83d\ude00!",  # a pair: one emoji, U+1F600
+        "x\ud835\udc00bc",  # a pair that is a letter, U+1D400, so it joins the letters around it into one word
+        "\ud83d\ud83d\ude00",  # a lone high one, then a pair
+    ],
+)
+def test_surrogates_match_tiktoken(tokenizer, reference, text):
+    assert tokenizer.encode(text) == reference.encode_ordinary(text)
+    with_special = text + EOT + text  # the special-token path splits the text before encoding the pieces
+    expected = reference.encode(with_special, allowed_special="all")
+    assert tokenizer.encode(with_special, allowed_special="all") == expected
 
 
 def test_round_trip(tokenizer, strings):

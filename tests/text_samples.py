@@ -24,7 +24,8 @@ EMOJI = (
     "😀", "👍", "👍🏽", "🎉", "🤖", "❤️", "🇺🇸", "🇯🇵", "1️⃣", "👨‍👩‍👧‍👦", "👩🏾‍💻", "🏳️‍🌈", "🧑‍🤝‍🧑", "😂😂😂", "☕",
     "✨", "🦀", "🐍",
 )
-CJK = ("中文", "我爱自然语言处理", "日本語のテキスト", "ひらがな", "カタカナ", "한국어", "안녕하세요", "漢字", "。", "、", "！", "「」")
+CJK = ("中文", "我爱自然语言处理", "日本語のテキスト", "ひらがな", "カタカナ", "한국어", "안녕하세요", "漢字",
+       "。", "、", "！", "「」")
 ACCENTED = ("e\u0301", "a\u0300", "n\u0303", "o\u0308", "c\u0327", "café", "naïve", "Ångström", "Zoë", "u\u0308\u0301",
             "Z\u0351\u0352\u0353\u0354", "ﬁ", "Ǆ", "ß", "İ", "Ω")
 RTL = ("שלום", "עולם", "مرحبا", "بالعالم", "العربية", "١٢٣", "۴۵۶", "\u200f", "\u200e", "\u202b", "\u202c", "ܐܒܓ")
@@ -42,6 +43,23 @@ CODE = (
     "<|endoftext|>",
     "<|endoftext|> after",
 )
+
+
+# characters GPT-2's regex keeps in one word however long the run: letters (\p{L}+), digits (\p{N}+), other symbols
+LONG_WORD_ALPHABETS = {
+    "letters": "abcdefghijklmnopqrstuvwxyz",
+    "digits": "0123456789",
+    "CJK": "".join(map(chr, range(0x4E00, 0x9FA6))),  # the ideographs of Unicode 1.1, assigned in every regex release
+    "punctuation": PUNCTUATION,
+    "mixed scripts": "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZéèêëàâäçñößøåæœαβγδεζηθικλμνξοπρστυφχψω"
+    "абвгдежзийклмнопрстуфхцчшщъыьэюяאבגדהוזחטיכלמנסעפצקרשתابتثجحخدذرزسشصضطظعغفقكلمنهويあいうえおかきくけこアイウエオ"
+    "한국어안녕하세요中文字漢語",
+}
+
+
+def long_word(kind, n_bytes, seed=0):  # -> random characters of one LONG_WORD_ALPHABETS kind, at most n_bytes in UTF-8
+    text = "".join(random.Random(seed).choices(LONG_WORD_ALPHABETS[kind], k=n_bytes))
+    return text.encode("utf-8")[:n_bytes].decode("utf-8", errors="ignore")  # drops a character cut at the end
 
 
 def sample_strings(count, seed=0):  # -> list of `count` strings, cycling through the kinds below
