@@ -141,6 +141,7 @@ def lm_head(x, wte):  # [..., n_seq, n_embd] -> [..., n_seq, n_vocab]
 
 
 def gpt2(inputs, wte, wpe, blocks, ln_f, n_head):  # [..., n_seq] -> [..., n_seq, n_vocab]
+    """Float32 logits for every position of a token-id sequence [n_seq] (or an equal-length batch [n_rows, n_seq])."""
     return lm_head(transformer(inputs, wte, wpe, blocks, ln_f, n_head), wte)
 
 
