@@ -42,11 +42,15 @@ class ArgumentParser(argparse.ArgumentParser):
     """argparse whose mistakes are UsageErrors, so run_cli prints them as one line instead of a usage block; every
     command line gets --version from the installed package's metadata."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, dash_hint=None, **kwargs):
+        # dash_hint: how to pass text that begins with '-', which argparse takes for an unknown option
         super().__init__(*args, **kwargs)
+        self.dash_hint = dash_hint
         self.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
 
     def error(self, message):
+        if self.dash_hint and ("arguments are required" in message or "unrecognized arguments: -" in message):
+            message += f"; {self.dash_hint}"
         raise UsageError(f"{message} (see --help)")
 
 

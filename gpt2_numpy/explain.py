@@ -338,6 +338,7 @@ def parse_args(argv):  # -> argparse.Namespace
         prog="python -m gpt2_numpy.explain",
         description="Show GPT-2 attention at work on a prompt: its tokens, the shape of every step of the forward "
         "pass, one head's attention step by step, and the next-token prediction.",
+        dash_hint='a prompt that begins with \'-\' goes last, after \'--\': python -m gpt2_numpy.explain -- "-x"',
     )
     parser.add_argument("prompt", metavar="PROMPT",
                         help='the text to explain; "-" reads stdin; "" starts from <|endoftext|>; a prompt beginning '

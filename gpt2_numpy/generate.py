@@ -149,6 +149,7 @@ def parse_args(argv):  # -> argparse.Namespace, checked
         prog="gpt2-numpy",
         description="Continue prompts with GPT-2 (pure NumPy). stdout gets only the continuations; "
         "progress and statistics go to stderr.",
+        dash_hint='a prompt that begins with \'-\' goes last, after \'--\': gpt2-numpy --n-tokens 5 -- "-x"',
     )
     parser.add_argument("prompts", nargs="+", metavar="PROMPT",
                         help='text to continue (several: one continuation each); "-" reads stdin; "" starts from '
@@ -167,13 +168,7 @@ def parse_args(argv):  # -> argparse.Namespace, checked
                         "of 72 KiB per token of context for 124M (n_layer x 2 x n_embd float32)")
     parser.add_argument("--ignore-eos", action="store_true", help="keep going past <|endoftext|>")
     parser.add_argument("--no-stream", action="store_true", help="print a single continuation only when complete")
-    try:
-        args = parser.parse_args(argv)
-    except UsageError as error:
-        if "PROMPT" in str(error) or "unrecognized arguments: -" in str(error):  # a prompt that looks like an option
-            raise UsageError(f"{error}; a prompt that begins with '-' goes last, after '--': "
-                             'gpt2-numpy --n-tokens 5 -- "-x"') from None
-        raise
+    args = parser.parse_args(argv)
     if args.prompts.count("-") > 1:
         raise UsageError('"-" (read the prompt from stdin) may be given only once')
     check_sampling_args(args.temperature, args.top_k, args.top_p)
