@@ -43,7 +43,7 @@ SOURCES = {
 
 def models_dir_path(models_dir=None):  # -> absolute Path: the argument, else $GPT2_NUMPY_WEIGHTS, else ./weights
     chosen = models_dir or os.environ.get("GPT2_NUMPY_WEIGHTS") or "weights"
-    return Path(chosen).expanduser().absolute()
+    return Path(chosen).expanduser().resolve()  # messages then name the real folder, not ".../main/../models"
 
 
 def model_folder(size, models_dir=None, source="openai"):  # -> Path of one model's files

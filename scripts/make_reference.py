@@ -22,12 +22,23 @@ import argparse
 import json
 from pathlib import Path
 
-import numpy as np
-import safetensors.numpy
-import torch
-import transformers
+import sys
 
-from gpt2_numpy.random_params import random_params
+try:  # the reference tools live in a venv of their own: without them, --help still works and a run says what to install
+    import numpy as np
+    import safetensors.numpy
+    import torch
+    import transformers
+
+    from gpt2_numpy.random_params import random_params
+except ModuleNotFoundError as error:
+    MISSING = error.name.partition(".")[0]  # the package to install, not its submodule
+else:
+    MISSING = None
+
+SETUP = ("run this script in a venv with the reference tools and gpt2_numpy, made from the repo root with: python3 -m "
+         "venv ../refvenv && ../refvenv/bin/pip install torch==2.13.0 && ../refvenv/bin/pip install transformers "
+         "safetensors -e .")
 
 FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures"
 N_INPUTS = {"tiny": 64, "odd_heads": 48, "124M": 128}  # tiny and odd_heads fill their whole context
@@ -88,7 +99,6 @@ def fixed_inputs(name, hparams, seed):  # -> int64 [n_seq]
     return np.random.default_rng(seed + 1000).integers(0, hparams["n_vocab"], N_INPUTS[name])
 
 
-@torch.no_grad()
 def make_reference(name, hparams, seed):
     params = random_params(hparams, seed)
     model = hf_model(hparams, params)
@@ -132,7 +142,6 @@ def save_hf_fixtures(model, hparams):
     (hub_dir / "config.json").write_text(json.dumps(model.config.to_dict(), indent=2))
 
 
-@torch.no_grad()
 def make_batch_reference(hparams, seed):  # HF's batched greedy search, left padding and attention_mask, on "tiny"
     model = hf_model(hparams, random_params(hparams, seed))
     rng = np.random.default_rng(seed + 2000)
@@ -172,7 +181,10 @@ def main():
     parser = argparse.ArgumentParser(description="Build the reference fixtures from Hugging Face transformers.")
     parser.add_argument("--only", choices=["logits", "batch"], help="build only these fixtures (default: all)")
     args = parser.parse_args()
+    if MISSING:
+        sys.exit(f"error: {MISSING} is missing from {sys.executable}: {SETUP}")
     torch.manual_seed(0)
+    torch.set_grad_enabled(False)  # references only: no autograd graphs
     configs = json.loads((FIXTURES / "configs.json").read_text())
     if args.only in (None, "logits"):
         for name, config in configs.items():
