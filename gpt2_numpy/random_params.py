@@ -10,6 +10,7 @@ import numpy as np
 
 
 def random_params(hparams, seed=0):  # -> {"wte", "wpe", "blocks", "ln_f"} of float32 arrays
+    """Seeded random weights in our params layout, scaled so that attention is neither uniform nor one-hot."""
     rng = np.random.default_rng(seed)
     n_embd, n_layer = hparams["n_embd"], hparams["n_layer"]
 

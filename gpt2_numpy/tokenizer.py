@@ -65,6 +65,8 @@ class Tokenizer:
         self._cache = WordCache(self._encode_word)
 
     def encode(self, text, allowed_special=()):  # -> list of ids
+        """GPT-2's ids for text. Special tokens such as <|endoftext|> are plain text unless named in allowed_special
+        (a set, or "all"); lone surrogates become U+FFFD, as in tiktoken."""
         if not isinstance(text, str):
             raise TypeError(f"encode() takes a str, not {type(text).__name__}; decode bytes to str first")
         text = without_surrogates(text)
@@ -78,10 +80,12 @@ class Tokenizer:
             ids += [self.special_tokens[chunk]] if position % 2 else self._encode_ordinary(chunk)
         return ids
 
-    def decode(self, ids):  # -> str; bytes that do not form whole UTF-8 characters become U+FFFD
+    def decode(self, ids):  # -> str
+        """The text of ids; bytes that do not form whole UTF-8 characters become U+FFFD."""
         return b"".join(map(self.token_bytes, ids)).decode("utf-8", errors="replace")
 
-    def stream_decoder(self):
+    def stream_decoder(self):  # -> StreamDecoder
+        """A decoder for streaming: add(id) returns only completed characters, finish() the rest."""
         return StreamDecoder(self)
 
     def token_bytes(self, token_id):  # -> the bytes one id stands for
@@ -192,7 +196,9 @@ class StreamDecoder:
         return self._utf8.decode(b"", final=True)
 
 
-def load_tokenizer(model_dir):  # -> Tokenizer, from OpenAI's or Hugging Face's vocabulary files in model_dir
+def load_tokenizer(model_dir):  # -> Tokenizer
+    """GPT-2's tokenizer from OpenAI's encoder.json + vocab.bpe or Hugging Face's vocab.json + merges.txt in model_dir;
+    TokenizerError names a missing or malformed file."""
     model_dir = Path(model_dir)
     for vocab_name, merges_name in FILE_NAMES.values():
         if is_file(model_dir / vocab_name):
