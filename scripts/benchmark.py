@@ -21,14 +21,16 @@ import time
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "scripts")]
 
-from benchmark_tokenizer import encode_throughput, tiktoken_throughput  # noqa: E402
+from benchmark_tokenizer import encode_throughput, long_piece_rows, tiktoken_throughput  # noqa: E402
 from gpt2_numpy import model  # noqa: E402
 from gpt2_numpy.checkpoint import load_params  # noqa: E402
 from gpt2_numpy.formats.crc32c import crc32c  # noqa: E402
+from gpt2_numpy.generate import generate_batch  # noqa: E402
 from gpt2_numpy.random_params import random_params  # noqa: E402
 from tests.text_samples import english_text  # noqa: E402
 
@@ -88,6 +90,11 @@ class Ours:
             ids.append(int(np.argmax(model.gpt2(ids, **self.params, n_head=self.n_head)[-1])))
         return time.perf_counter() - start
 
+    def batch_seconds(self, prompts, n_new):  # -> seconds for greedy generation of n_new ids for every prompt
+        start = time.perf_counter()
+        generate_batch(prompts, self.params, self.n_head, n_new, stop_at_eos=False)
+        return time.perf_counter() - start
+
 
 class HuggingFace:
     name = HF
@@ -120,6 +127,16 @@ class HuggingFace:
             ids.append(int(self.run(ids, use_cache=False, logits_to_keep=1).logits[0, -1].argmax()))
         return time.perf_counter() - start
 
+    def batch_seconds(self, prompts, n_new):  # HF's batched generate: left padding and an attention mask
+        width = max(map(len, prompts))
+        ids = self.torch.tensor([[0] * (width - len(p)) + list(p) for p in prompts])
+        mask = self.torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+        start = time.perf_counter()
+        with self.torch.no_grad():
+            self.model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=n_new, min_new_tokens=n_new,
+                                pad_token_id=0)
+        return time.perf_counter() - start
+
 
 def blas_threads():  # the threads NumPy's BLAS uses: OpenBLAS honours these variables, else it takes every core
     for variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
@@ -136,12 +153,18 @@ def blas_name():
 # --- the comparison table ---
 
 
-def model_rows(engines, repeats):
+def prefill_rows(engines, repeats):
     rows = []
     for n in (128, 1024):
         for last_only, what in ((True, "last-position logits"), (False, "all positions")):
-            seconds = {e.name: median_seconds(lambda e=e: e.prefill(prompt_ids(n), last_only), repeats) for e in engines}
+            seconds = {e.name: median_seconds(lambda e=e: e.prefill(prompt_ids(n), last_only), repeats)
+                       for e in engines}
             rows.append(row(f"prefill {n} tokens, {what} (s)", "lower", seconds))
+    return rows
+
+
+def decode_rows(engines, repeats):
+    rows = []
     for n_prompt, n_new in ((16, 128), (900, 64)):
         speed = {e.name: n_new / np.median([e.decode_seconds(prompt_ids(n_prompt), n_new) for _ in range(repeats)])
                  for e in engines}
@@ -149,6 +172,27 @@ def model_rows(engines, repeats):
     n_prompt, n_new = 16, 32
     speed = {e.name: n_new / e.decode_uncached_seconds(prompt_ids(n_prompt), n_new) for e in engines}
     rows.append(row(f"decode without cache, {n_prompt}-token prompt + {n_new} (tok/s)", "higher", speed))
+    return rows
+
+
+RAGGED_LENGTHS = [1, 29, 57, 86, 114, 143, 171, 200]
+
+
+def batch_prompts(lengths):  # -> one fixed pseudo-random prompt per length, each different
+    rng = np.random.default_rng(1)
+    return [rng.integers(0, HPARAMS_124M["n_vocab"], n).tolist() for n in lengths]
+
+
+def batch_rows(engines, repeats):  # whole generate calls, prefill included: tokens per second over all rows
+    cases = [(1, [16], 128, engines), (8, [16] * 8, 128, engines), (32, [16] * 32, 128, engines[:1]),
+             ("8 ragged", RAGGED_LENGTHS, 64, engines)]
+    rows = []
+    for label, lengths, n_new, which in cases:
+        prompts = batch_prompts(lengths)
+        speed = {e.name: len(prompts) * n_new / median_seconds(lambda e=e: e.batch_seconds(prompts, n_new), repeats)
+                 for e in which}
+        what = f"{label} prompts of {lengths[0]} tokens" if label != "8 ragged" else "8 ragged prompts (1-200 tokens)"
+        rows.append(row(f"generate, {what} + {n_new} new each, total (tok/s)", "higher", speed))
     return rows
 
 
@@ -194,49 +238,63 @@ def tokenizer_rows(vocab_dir, repeats):
     try:
         tiktoken = tiktoken_throughput(vocab_dir, text, repeats)
         rows.append(row("tokenizer encode, tiktoken (Rust) for scale (tok/s)", "higher", {"tiktoken": tiktoken}))
+        for piece in long_piece_rows(vocab_dir, runs=repeats):  # one pre-tokenizer piece of 1 MB: BPE's worst case
+            rows.append(row(f"tokenizer encode, one-word string of {piece.name}: time per byte vs English (x)",
+                            "lower", {OURS: piece.ratio_to_english}))
+            rows.append(row(f"tokenizer encode, one-word string of {piece.name} (s; growth: time at 10x the length)",
+                            "lower", {OURS: piece.seconds, "tiktoken": piece.tiktoken_seconds,
+                                      "growth": piece.growth}))
     except ImportError:
         pass
     return rows
 
 
-# Peak memory of a whole process, in a fresh subprocess per engine: load, 16-token prompt, 32 new tokens. VmHWM, not
-# ru_maxrss: Linux carries ru_maxrss over from the parent at fork, so a child would report our own peak.
+# Peak memory of a whole process, in a fresh subprocess per case: load, n_rows 16-token prompts, n_new new tokens each.
+# VmHWM, not ru_maxrss: Linux carries ru_maxrss over from the parent at fork, so a child would report our own peak.
 PEAK_RSS = """
 import sys, numpy as np
 def peak_rss_bytes():
     with open("/proc/self/status") as status:
         return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM:"))
-prompt = np.random.default_rng(0).integers(0, 50257, 16).tolist()
+n_rows, n_new = int(sys.argv[2]), int(sys.argv[3])
+prompts = np.random.default_rng(0).integers(0, 50257, (n_rows, 16)).tolist()
 """
 PEAK_RSS_OURS = PEAK_RSS + """
 from gpt2_numpy.checkpoint import load_params
-from gpt2_numpy.generate import generate
+from gpt2_numpy.generate import generate, generate_batch
 hparams, params = load_params(sys.argv[1])
-generate(prompt, params, hparams["n_head"], 32, stop_at_eos=False)
+if n_rows == 1:
+    generate(prompts[0], params, hparams["n_head"], n_new, stop_at_eos=False)
+else:
+    generate_batch(prompts, params, hparams["n_head"], n_new, stop_at_eos=False)
 print(peak_rss_bytes())
 """
 PEAK_RSS_HF = PEAK_RSS + """
 import torch
 from transformers import GPT2LMHeadModel
-torch.set_num_threads(int(sys.argv[2]))
+torch.set_num_threads(int(sys.argv[4]))
 model = GPT2LMHeadModel.from_pretrained(sys.argv[1]).eval()
 with torch.no_grad():
-    model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, 16, dtype=torch.long), do_sample=False,
-                   max_new_tokens=32, min_new_tokens=32, pad_token_id=0)
+    model.generate(torch.tensor(prompts), attention_mask=torch.ones(n_rows, 16, dtype=torch.long), do_sample=False,
+                   max_new_tokens=n_new, min_new_tokens=n_new, pad_token_id=0)
 print(peak_rss_bytes())
 """
 
 
-def peak_rss_row(ours_dir, hf_dir):
+def peak_rss_rows(ours_dir, hf_dir):
     def megabytes(script, *args):
         out = subprocess.run([sys.executable, "-c", script, *map(str, args)], capture_output=True, text=True,
                              check=True, cwd=REPO)
         return int(out.stdout.split()[-1]) / 1e6
 
-    values = {OURS: megabytes(PEAK_RSS_OURS, ours_dir)}
-    if hf_dir:
-        values[HF] = megabytes(PEAK_RSS_HF, hf_dir, blas_threads())
-    return row("peak RSS of a generate process (MB)", "lower", values)
+    rows = []
+    for n_rows, n_new, what in ((1, 32, "generate, 16-token prompt + 32"), (1, 128, "generate, 16-token prompt + 128"),
+                                (8, 128, "generate_batch, 8 x (16-token prompt + 128)")):
+        values = {OURS: megabytes(PEAK_RSS_OURS, ours_dir, n_rows, n_new)}
+        if hf_dir:
+            values[HF] = megabytes(PEAK_RSS_HF, hf_dir, n_rows, n_new, blas_threads())
+        rows.append(row(f"peak RSS, {what} (MB)", "lower", values))
+    return rows
 
 
 def comparison_table(rows, names):
@@ -264,7 +322,7 @@ def ratio(r, ours, theirs):  # "0.62× (better)": ours / HF, and whether that is
 TIMED = ["mha", "attention", "softmax", "ffn", "gelu", "layer_norm", "lm_head"]
 
 
-def breakdown(engine, run):  # -> {function: seconds} of one run(), by timing the model's functions where they are called
+def breakdown(engine, run):  # -> {function: seconds} of one run(), timing the model's functions where they are called
     seconds = dict.fromkeys(TIMED, 0.0)
     originals = {name: getattr(model, name) for name in TIMED}
 
@@ -316,7 +374,7 @@ def breakdown_lines(engine, sgemm_gflops, bandwidth_gbs):
     lines += [
         f"| bound: the linear layers' {linear_flops / 1e9:.0f} GFLOP at {sgemm_gflops:.0f} GFLOPS (large sgemm here) | "
         f"{linear_flops / sgemm_gflops / 1e6:,.0f} | |",
-        f"| bound: reading {weight_bytes / 1e6:.0f} MB of weights at {bandwidth_gbs:.1f} GB/s (streaming x @ W here) | | "
+        f"| bound: reading {weight_bytes / 1e6:.0f} MB of weights at {bandwidth_gbs:.1f} GB/s (streaming x @ W) | | "
         f"{weight_bytes / bandwidth_gbs / 1e6:.1f} |",
     ]
     return lines
@@ -370,25 +428,70 @@ def main(argv=None):
                 sys.exit("--compare-hf needs HF transformers: pip install torch==2.13.0 transformers safetensors")
             hf_dir = Path(scratch) / "hf"
             engines[1].model.save_pretrained(hf_dir)  # the same weights as safetensors, for the load and memory rows
-        rows = model_rows(engines, args.repeats) + einsum_rows(args.repeats) + load_rows(tf_dir, hf_dir, args.repeats)
-        if tf_dir or hf_dir:
-            rows.append(peak_rss_row(tf_dir or hf_dir, hf_dir))
-        rows.append(crc_row(tf_dir and tf_dir / "model.ckpt.data-00000-of-00001", args.repeats))
-    vocab_dir = next((d for d in (args.checkpoint, OFFICIAL_124M) if (d / "encoder.json").exists()), None)
-    if vocab_dir:
-        rows += tokenizer_rows(vocab_dir, args.repeats)
+        vocab_dir = next((d for d in (args.checkpoint, OFFICIAL_124M) if (d / "encoder.json").exists()), None)
+        jobs = {  # each makes some rows; a progress bar on stderr counts them, as a full run takes minutes
+            "prefill": lambda: prefill_rows(engines, args.repeats),
+            "decode": lambda: decode_rows(engines, args.repeats),
+            "batched generate": lambda: batch_rows(engines, args.repeats),
+            "einsum": lambda: einsum_rows(args.repeats),
+            "load": lambda: load_rows(tf_dir, hf_dir, args.repeats),
+            "peak memory": lambda: peak_rss_rows(tf_dir or hf_dir, hf_dir) if tf_dir or hf_dir else [],
+            "CRC32C": lambda: [crc_row(tf_dir and tf_dir / "model.ckpt.data-00000-of-00001", args.repeats)],
+            "tokenizer": lambda: tokenizer_rows(vocab_dir, args.repeats) if vocab_dir else [],
+            "breakdown": lambda: breakdown_lines(engines[0], sgemm_gflops(), bandwidth_gbs()),
+        }
+        results = {}
+        with tqdm(jobs.items(), desc="benchmark", unit="part", file=sys.stderr) as progress:
+            for name, job in progress:
+                progress.set_postfix_str(name)
+                results[name] = job()
+    where = results.pop("breakdown")
+    rows = [r for part in results.values() for r in part]
     header = {
         "machine": f"{os.cpu_count()} cores, {platform.machine()}, BLAS {blas_name()} with {blas_threads()} threads",
         "versions": f"Python {platform.python_version()}, numpy {np.__version__}"
         + (f", torch {engines[1].torch.__version__} ({engines[1].torch.get_num_threads()} threads)" if hf_dir else ""),
         "weights": weights,
     }
-    where = breakdown_lines(engines[0], sgemm_gflops(), bandwidth_gbs())
+    goals = goal_lines(rows)
     if args.json:
-        print(json.dumps({"header": header, "rows": rows, "breakdown": where}, indent=2))
+        print(json.dumps({"header": header, "rows": rows, "goals": goals, "breakdown": where}, indent=2))
         return
     print("\n".join([f"{key}: {value}" for key, value in header.items()] + [""]
-                    + comparison_table(rows, [e.name for e in engines]) + ["", "Where our time goes:", ""] + where))
+                    + comparison_table(rows, [e.name for e in engines]) + ["", "Goals:", ""] + goals
+                    + ["", "Where our time goes:", ""] + where))
+
+
+def goal_lines(rows):  # -> "| goal | measured | met |" lines for the ratios the performance issues set
+    value = {r["metric"]: r for r in rows}
+
+    def find(start):  # the row whose metric starts with this text
+        return next((r for metric, r in value.items() if metric.startswith(start)), {})
+
+    single, batch8, batch32 = (find(f"generate, {n} prompts of 16 tokens") for n in (1, 8, 32))
+    goals = [  # (goal, measured ratio or None, test)
+        ("decode 16 + 128 ≥ 1.5× HF's tok/s", ratio_of(find("decode with KV cache, 16"), OURS, HF), lambda r: r >= 1.5),
+        ("prefill 1024, last logits ≤ 0.9× HF's time", ratio_of(find("prefill 1024 tokens, last"), OURS, HF),
+         lambda r: r <= 0.9),
+        ("prefill 1024, all logits ≤ 1.0× HF's time", ratio_of(find("prefill 1024 tokens, all"), OURS, HF),
+         lambda r: r <= 1.0),
+        ("batch of 8 ≥ 2.5× our single-sequence tok/s", ratio_of(batch8, OURS, OURS, single), lambda r: r >= 2.5),
+        ("batch of 8 ≥ 2× HF's batched generate", ratio_of(batch8, OURS, HF), lambda r: r >= 2),
+        ("batch of 32 ≥ 4× our single-sequence tok/s", ratio_of(batch32, OURS, OURS, single), lambda r: r >= 4),
+        ("peak RSS, batch of 8 at 144 tokens ≤ 1.2× single",
+         ratio_of(find("peak RSS, generate_batch"), OURS, OURS, find("peak RSS, generate, 16-token prompt + 128")),
+         lambda r: r <= 1.2),
+    ]
+    lines = ["| goal | measured | met |", "|---|---|---|"]
+    for goal, measured, met in goals:
+        if measured is not None:
+            lines.append(f"| {goal} | {measured:.2f}× | {'yes' if met(measured) else 'no'} |")
+    return lines
+
+
+def ratio_of(r, ours, theirs, other=None):  # -> r[ours] / (other or r)[theirs], or None when a value is missing
+    other = r if other is None else other
+    return r[ours] / other[theirs] if ours in r and theirs in other else None
 
 
 if __name__ == "__main__":
