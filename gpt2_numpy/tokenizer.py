@@ -29,6 +29,7 @@ EOT_ID = 50256
 WORD_PATTERN = regex.compile(r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""")
 FILE_NAMES = {"OpenAI": ("encoder.json", "vocab.bpe"), "Hugging Face": ("vocab.json", "merges.txt")}
 CACHE_SIZE = 100_000  # words remembered between calls; most words of a text repeat, a few are new
+CACHED_WORD_CHARS = 64  # longer words are not remembered: rarely seen twice, and a 1 MB one would hold ~20 MB of ids
 
 
 def bytes_to_unicode():  # -> {byte value: stand-in character}
@@ -167,16 +168,19 @@ def without_surrogates(text):  # -> text, with surrogate pairs joined and lone s
 
 
 class WordCache(dict):
-    """word -> tuple of ids; a word not yet seen is encoded once and remembered, up to CACHE_SIZE words."""
+    """word -> tuple of ids; a word not yet seen is encoded once and remembered (if it is short), up to CACHE_SIZE
+    words."""
 
     def __init__(self, encode_word):
         super().__init__()
         self._encode_word = encode_word
 
     def __missing__(self, word):
-        if len(self) >= CACHE_SIZE:  # a rough bound on memory; the common words come back soon
-            self.clear()
-        word_ids = self[word] = self._encode_word(word)
+        word_ids = self._encode_word(word)
+        if len(word) <= CACHED_WORD_CHARS:
+            if len(self) >= CACHE_SIZE:  # a rough bound on memory; the common words come back soon
+                self.clear()
+            self[word] = word_ids
         return word_ids
 
 

@@ -307,3 +307,12 @@ def test_folder_without_vocabulary(tmp_path):
     expected = r"no vocabulary in .*: expected encoder\.json \+ vocab\.bpe \(OpenAI\) or vocab\.json \+ merges\.txt"
     with pytest.raises(TokenizerError, match=expected):
         load_tokenizer(tmp_path)
+
+
+def test_long_words_are_encoded_but_not_remembered(official, reference):
+    tokenizer = load_tokenizer(official)
+    long_word = "x" * 5000
+    assert tokenizer.encode(long_word) == tokenizer.encode(long_word) == reference.encode_ordinary(long_word)
+    assert tokenizer.encode("hello hello") == reference.encode_ordinary("hello hello")
+    remembered = set(tokenizer._cache)
+    assert long_word not in remembered and {"hello", " hello"} <= remembered
