@@ -167,6 +167,8 @@ def new_cache(wpe, blocks, n_head, pad=None, n_slots=None):  # -> KVCache of n_s
     starts with pad[i] slots of left padding. n_slots caps the positions it holds (at most n_ctx)."""
     # preallocated once, so each step writes in place instead of concatenating (which copies the cache every token)
     n_ctx, n_embd = wpe.shape
+    if n_slots is not None and not 1 <= n_slots <= n_ctx:
+        raise ValueError(f"n_slots={n_slots} must lie in 1 ... n_ctx={n_ctx}")
     rows = () if pad is None else (len(pad),)
     shape = (len(blocks), *rows, n_head, n_ctx if n_slots is None else n_slots, n_embd // n_head)
     pad = None if pad is None else np.asarray(pad, dtype=np.int64)
@@ -202,6 +204,10 @@ def gpt2_cached(inputs, cache, wte, wpe, blocks, ln_f, n_head, last_only=False):
     (logits, cache). inputs is [n_new] for one sequence or [n_rows, n_new] for a batch cache; the logits are
     [..., n_new, n_vocab], or [..., 1, n_vocab] for the last position only with last_only=True."""
     ids = check_inputs(inputs, n_vocab=wte.shape[0], n_ctx=wpe.shape[0], n_past=cache.n_past)  # before any change
+    rows = cache.keys.shape[1:-3]  # () for one sequence, (n_rows,) for a batch
+    if ids.shape[:-1] != rows:  # NumPy would broadcast one sequence's ids to every row of a batch without a word
+        kind = f"a batch of {rows[0]} rows, which takes [{rows[0]}, n_new] ids" if rows else "one sequence, [n_new]"
+        raise ValueError(f"ids of shape {ids.shape} do not fit a KV cache for {kind}")
     if cache.n_past + ids.shape[-1] > cache.keys.shape[-2]:
         raise ValueError(f"{cache.n_past + ids.shape[-1]} positions exceed the cache's {cache.keys.shape[-2]} slots")
     x = transformer(ids, wte, wpe, blocks, ln_f, n_head, cache)

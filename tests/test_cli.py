@@ -375,3 +375,15 @@ def test_a_prompt_longer_than_the_context_is_one_error_line(models_dir):
 def test_empty_prompt_starts_from_end_of_text_and_the_token_is_allowed(tokenizer):
     assert prompt_ids(tokenizer, "", 50257) == [50256]
     assert prompt_ids(tokenizer, "a<|endoftext|>b", 50257) == [64, 50256, 65]
+
+
+def test_rows_finishing_out_of_order_print_in_order(models_dir, tokenizer, params, monkeypatch, capsys):
+    n_head, prompts = TINY["hparams"]["n_head"], [PROMPT, "I go"]
+    ids = [generate(tokenizer.encode(p), params, n_head, N_TOKENS) for p in prompts]
+    # a stand-in end of text that only the second row reaches, mid-way: it finishes before the first
+    stop = next(i for i, token in enumerate(ids[1]) if i >= 1 and token not in ids[1][:i] and token not in ids[0])
+    monkeypatch.setattr(generate_module, "EOT_ID", ids[1][stop])
+    assert run([*prompts, "--n-tokens", str(N_TOKENS), "--models-dir", str(models_dir)]) == 0
+    out, err = capsys.readouterr()
+    assert out == tokenizer.decode(ids[0]) + "\n\n" + tokenizer.decode(ids[1][:stop]) + "\n"
+    assert f"prompt 2: {stop} tokens, stopped at <|endoftext|>" in err

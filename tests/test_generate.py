@@ -7,7 +7,7 @@ import pytest
 
 from gpt2_numpy import generate as generate_module
 from gpt2_numpy import model as model_module
-from gpt2_numpy.errors import UsageError
+from gpt2_numpy.errors import UsageError, plural
 from gpt2_numpy.generate import generate, generate_batch, iter_batch, iter_generate
 from gpt2_numpy.model import gpt2, gpt2_cached, new_cache
 from gpt2_numpy.random_params import random_params
@@ -236,3 +236,21 @@ def test_a_bad_seed_is_a_usage_error(tiny, seed):
     hparams, params, prompt, _ = tiny
     with pytest.raises(UsageError, match=r"seed \(--seed\) must be a whole number >= 0"):
         generate(prompt, params, hparams["n_head"], 1, temperature=1.0, seed=seed)
+
+
+def test_batch_without_stop_at_eos_goes_past_end_of_text(tiny, batch_reference, monkeypatch):
+    hparams, params, _, _ = tiny
+    prompts, hf_ids, eos_id, _ = batch_reference
+    monkeypatch.setattr(generate_module, "EOT_ID", eos_id)
+    assert any(eos_id in row for row in hf_ids)
+    assert generate_batch(prompts, params, hparams["n_head"], len(hf_ids[0]), stop_at_eos=False) == hf_ids
+
+
+def test_when_the_new_tokens_alone_fill_the_context_only_fewer_tokens_can_help():
+    with pytest.raises(UsageError, match="^the prompt's 1 token plus 64 new tokens make 65, more than the model's "
+                                         "context of 64 tokens: generate at most 63 tokens$"):
+        generate_module.check_room(1, 64, 64)
+
+
+def test_counts_read_as_sentences():
+    assert [plural(n, "token") for n in (0, 1, 2)] == ["0 tokens", "1 token", "2 tokens"]

@@ -211,8 +211,38 @@ def test_the_cache_refuses_to_run_past_the_context_and_stays_intact(tiny):
     hparams, params, reference = tiny
     cache = new_cache(params["wpe"], params["blocks"], hparams["n_head"])
     gpt2_cached(reference["inputs"][:60], cache, **params, n_head=hparams["n_head"])
-    with pytest.raises(ValueError, match="65 positions exceed"):
+    with pytest.raises(ValueError, match="^65 positions exceed the model's context of n_ctx=64 tokens$"):
         gpt2_cached([0] * 5, cache, **params, n_head=hparams["n_head"])
     assert cache.n_past == 60
     last, _ = gpt2_cached(reference["inputs"][60:61], cache, **params, n_head=hparams["n_head"])
     assert np.abs(last[0] - reference["logits"][60]).max() <= HF_TOLERANCE
+
+
+@pytest.mark.parametrize("inputs", [np.array([], np.int64), np.zeros((2, 0), np.int64)])
+def test_an_empty_integer_sequence_is_refused(tiny, inputs):
+    hparams, params, _ = tiny
+    with pytest.raises(ValueError, match="non-empty 1-D sequence"):
+        gpt2(inputs, **params, n_head=hparams["n_head"])
+
+
+@pytest.mark.parametrize(
+    "pad, inputs, fragment",
+    [
+        ([0, 0], [1, 2, 3], r"shape \(3,\) do not fit a KV cache for a batch of 2 rows"),  # would broadcast silently
+        ([0, 0], [[1], [2], [3]], r"shape \(3, 1\) do not fit a KV cache for a batch of 2 rows"),
+        (None, [[1, 2]], r"shape \(1, 2\) do not fit a KV cache for one sequence"),
+    ],
+)
+def test_ids_must_fit_the_cache_they_extend(tiny, pad, inputs, fragment):
+    hparams, params, _ = tiny
+    cache = new_cache(params["wpe"], params["blocks"], hparams["n_head"], pad=pad)
+    with pytest.raises(ValueError, match=fragment):
+        gpt2_cached(inputs, cache, **params, n_head=hparams["n_head"])
+    assert cache.n_past == 0
+
+
+@pytest.mark.parametrize("n_slots", [0, 65])
+def test_a_cache_holds_between_one_slot_and_the_context(tiny, n_slots):
+    hparams, params, _ = tiny
+    with pytest.raises(ValueError, match=f"n_slots={n_slots} must lie in 1 ... n_ctx=64"):
+        new_cache(params["wpe"], params["blocks"], hparams["n_head"], n_slots=n_slots)
