@@ -120,6 +120,11 @@ def test_files_placed_by_hand_are_verified_on_first_use_only(models_dir, monkeyp
     load_model(args)
     assert checked == []
     assert "verifying" not in capsys.readouterr().err
+    with open(folder / "hparams.json", "a") as hparams:  # a file changed after it was verified: still valid JSON
+        hparams.write(" ")
+    load_model(args)
+    assert sorted(checked) == sorted(TensorBundle(FIXTURES / "tf_tiny" / "model.ckpt").entries)  # verified again
+    assert json.loads((folder / weights.MARKER).read_text())["hparams.json"] == (folder / "hparams.json").stat().st_size
 
 
 def test_a_model_on_disk_is_loaded_without_the_network_stack(models_dir):

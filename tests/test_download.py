@@ -27,7 +27,7 @@ import urllib3
 
 from gpt2_numpy import download, weights
 from gpt2_numpy.checkpoint import load_params
-from gpt2_numpy.models import file_url, models_dir_path
+from gpt2_numpy.models import SOURCES, file_url, models_dir_path
 from gpt2_numpy.errors import CheckpointError, DownloadError, Gpt2NumpyError, Interrupted, UsageError
 from gpt2_numpy.formats.tf_bundle import TensorBundle
 from gpt2_numpy.random_params import random_params
@@ -646,3 +646,20 @@ def test_a_download_stopped_mid_file_resumes_on_the_rerun_and_ends_byte_exact(tm
         assert last_line.startswith("interrupted: ")
         assert f"{kept:,} bytes of {Path(DATA).name}" in last_line
         assert str(staging) in last_line and "resume" in last_line
+
+
+def test_an_error_naming_no_file_deletes_every_download_and_keeps_the_users(tmp_path, monkeypatch):
+    staging, folder = tmp_path / "124M" / ".download", tmp_path / "124M"
+    staging.mkdir(parents=True)
+    files = SOURCES["openai"].files
+    for name in files:
+        (staging / name).write_bytes(b"x")
+    fetched, placed = files[:4], files[4:]  # the user placed the last two by hand
+
+    def no_file_named(model_dir):  # e.g. "the model has 512 tokens but its vocabulary files only 257": the folder only
+        raise CheckpointError(f"{model_dir}: the model has 512 tokens but its vocabulary files only 257")
+
+    monkeypatch.setattr(weights, "check_model", no_file_named)
+    with pytest.raises(DownloadError, match=f"deleted the downloaded {', '.join(fetched)}, so the next run"):
+        weights.verify(staging, folder, files, fetched=fetched)
+    assert sorted(path.name for path in staging.iterdir()) == sorted(placed)
