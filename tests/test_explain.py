@@ -416,6 +416,12 @@ def test_a_prompt_longer_than_the_context_is_one_error_line(models_dir):
                           "the prompt's 65 tokens exceed the model's context of 64 tokens: shorten it")
 
 
+def test_a_prompt_that_fills_the_context_exactly_is_explained(models_dir):
+    result = cli(" the" * 64, models_dir=models_dir)
+    assert result.returncode == 0, result.stderr
+    assert "1. Tokens: the prompt is 64 tokens" in result.stdout
+
+
 HIDE_MATPLOTLIB = """
 import importlib.abc, sys
 
