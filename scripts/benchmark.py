@@ -196,6 +196,13 @@ def batch_rows(engines, repeats):  # whole generate calls, prefill included: tok
     return rows
 
 
+def score_rows(tf_dir, repeats):  # ours against the sliding-window loop of HF's perplexity guide, in turns
+    from score_benchmark import score_seconds
+
+    ours, hf = score_seconds(tf_dir, blas_threads(), n_tokens=10_000, stride=512, repeats=repeats)
+    return [row("score 10,000 tokens of English, stride 512 (s)", "lower", {OURS: ours, HF: hf})]
+
+
 def einsum_rows(repeats):
     rng = np.random.default_rng(0)
     q, k = (rng.standard_normal((12, 1024, 64), dtype=np.float32) for _ in range(2))
@@ -403,12 +410,18 @@ def bandwidth_gbs():  # one row times 256 MB of weight matrices: memory-bound, a
 # --- putting it together ---
 
 
+PARTS = ("prefill", "decode", "batched generate", "score", "einsum", "load", "peak memory", "CRC32C", "tokenizer",
+         "breakdown")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--compare-hf", action="store_true", help="also run HF transformers on the same weights")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
     parser.add_argument("--checkpoint", type=Path, default=REPO / "weights" / "124M", help="a 124M TF checkpoint dir")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--only", nargs="+", choices=PARTS, metavar="PART",
+                        help=f"run only these parts: {', '.join(PARTS)} (default: all)")
     args = parser.parse_args(argv)
 
     tf_dir = args.checkpoint if (args.checkpoint / "model.ckpt.index").exists() else None
@@ -433,6 +446,7 @@ def main(argv=None):
             "prefill": lambda: prefill_rows(engines, args.repeats),
             "decode": lambda: decode_rows(engines, args.repeats),
             "batched generate": lambda: batch_rows(engines, args.repeats),
+            "score": lambda: score_rows(tf_dir, args.repeats) if tf_dir and hf_dir else [],
             "einsum": lambda: einsum_rows(args.repeats),
             "load": lambda: load_rows(tf_dir, hf_dir, args.repeats),
             "peak memory": lambda: peak_rss_rows(tf_dir or hf_dir, hf_dir) if tf_dir or hf_dir else [],
@@ -440,7 +454,8 @@ def main(argv=None):
             "tokenizer": lambda: tokenizer_rows(vocab_dir, args.repeats) if vocab_dir else [],
             "breakdown": lambda: breakdown_lines(engines[0], sgemm_gflops(), bandwidth_gbs()),
         }
-        results = {}
+        jobs = {name: job for name, job in jobs.items() if name in (args.only or PARTS)}
+        results = {"breakdown": []}
         with tqdm(jobs.items(), desc="benchmark", unit="part", file=sys.stderr) as progress:
             for name, job in progress:
                 progress.set_postfix_str(name)
@@ -475,6 +490,8 @@ def goal_lines(rows):  # -> "| goal | measured | met |" lines for the ratios the
          lambda r: r <= 0.9),
         ("prefill 1024, all logits ≤ 1.0× HF's time", ratio_of(find("prefill 1024 tokens, all"), OURS, HF),
          lambda r: r <= 1.0),
+        ("score 10,000 tokens, stride 512 ≤ 0.9× HF's time", ratio_of(find("score 10,000"), OURS, HF),
+         lambda r: r <= 0.9),
         ("batch of 8 ≥ 2.5× our single-sequence tok/s", ratio_of(batch8, OURS, OURS, single), lambda r: r >= 2.5),
         ("batch of 8 ≥ 2× HF's batched generate", ratio_of(batch8, OURS, HF), lambda r: r >= 2),
         ("batch of 32 ≥ 4× our single-sequence tok/s", ratio_of(batch32, OURS, OURS, single), lambda r: r >= 4),
