@@ -1,5 +1,6 @@
 """Shared test helpers: where the official GPT-2 files live, and the rule that CI never skips them."""
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -24,3 +25,19 @@ def official_path(relative):
 def official_124m():
     """The folder of official 124M files (tokenizer, hparams, checkpoint index; no data file)."""
     return official_path("124M")
+
+
+def tiny_models_dir(root):  # -> a models dir under root whose 124M/ holds the tiny TF checkpoint and the real tokenizer
+    folder = root / "models" / "124M"
+    shutil.copytree(FIXTURES / "tf_tiny", folder)
+    for name in ("encoder.json", "vocab.bpe"):
+        shutil.copy(official_path(f"124M/{name}"), folder)
+    return folder.parent
+
+
+def assert_one_error_line(result, fragment):  # a CLI's bad-input contract: exit 2, nothing on stdout, one error line
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == ""
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and fragment in errors[0], result.stderr
+    assert result.stderr.splitlines()[-1] == errors[0]

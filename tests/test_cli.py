@@ -21,7 +21,7 @@ from gpt2_numpy.errors import Gpt2NumpyError, UsageError
 from gpt2_numpy.generate import generate, print_sample, prompt_ids, run
 from gpt2_numpy.random_params import random_params
 from gpt2_numpy.tokenizer import load_tokenizer
-from tests.conftest import FIXTURES, REPO, official_path
+from tests.conftest import FIXTURES, REPO, assert_one_error_line, official_path, tiny_models_dir
 from tests.http_server import FileServer, official_layout_files
 
 PROMPT = "I will go to the"  # [40, 481, 467, 284, 262]: every id fits the tiny model's 512-token vocabulary
@@ -41,11 +41,7 @@ def cli(*args, models_dir, stdin=b"", base_url=UNREACHABLE, env=()):  # -> Compl
 
 @pytest.fixture
 def models_dir(tmp_path):  # -> a models dir whose 124M/ holds the tiny TF checkpoint and the official tokenizer
-    folder = tmp_path / "models" / "124M"
-    shutil.copytree(FIXTURES / "tf_tiny", folder)
-    for name in ("encoder.json", "vocab.bpe"):
-        shutil.copy(official_path(f"124M/{name}"), folder)
-    return folder.parent
+    return tiny_models_dir(tmp_path)
 
 
 @pytest.fixture(scope="module")
@@ -119,14 +115,6 @@ def test_missing_weights_are_downloaded_from_the_server(tmp_path, tokenizer, par
     assert result.stdout == continuation(tokenizer, params) + "\n"
     assert "downloading GPT-2 124M" in result.stderr
     assert len(server.requested("/124M/model.ckpt.data-00000-of-00001")) == 1
-
-
-def assert_one_error_line(result, fragment):
-    assert result.returncode == 2
-    assert result.stdout == ""
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and fragment in errors[0], result.stderr
-    assert result.stderr.splitlines()[-1] == errors[0]
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,6 @@ continuation (tests/fixtures/reference_tiny.npz), as in tests/test_cli.py.
 """
 import json
 import os
-import shutil
 import subprocess
 import sys
 from argparse import Namespace
@@ -19,7 +18,7 @@ from gpt2_numpy import weights
 from gpt2_numpy.cli import load_model
 from gpt2_numpy.formats.tf_bundle import TensorBundle
 from gpt2_numpy.tokenizer import load_tokenizer
-from tests.conftest import FIXTURES, REPO, official_path
+from tests.conftest import FIXTURES, REPO, official_path, tiny_models_dir
 from tests.http_server import FileServer, official_layout_files
 
 DATA = "model.ckpt.data-00000-of-00001"
@@ -67,11 +66,7 @@ def error_lines(result):  # -> the "error: ..." lines of a CLI's stderr
 
 @pytest.fixture
 def models_dir(tmp_path):  # -> a models dir whose 124M/ holds the tiny TF checkpoint and the official tokenizer
-    folder = tmp_path / "models" / "124M"
-    shutil.copytree(FIXTURES / "tf_tiny", folder)
-    for name in ("encoder.json", "vocab.bpe"):
-        shutil.copy(official_path(f"124M/{name}"), folder)
-    return folder.parent
+    return tiny_models_dir(tmp_path)
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@ against the model and against math, the printed text against the arrays, and the
 TF checkpoint with the official tokenizer."""
 import json
 import os
-import shutil
 import struct
 import subprocess
 import sys
@@ -18,7 +17,7 @@ from gpt2_numpy.explain import attention_figure, attention_weights, report, run,
 from gpt2_numpy.model import block, gpt2
 from gpt2_numpy.random_params import random_params
 from gpt2_numpy.tokenizer import load_tokenizer
-from tests.conftest import FIXTURES, REPO, official_path
+from tests.conftest import FIXTURES, REPO, assert_one_error_line, official_path, tiny_models_dir
 
 CONFIGS = json.loads((FIXTURES / "configs.json").read_text())
 HF_TOLERANCE = 1e-5  # max |weights - HF's| in float32; measured 1.3e-6 (tiny) and 1.1e-6 (odd_heads)
@@ -324,11 +323,7 @@ def test_a_failed_save_leaves_no_file_behind(tmp_path):
 
 @pytest.fixture(scope="module")
 def models_dir(tmp_path_factory):  # -> a models dir whose 124M/ holds the tiny TF checkpoint and the official tokenizer
-    folder = tmp_path_factory.mktemp("explain") / "models" / "124M"
-    shutil.copytree(FIXTURES / "tf_tiny", folder)
-    for name in ("encoder.json", "vocab.bpe"):
-        shutil.copy(official_path(f"124M/{name}"), folder)
-    return folder.parent
+    return tiny_models_dir(tmp_path_factory.mktemp("explain"))
 
 
 def cli(*args, models_dir, code=None):  # -> CompletedProcess with str output; code: run instead of -m (with args)
@@ -381,14 +376,6 @@ def test_plot_writes_a_png_of_every_head_and_an_svg_of_one(models_dir, tmp_path)
     assert root.tag == "{http://www.w3.org/2000/svg}svg"
     assert root.find(".//{http://www.w3.org/2000/svg}image") is not None  # the heatmap
     assert sorted(path.name for path in tmp_path.iterdir()) == ["head.svg", "heads.png"]  # no temporary file left
-
-
-def assert_one_error_line(result, fragment):
-    assert result.returncode == 2, result.stderr
-    assert result.stdout == ""
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and fragment in errors[0], result.stderr
-    assert result.stderr.splitlines()[-1] == errors[0]
 
 
 @pytest.mark.parametrize(
