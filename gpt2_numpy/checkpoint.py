@@ -3,13 +3,13 @@
 Either way the result is (hparams, params) with OpenAI's key names, weights [in, out] and float32 arrays. TF and F32
 safetensors arrays are read-only views of the memory-mapped files: loading is nearly free and pages are read on use.
 """
-import json
+import os
 import re
 from functools import partial
 from pathlib import Path
 
 from gpt2_numpy.errors import CheckpointError
-from gpt2_numpy.formats import read_file, unreadable
+from gpt2_numpy.formats import describe, parse_json, read_file, shown, unreadable
 from gpt2_numpy.formats.safetensors import read_safetensors, to_float32
 from gpt2_numpy.formats.tf_bundle import TensorBundle
 
@@ -21,7 +21,8 @@ HPARAM_NAMES = {  # the hparams file's own key -> ours
                     "n_layer": "n_layer"},
 }
 # OpenAI names tensors "model/h3/mlp/c_fc/w"; Hugging Face "transformer.h.3.mlp.c_fc.weight", or without "transformer."
-FOREIGN_NAME = re.compile(r"(?:model/|transformer\.)?(?:h\.?(\d+)[./])?(.*)")
+# (DOTALL: a name from a damaged file may hold a newline; at most 9 digits: a layer number always fits an int)
+FOREIGN_NAME = re.compile(r"(?:model/|transformer\.)?(?:h\.?([0-9]{1,9})[./])?(.*)", re.DOTALL)
 # (module, leaf) pairs to skip: Hugging Face's causal-mask buffers, and an output layer GPT-2 ties to wte anyway
 SKIPPED = {("attn", "bias"), ("attn", "masked_bias"), ("lm_head", "weight")}
 
@@ -57,39 +58,68 @@ def verify_checkpoint(model_dir):  # -> None, or raises CheckpointError
     load_params(model_dir, verify=True)
 
 
-def open_openai(model_dir, verify):  # -> (hparams path, index path, {tensor name: loader})
+def open_openai(model_dir, verify):  # -> (hparams path, index path, {tensor name: (shape, loader)})
     bundle = TensorBundle(checkpoint_prefix(model_dir))
-    tensors = {name: partial(bundle.read, name, verify) for name in bundle.entries}
+    tensors = {name: (entry.shape, partial(bundle.read, name, verify)) for name, entry in bundle.entries.items()}
     return model_dir / "hparams.json", bundle.index_path, tensors
 
 
-def open_hf(model_dir):  # -> (config path, safetensors path, {tensor name: loader})
+def open_hf(model_dir):  # -> (config path, safetensors path, {tensor name: (shape, loader)})
     path = model_dir / "model.safetensors"
-    tensors = {name: partial(to_float32, path, name, tensor) for name, tensor in read_safetensors(path).items()}
+    tensors = {name: (tensor.shape, partial(to_float32, path, name, tensor))
+               for name, tensor in read_safetensors(path).items()}
     return model_dir / "config.json", path, tensors
 
 
 def checkpoint_prefix(model_dir):  # -> the path prefix the "checkpoint" file names, e.g. model_dir/"model.ckpt"
+    """The prefix must lie in model_dir and have an index there; CheckpointError naming the checkpoint file if not."""
     path = model_dir / "checkpoint"
     match = re.search(r'^model_checkpoint_path:\s*"([^"]+)"', read_file(path).decode(errors="replace"), re.MULTILINE)
     if not match:
         raise CheckpointError(f"{path} names no model_checkpoint_path; download the model again")
-    return model_dir / match.group(1)  # relative to the folder, as TensorFlow does; an absolute path stays as it is
+    name = match.group(1)
+    if not name.isprintable():  # a NUL would fail every file call; a line break would split our messages
+        raise CheckpointError(f"{path} names the checkpoint {shown(name)}, which holds unprintable characters; "
+                              "download the model again")
+    prefix = model_dir / name  # relative to the folder, as TensorFlow does; an absolute path stays as it is
+    index = Path(f"{prefix}.index")
+    # The file may come from a mirror: it must not make us read files outside the folder, by an absolute path, by ".."
+    # or through a symlinked folder. The data files themselves may be symlinks: only a user can make those.
+    if not inside(index.parent, model_dir):
+        raise CheckpointError(f"{path} names the checkpoint {shown(name)}, outside {model_dir}; only a checkpoint in "
+                              "the model folder is loaded: download the model again")
+    if not os.path.lexists(index):  # say which file chose the name, or a damaged one would stay hidden
+        raise CheckpointError(f"{index} is missing ({path} names the checkpoint {shown(name)}); download the model "
+                              "again")
+    return prefix
+
+
+def inside(folder, model_dir):  # -> True when folder, symlinks followed, is model_dir or a folder below it
+    try:
+        folder, model_dir = folder.resolve(), model_dir.resolve()
+    except (OSError, RuntimeError):  # a symlink loop (RuntimeError before Python 3.13)
+        return False
+    return folder == model_dir or model_dir in folder.parents
 
 
 def read_hparams(path):  # -> our hparams, from OpenAI's hparams.json or Hugging Face's config.json
     key_names = HPARAM_NAMES[path.name]
     try:
-        config = json.loads(read_file(path))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        config = parse_json(read_file(path))
+    except ValueError as error:  # UnicodeDecodeError and JSONDecodeError are ValueErrors too
         raise CheckpointError(f"{path} is not valid JSON ({error}); download the model again") from None
     missing = [key for key in key_names if not isinstance(config, dict) or key not in config]
     if missing:
         raise CheckpointError(f"{path} lacks the hyperparameter {missing[0]!r}; download the model again")
+    for theirs in key_names:
+        value = config[theirs]
+        if type(value) is not int or value < 1:  # bool is an int subclass, but never a size
+            raise CheckpointError(f"{path}: the hyperparameter {theirs!r} must be a positive integer, not "
+                                  f"{describe(value)}; download the model again")
     hparams = {ours: config[theirs] for theirs, ours in key_names.items()}
-    if not all(type(value) is int and value > 0 for value in hparams.values()) or hparams["n_embd"] % hparams["n_head"]:
-        raise CheckpointError(f"{path}: hyperparameters {hparams} must be positive integers with n_embd divisible by "
-                              "n_head; download the model again")
+    if hparams["n_embd"] % hparams["n_head"]:
+        raise CheckpointError(f"{path}: hyperparameters {hparams} must have n_embd divisible by n_head; download the "
+                              "model again")
     return hparams
 
 
@@ -105,35 +135,54 @@ def our_key(name):  # foreign tensor name -> key in our params, e.g. ("blocks", 
     return (("blocks", int(layer)) if layer else ()) + tuple(module) + (leaf,)
 
 
-def to_params(tensors, hparams, files):  # {foreign name: loader} -> params in our layout, every shape checked
-    expected = dict(flatten(param_shapes(hparams)))
+def to_params(tensors, hparams, files):  # {foreign name: (shape, loader)} -> params in our layout
+    """Names and shapes are checked against hparams before any tensor is read, and nothing is built from hparams
+    alone: absurd ones (a trillion layers) fail as fast as wrong ones."""
+    top, block = param_shapes(hparams)
     found = {}
-    for name, load in tensors.items():
+    for name, (shape, load) in tensors.items():
         key = our_key(name)
         if key is None:
             continue
-        if key not in expected:
-            raise mismatch(files, f"tensor {name} has no place in a GPT-2 with {hparams}")
+        expected = expected_shape(key, top, block, hparams["n_layer"])
+        if expected is None:
+            raise mismatch(files, f"tensor {shown(name)} has no place in a GPT-2 with {hparams}")
         # The surprise: GPT-2's linear layers are Conv1D modules, whose weights both formats store [in, out] (a torch
         # nn.Linear would be [out, in]), which is our layout already: no transposes. TF adds a leading 1 (a 1x1 kernel).
-        array = load()
-        if array.ndim == 3 and array.shape[0] == 1:
-            array = array[0]
-        if array.shape != expected[key]:
-            shapes = f"shape {list(array.shape)} but {hparams} imply {list(expected[key])}"
-            raise mismatch(files, f"tensor {name} has {shapes}")
-        found[key] = array
-    missing = [key for key in expected if key not in found]
-    if missing:
-        raise mismatch(files, f"the weights lack {'/'.join(map(str, missing[0]))} of a GPT-2 with {hparams}")
-    return nest(found, hparams["n_layer"])
+        if len(shape) == 3 and shape[0] == 1:
+            shape = shape[1:]
+        if tuple(shape) != expected:
+            raise mismatch(files, f"tensor {shown(name)} has shape {list(shape)} but {hparams} imply {list(expected)}")
+        if key in found:
+            raise mismatch(files, f"tensors {shown(found[key][0])} and {shown(name)} are both "
+                           f"{'/'.join(map(str, key))}")
+        found[key] = name, load
+    if len(found) < len(top) + len(block) * hparams["n_layer"]:  # found holds no key twice and none out of place
+        missing = next(key for key in expected_keys(top, block) if key not in found)
+        raise mismatch(files, f"the weights lack {'/'.join(map(str, missing))} of a GPT-2 with {hparams}")
+    arrays = {key: load() for key, (_, load) in found.items()}
+    return nest({key: array[0] if array.ndim == 3 else array for key, array in arrays.items()}, hparams["n_layer"])
+
+
+def expected_shape(key, top, block, n_layer):  # -> the shape hparams give our key, or None: no such tensor in GPT-2
+    if len(key) > 2 and key[0] == "blocks" and isinstance(key[1], int):  # e.g. a tensor named "blocks" is not one
+        return block.get(key[2:]) if key[1] < n_layer else None
+    return top.get(key)
+
+
+def expected_keys(top, block):  # -> every key of our params layout, blocks in order, lazily (there may be no end)
+    yield from top
+    layer = 0
+    while True:
+        yield from (("blocks", layer, *key) for key in block)
+        layer += 1
 
 
 def mismatch(files, problem):  # -> CheckpointError for weights and hyperparameters that do not belong together
     return CheckpointError(f"{files} disagree: {problem}; use the hyperparameter file that came with these weights")
 
 
-def param_shapes(hparams):  # -> our params layout with a shape tuple at each leaf
+def param_shapes(hparams):  # -> ({key: shape} outside the blocks, {key within a block: shape}), keys as flatten's
     n_embd = hparams["n_embd"]
     norm = {"g": (n_embd,), "b": (n_embd,)}
 
@@ -146,8 +195,8 @@ def param_shapes(hparams):  # -> our params layout with a shape tuple at each le
         "ln_2": norm,
         "mlp": {"c_fc": dense(n_embd, 4 * n_embd), "c_proj": dense(4 * n_embd, n_embd)},
     }
-    return {"wte": (hparams["n_vocab"], n_embd), "wpe": (hparams["n_ctx"], n_embd), "ln_f": norm,
-            "blocks": [block] * hparams["n_layer"]}
+    top = {"wte": (hparams["n_vocab"], n_embd), "wpe": (hparams["n_ctx"], n_embd), "ln_f": norm}
+    return dict(flatten(top)), dict(flatten(block))
 
 
 def flatten(tree, prefix=()):  # nested dicts and lists -> [(key path, leaf)]

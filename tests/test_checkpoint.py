@@ -5,6 +5,7 @@ Hugging Face's (scripts/make_reference.py).
 """
 import json
 import shutil
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -12,9 +13,11 @@ import pytest
 
 from gpt2_numpy.checkpoint import load_params, verify_checkpoint
 from gpt2_numpy.errors import CheckpointError
+from gpt2_numpy.formats.tf_bundle import table_records
 from gpt2_numpy.model import gpt2
 from gpt2_numpy.random_params import random_params
 from tests.conftest import FIXTURES
+from tests.fuzzing import VARINT, fields_of, fields_of_value, proto, set_field, table
 
 TINY = json.loads((FIXTURES / "configs.json").read_text())["tiny"]
 HF_TOLERANCE = 1e-4  # max |logit difference| vs HF in float32 (as in test_model.py)
@@ -168,6 +171,46 @@ def drop_field(path, name, field):
     edit_safetensors_header(path, lambda header: header[name].pop(field))
 
 
+def write_header_text(path, text):  # the header becomes this JSON text; the data bytes stay
+    _, data = read_safetensors_raw(path)
+    path.write_bytes(len(text.encode()).to_bytes(8, "little") + text.encode() + data)
+
+
+def raw_field(path, name, field, text):  # one field's value becomes this JSON text, e.g. a number no int holds
+    header, _ = read_safetensors_raw(path)
+    header[name][field] = "RAW"
+    write_header_text(path, json.dumps(header).replace('"RAW"', text))
+
+
+def repeat_tensor(path, name):  # the header names the tensor twice (Python's json would keep the second silently)
+    header, _ = read_safetensors_raw(path)
+    write_header_text(path, json.dumps(header)[:-1] + f", {json.dumps(name)}: {json.dumps(header[name])}}}")
+
+
+def edit_index(path, edit):  # edit([(key, value)]) -> records; the index is rewritten with valid block CRCs
+    path.write_bytes(table(edit(list(table_records(path.read_bytes())))))
+
+
+def with_field(record, number, value):  # -> an edit setting a varint field of one record's message (0: the header)
+    def edit(records):
+        key, message = records[record]
+        records[record] = (key, proto(set_field(fields_of(message), number, VARINT, value)))
+        return records
+    return edit
+
+
+def into_first_tensor(records):  # the second tensor's entry takes the first's offset: both name the same bytes
+    return with_field(2, 4, fields_of_value(records[1][1]).get(4, 0))(records)
+
+
+def swap_first_tensors(records):
+    return [records[0], records[2], records[1], *records[3:]]
+
+
+def repeat_first_tensor(records):
+    return [records[0], records[1], *records[1:]]
+
+
 W = "transformer.h.0.attn.c_attn.weight"  # data_offsets [768, 49920], right after c_attn.bias at [0, 768]
 TF_DAMAGE = {  # id: (damage to a copy of tf_tiny, fragments the message must contain)
     "data truncated": (on(DATA, truncate, -100), [DATA, "tensor model/ln_f/b needs bytes", "(truncated"]),
@@ -183,7 +226,17 @@ TF_DAMAGE = {  # id: (damage to a copy of tf_tiny, fragments the message must co
     "index missing": (on(INDEX, Path.unlink), [f"{INDEX} is missing"]),
     "checkpoint names nothing": (on("checkpoint", Path.write_text, "\n"), ["names no model_checkpoint_path"]),
     "checkpoint names another prefix": (on("checkpoint", Path.write_text, 'model_checkpoint_path: "x"'),
-                                        ["x.index is missing"]),
+                                        ["x.index is missing (", "checkpoint names the checkpoint x)"]),
+    "prefix holds a line break": (on("checkpoint", Path.write_text, 'model_checkpoint_path: "model\n.ckpt"'),
+                                  ["checkpoint names the checkpoint 'model\\n.ckpt', which holds unprintable"]),
+    "entry points into another tensor": (on(INDEX, edit_index, into_first_tensor),
+                                         [INDEX, "tensors model/h0/attn/c_attn/b and model/h0/attn/c_attn/w overlap"]),
+    "2**31 data shards": (on(INDEX, edit_index, with_field(0, 1, 2**31)),
+                          ["data-00000-of-2147483648 is missing (", "index lists 2,147,483,648 data shards)"]),
+    "index keys out of order": (on(INDEX, edit_index, swap_first_tensors),
+                                [INDEX, "keys are not in increasing order (at model/h0/attn/c_attn/b)"]),
+    "index key repeated": (on(INDEX, edit_index, repeat_first_tensor),
+                           [INDEX, "keys are not in increasing order (at model/h0/attn/c_attn/b)"]),
     "n_embd disagrees": (on("hparams.json", edit_json, n_embd=32),
                          ["disagree: tensor model/h0/attn/c_attn/b has shape [192] but", "imply [96]"]),
     "n_vocab disagrees": (on("hparams.json", edit_json, n_vocab=500),
@@ -207,12 +260,14 @@ HF_DAMAGE = {  # id: (damage to a copy of hf_tiny, fragments the message must co
                         [f"tensor {W} starts at data byte 764, leaving an overlap"]),
     "hole between tensors": (on(SAFETENSORS, edit_entry, W, data_offsets=[772, 49924]),
                              [f"tensor {W} starts at data byte 772, leaving a gap"]),
-    "unknown dtype": (on(SAFETENSORS, edit_entry, W, dtype="F33"), [f"tensor {W} has unknown dtype 'F33'"]),
+    "unknown dtype": (on(SAFETENSORS, edit_entry, W, dtype="F33"),
+                      [f"tensor {W}'s dtype is \"F33\", not a safetensors dtype"]),
     "dtype not loadable": (on(SAFETENSORS, edit_entry, W, dtype="I32"),
                            [f"tensor {W} has dtype I32, but only F32, F16 and BF16"]),
     "shape disagrees with span": (on(SAFETENSORS, edit_entry, W, shape=[64, 191]),
                                   ["needs 48,896 bytes but its data_offsets [768, 49920] span 49,152"]),
-    "offsets not integers": (on(SAFETENSORS, edit_entry, W, data_offsets=[768, "end"]), ["non-negative integers"]),
+    "offsets not integers": (on(SAFETENSORS, edit_entry, W, data_offsets=[768, "end"]),
+                             ["integers from 0 to 2**64 - 1"]),
     "entry lacks a field": (on(SAFETENSORS, drop_field, W, "shape"), ["needs exactly the fields"]),
     "data truncated": (on(SAFETENSORS, truncate, -4), ["holds 547,836 after its header: the file is truncated"]),
     "bytes after the last tensor": (on(SAFETENSORS, append, bytes(4)), ["unused bytes at the end"]),
@@ -221,6 +276,29 @@ HF_DAMAGE = {  # id: (damage to a copy of hf_tiny, fragments the message must co
     "config disagrees": (on("config.json", edit_json, vocab_size=500), ["transformer.wte.weight has shape [512, 64]"]),
     "config lacks a key": (on("config.json", edit_json, n_positions=None), ["lacks the hyperparameter 'n_positions'"]),
     "config missing": (on("config.json", Path.unlink), ["config.json is missing"]),
+    "header nested 100k deep": (on(SAFETENSORS, write_header_text, '{"x": ' + "[" * 100_000 + "]" * 100_000 + "}"),
+                                ["the header is not valid JSON (it is nested too deeply)"]),
+    "a 5001-digit offset": (on(SAFETENSORS, raw_field, W, "data_offsets", "[768, 1" + "0" * 5000 + "]"),
+                            ["the header is not valid JSON (a number has 5,001 digits)"]),
+    "NaN in a shape": (on(SAFETENSORS, raw_field, W, "shape", "[NaN]"),
+                       ["the header is not valid JSON (NaN is not a JSON value)"]),
+    "a tensor named twice": (on(SAFETENSORS, repeat_tensor, "transformer.wte.weight"),
+                             ["the header is not valid JSON (the key 'transformer.wte.weight' appears twice)"]),
+    "dtype not a string": (on(SAFETENSORS, edit_entry, W, dtype=["F32"]),
+                           [f"{W}'s dtype is an array, not a safetensors dtype"]),
+    "a name with a line break": (on(SAFETENSORS, rename_entry, "transformer.h.0.ln_1.weight",
+                                    "transformer.h.0.ln_1\n.weight"),
+                                 ["tensor 'transformer.h.0.ln_1\\n.weight' has no place"]),
+    "33 dimensions": (on(SAFETENSORS, edit_entry, W, shape=[1] * 33), ["has 33 dimensions, more than NumPy's 32"]),
+    "a shape no array holds": (on(SAFETENSORS, edit_entry, W, shape=[0, 2**62]),
+                               [f"{W} has shape [0, 4611686018427387904], too large for any array"]),
+    "offsets past 2**64": (on(SAFETENSORS, edit_entry, W, data_offsets=[768, 2**64]), ["integers from 0 to 2**64 - 1"]),
+    "a tensor named blocks": (on(SAFETENSORS, rename_entry, "transformer.ln_f.bias", "blocks"),
+                              ["tensor blocks has no place in a GPT-2"]),
+    "a tensor named blocks.x": (on(SAFETENSORS, rename_entry, "transformer.ln_f.bias", "blocks.x"),
+                                ["tensor blocks.x has no place in a GPT-2"]),
+    "two names for one tensor": (on(SAFETENSORS, rename_entry, "transformer.h.0.ln_2.weight", "h.0.ln_1.weight"),
+                                 ["tensors transformer.h.0.ln_1.weight and h.0.ln_1.weight are both blocks/0/ln_1/g"]),
 }
 FOLDER_DAMAGE = {  # id: (what to make of a fresh folder path, fragments the message must contain)
     "only a pickle": (lambda d: d.mkdir() or (d / "pytorch_model.bin").write_bytes(b"\x80"),
@@ -231,6 +309,15 @@ FOLDER_DAMAGE = {  # id: (what to make of a fresh folder path, fragments the mes
 DAMAGE = [pytest.param(fixture, damage, fragments, id=f"{fixture}: {name}")
           for fixture, cases in [("tf_tiny", TF_DAMAGE), ("hf_tiny", HF_DAMAGE), (None, FOLDER_DAMAGE)]
           for name, (damage, fragments) in cases.items()]
+
+
+@pytest.mark.parametrize("verify", [False, True])
+def test_an_entry_pointing_into_another_tensor_is_refused(tmp_path, verify):  # unverified, it loaded another's bytes
+    folder = copy_fixture(tmp_path, "tf_tiny")
+    edit_index(folder / INDEX, into_first_tensor)
+    with pytest.raises(CheckpointError, match=f"{INDEX}: tensors model/h0/attn/c_attn/b and model/h0/attn/c_attn/w "
+                       "overlap in data shard 0"):
+        load_params(folder, verify)
 
 
 def snapshot(folder):  # -> {path: bytes} of every file below folder
@@ -247,3 +334,111 @@ def test_damaged_checkpoint_is_refused_with_a_clear_message(tmp_path, fixture, d
     for fragment in fragments:
         assert fragment in str(raised.value)
     assert snapshot(tmp_path) == before  # nothing written or modified
+
+
+# --- The checkpoint file names the prefix, and a mirror controls that file: the prefix must stay in the folder ---
+
+
+@pytest.fixture
+def outside(tmp_path):  # -> (model folder holding only checkpoint and hparams.json, a complete tf_tiny beside it)
+    other = copy_fixture(tmp_path / "other", "tf_tiny")
+    folder = tmp_path / "models" / "124M"
+    folder.mkdir(parents=True)
+    shutil.copy(other / "hparams.json", folder)
+    return folder, other
+
+
+@pytest.mark.parametrize("junk", [False, True], ids=["no index or data", "junk index and data"])
+@pytest.mark.parametrize("prefix, setup", [
+    ("{other}/model.ckpt", None),  # absolute
+    ("../../other/tf_tiny/model.ckpt", None),
+    ("sub/../../../other/tf_tiny/model.ckpt", None),
+    ("link/model.ckpt", lambda folder, other: (folder / "link").symlink_to(other)),  # a folder symlinked outside
+    (".", lambda folder, other: [shutil.copy(other / name, folder.parent / name.replace("model.ckpt", folder.name))
+                                 for name in (INDEX, DATA)]),  # "<folder>.index" is beside the folder, not in it
+])
+def test_a_prefix_outside_the_folder_is_refused(outside, prefix, setup, junk):
+    folder, other = outside
+    if setup:
+        setup(folder, other)
+    if junk:  # what a hostile mirror serves beside its checkpoint file
+        (folder / INDEX).write_bytes(b"junk" * 100)
+        (folder / DATA).write_bytes(b"junk" * 100)
+    (folder / "checkpoint").write_text(f'model_checkpoint_path: "{prefix.format(other=other)}"\n')
+    with pytest.raises(CheckpointError, match=f"{folder / 'checkpoint'} names the checkpoint .* outside {folder}"):
+        verify_checkpoint(folder)
+
+
+def test_a_nul_byte_in_the_prefix_is_refused(tmp_path):
+    folder = copy_fixture(tmp_path, "tf_tiny")
+    (folder / "checkpoint").write_bytes(b'model_checkpoint_path: "model\0.ckpt"\n')
+    with pytest.raises(CheckpointError, match=f"{folder / 'checkpoint'} names the checkpoint 'model\\\\x00.ckpt'"):
+        load_params(folder)
+
+
+def link_in(folder, other):  # the model files are symlinks to a copy elsewhere: links a user made, not a mirror
+    for name in (INDEX, DATA):
+        (folder / name).symlink_to(other / name)
+
+
+@pytest.mark.parametrize("prefix, setup", [
+    ("./model.ckpt", link_in),
+    ("{folder}/model.ckpt", link_in),  # absolute, but inside the folder
+    ("sub/model.ckpt", lambda folder, other: shutil.copytree(other, folder / "sub")),
+    ("sub/../model.ckpt", lambda folder, other: (folder / "sub").mkdir() or link_in(folder, other)),
+])
+def test_a_prefix_inside_the_folder_loads(outside, prefix, setup):
+    folder, other = outside
+    setup(folder, other)
+    (folder / "checkpoint").write_text(f'model_checkpoint_path: "{prefix.format(folder=folder)}"\n')
+    assert_same_params(load_params(folder, verify=True)[1], random_params(TINY["hparams"], TINY["seed"]))
+
+
+def test_a_model_folder_reached_through_a_symlink_loads(tmp_path):
+    real = copy_fixture(tmp_path, "tf_tiny")
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "124M").symlink_to(real)
+    (real / "checkpoint").write_text(f'model_checkpoint_path: "{real}/model.ckpt"\n')  # the real path, not the link
+    assert_same_params(load_params(tmp_path / "models" / "124M")[1], random_params(TINY["hparams"], TINY["seed"]))
+
+
+# --- Absurd hyperparameters: refused by comparing them with the tensors present, before anything is built ---
+
+ABSURD = {  # id: (key, value as JSON text)
+    "a million layers": ("n_layer", "1000000"), "2**40 layers": ("n_layer", str(2**40)),
+    "n_embd 2**40": ("n_embd", str(2**40)), "n_ctx 2**40": ("n_ctx", str(2**40)),
+    "n_vocab 2**40": ("n_vocab", str(2**40)), "n_head 2**40": ("n_head", str(2**40)),
+    "5001 digits": ("n_layer", "1" + "0" * 5000), "float": ("n_layer", "2.0"), "bool": ("n_layer", "true"),
+    "negative": ("n_layer", "-2"), "zero": ("n_layer", "0"), "string": ("n_layer", '"2"'), "null": ("n_layer", "null"),
+    "list": ("n_layer", "[2]"), "huge float": ("n_embd", "1e308"), "NaN": ("n_layer", "NaN"),
+    "nested 100k deep": ("n_layer", "[" * 100_000 + "]" * 100_000),
+}
+HF_KEYS = {"n_vocab": "vocab_size", "n_ctx": "n_positions"}
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("fixture, hparams_name", [("tf_tiny", "hparams.json"), ("hf_tiny", "config.json")])
+@pytest.mark.parametrize("key, value", ABSURD.values(), ids=ABSURD)
+def test_absurd_hyperparameters_are_refused_at_once(tmp_path, fixture, hparams_name, key, value):
+    folder = copy_fixture(tmp_path, fixture)
+    path = folder / hparams_name
+    name = HF_KEYS.get(key, key) if fixture == "hf_tiny" else key
+    text = json.dumps({k: v for k, v in json.loads(path.read_text()).items() if k != name})
+    path.write_text(text[:-1] + f', "{name}": {value}}}')
+    tracemalloc.start()
+    try:
+        with pytest.raises(CheckpointError, match=f"{path}"):
+            load_params(folder)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2**20  # nothing sized by the hyperparameters was built (the weights are mapped, not read)
+
+
+@pytest.mark.parametrize("hparams_name, fixture", [("hparams.json", "tf_tiny"), ("config.json", "hf_tiny")])
+def test_a_repeated_hyperparameter_is_refused(tmp_path, hparams_name, fixture):
+    folder = copy_fixture(tmp_path, fixture)
+    path = folder / hparams_name
+    path.write_text(path.read_text().rstrip()[:-1] + ', "n_head": 2, "n_head": 4}')
+    with pytest.raises(CheckpointError, match=f"{path} is not valid JSON \\(the key 'n_head' appears twice\\)"):
+        load_params(folder)

@@ -1,6 +1,8 @@
 """The file-format readers on real files: OpenAI's own checkpoint index, bundles written by TensorFlow, safetensors
 written by the safetensors library, and CRC32C against published test vectors and a bit-by-bit reference."""
 import json
+import shutil
+import tracemalloc
 
 import numpy as np
 import pytest
@@ -9,9 +11,10 @@ from gpt2_numpy.checkpoint import load_params
 from gpt2_numpy.errors import CheckpointError
 from gpt2_numpy.formats import crc32c as crc_module
 from gpt2_numpy.formats.crc32c import crc32c, masked_crc32c
-from gpt2_numpy.formats.safetensors import read_safetensors, to_float32
-from gpt2_numpy.formats.tf_bundle import TensorBundle, read_index
+from gpt2_numpy.formats.safetensors import DTYPE_SIZES, read_safetensors, to_float32
+from gpt2_numpy.formats.tf_bundle import TensorBundle, read_index, table_records
 from tests.conftest import FIXTURES, official_path
+from tests.fuzzing import BYTES, FIXED32, FIXED64, VARINT, proto, table, varint
 
 # --- CRC32C ---
 
@@ -142,3 +145,91 @@ def test_integer_safetensors_are_refused_by_name(tmp_path):
     path.write_bytes(len(header).to_bytes(8, "little") + header + bytes(16))
     with pytest.raises(CheckpointError, match="tensor ids has dtype I64, but only F32, F16 and BF16"):
         to_float32(path, "ids", read_safetensors(path)["ids"])
+
+
+# --- TF index entries: only DT_FLOAT is read, whatever else an entry claims ---
+
+DT_NAMES = {0: "DT_INVALID", 2: "DT_DOUBLE", 3: "DT_INT32", 4: "DT_UINT8", 5: "DT_INT16", 6: "DT_INT8",
+            7: "DT_STRING", 8: "DT_COMPLEX64", 9: "DT_INT64", 10: "DT_BOOL", 11: "DT_QINT8", 12: "DT_QUINT8",
+            13: "DT_QINT32", 14: "DT_BFLOAT16", 15: "DT_QINT16", 16: "DT_QUINT16", 17: "DT_UINT16",
+            18: "DT_COMPLEX128", 19: "DT_HALF", 20: "DT_RESOURCE", 21: "DT_VARIANT", 22: "DT_UINT32",
+            23: "DT_UINT64"}  # TensorFlow's types.proto; DT_FLOAT is 1
+NAMED = "model/h0/attn/c_attn/b"  # the first tensor of tf_tiny's index
+
+
+def entry_fields(entry, dtype=(VARINT, 1)):  # BundleEntry -> protobuf fields, with the dtype field given
+    shape = proto([(2, BYTES, proto([(1, VARINT, size)])) for size in entry.shape])
+    return [(1, *dtype), (2, BYTES, shape), (4, VARINT, entry.offset), (5, VARINT, entry.size),
+            (6, FIXED32, entry.crc32c)]
+
+
+def tf_tiny_with_entry(tmp_path, fields):  # -> tf_tiny's folder whose entry NAMED has these fields, valid CRCs
+    folder = shutil.copytree(FIXTURES / "tf_tiny", tmp_path / "tf_tiny")
+    records = table_records((folder / "model.ckpt.index").read_bytes())
+    entry = read_index(folder / "model.ckpt.index")[1][NAMED]
+    records = [(key, proto(fields(entry)) if key == NAMED.encode() else value) for key, value in records]
+    (folder / "model.ckpt.index").write_bytes(table(records))
+    return folder
+
+
+@pytest.mark.parametrize("verify", [False, True])
+def test_a_rebuilt_float_entry_loads(tmp_path, verify):  # the control: the rebuilding itself changes nothing
+    folder = tf_tiny_with_entry(tmp_path, entry_fields)
+    expected = TensorBundle(FIXTURES / "tf_tiny" / "model.ckpt").read(NAMED)
+    np.testing.assert_array_equal(load_params(folder, verify)[1]["blocks"][0]["attn"]["c_attn"]["b"], expected)
+
+
+@pytest.mark.parametrize("code", [*DT_NAMES, 24, 101, 119, 2**31, 2**64 - 1],
+                         ids=lambda code: DT_NAMES.get(code, str(code)))
+@pytest.mark.parametrize("verify", [False, True])
+def test_every_dtype_but_float_is_refused_by_name(tmp_path, code, verify):
+    folder = tf_tiny_with_entry(tmp_path, lambda entry: entry_fields(entry, (VARINT, code)))
+    name = DT_NAMES.get(code, f"number {code}")
+    with pytest.raises(CheckpointError, match=f"model.ckpt.index: tensor {NAMED} has dtype {name}, but only DT_FLOAT"):
+        load_params(folder, verify)
+
+
+@pytest.mark.parametrize("field, wire_type, value", [
+    (1, BYTES, b"\1"), (1, FIXED32, 1), (1, FIXED64, 1),  # a float dtype in the wrong wire type is no DT_FLOAT
+    (2, VARINT, 7), (4, BYTES, b"\0"), (5, FIXED32, 768), (6, VARINT, 5),
+], ids=["dtype bytes", "dtype fixed32", "dtype fixed64", "shape varint", "offset bytes", "size fixed32",
+        "crc varint"])
+def test_an_entry_field_of_the_wrong_wire_type_is_refused(tmp_path, field, wire_type, value):
+    def fields(entry):
+        return [(number, *((wire_type, value) if number == field else rest)) for number, *rest in entry_fields(entry)]
+
+    folder = tf_tiny_with_entry(tmp_path, fields)
+    with pytest.raises(CheckpointError, match=f"model.ckpt.index: not a valid TensorFlow checkpoint index: field "
+                       f"{field} \\(\\w+\\) of tensor {NAMED} has wire type {wire_type}, not"):
+        load_params(folder)
+
+
+@pytest.mark.parametrize("dtype", ["BOOL", "U8", "I8", "F8_E5M2", "F8_E4M3", "I16", "U16", "I32", "U32", "I64", "U64",
+                                   "F64"])
+def test_every_safetensors_dtype_but_f32_f16_bf16_is_refused(tmp_path, dtype):
+    path = tmp_path / "one.safetensors"
+    size = DTYPE_SIZES[dtype] * 4
+    header = json.dumps({"x": {"dtype": dtype, "shape": [4], "data_offsets": [0, size]}}).encode()
+    path.write_bytes(len(header).to_bytes(8, "little") + header + bytes(size))
+    with pytest.raises(CheckpointError, match=f"tensor x has dtype {dtype}, but only F32, F16 and BF16"):
+        to_float32(path, "x", read_safetensors(path)["x"])
+
+
+def test_an_index_whose_keys_expand_hugely_is_refused_without_expanding_them(tmp_path):
+    # Prefix compression: each record repeats all of the key before it and adds a byte, so 300 records of 4 bytes
+    # after one 100 kB key stand for 30 MB of keys. A reader that builds them all first uses 100 times the file.
+    records = [b"\0" + varint(100_000) + b"\0" + b"k" * 100_000]
+    records += [varint(100_000 + i) + b"\1\0a" for i in range(300)]
+    crafted = b"".join(records) + (0).to_bytes(4, "little") + (1).to_bytes(4, "little")  # one restart point, at 0
+    path = tmp_path / "model.ckpt.index"
+    path.write_bytes(table([(b"", b""), (b"a", b"")], edit_block=lambda kind, block: crafted if kind == "data" else
+                           block))
+    tracemalloc.start()
+    try:
+        with pytest.raises(CheckpointError, match="model.ckpt.index: not a valid TensorFlow checkpoint index: its keys "
+                           "expand to over"):
+            read_index(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 5 * 2**20  # the keys would take 30 MB

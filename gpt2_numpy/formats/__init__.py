@@ -3,10 +3,16 @@ no pickle): TensorFlow tensor bundles (tf_bundle), safetensors (safetensors), an
 
 The readers return arrays under the file's own tensor names; gpt2_numpy.checkpoint maps the names to our layout.
 """
+import json
+import math
 import mmap
 from pathlib import Path
 
 from gpt2_numpy.errors import CheckpointError
+
+MAX_DIMS = 32  # NumPy 1.x's limit on an array's dimensions
+SHOWN_LIMIT = 100  # characters of a name read from a file that a message quotes
+MAX_DIGITS = 4300  # of a JSON integer: Python 3.11's own limit, on every version (str -> int takes quadratic time)
 
 
 def corrupt(path, problem):  # -> CheckpointError for a damaged or cut-off file, which a fresh download fixes
@@ -35,3 +41,49 @@ def map_file(path):  # -> read-only buffer of the whole file; arrays made from i
             return mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)  # the mapping outlives the closed file
     except OSError as error:
         raise unreadable(path, error) from None
+
+
+def shown(text):  # -> text read from a file, fit for a one-line message: printable and short, else quoted and cut
+    if text.isprintable() and len(text) <= SHOWN_LIMIT:
+        return text
+    return repr(text[:SHOWN_LIMIT]) + ("..." if len(text) > SHOWN_LIMIT else "")
+
+
+def describe(value):  # -> a JSON value for a message, as JSON; arrays and objects by kind alone (they may be huge)
+    if isinstance(value, (list, dict)):
+        return "an array" if isinstance(value, list) else "an object"
+    return shown(json.dumps(value))
+
+
+def parse_json(text):  # JSON text (str or bytes) -> object; ValueError for anything but plain, unambiguous JSON
+    try:
+        return json.loads(text, object_pairs_hook=unique_keys, parse_constant=refuse_constant, parse_int=parse_int)
+    except RecursionError:  # the decoder recurses once per level of nesting
+        raise ValueError("it is nested too deeply") from None
+
+
+def parse_int(digits):  # JSON integer text -> int
+    if len(digits) > MAX_DIGITS:
+        raise ValueError(f"a number has {len(digits):,} digits")
+    return int(digits)
+
+
+def unique_keys(pairs):  # [(key, value)] of one JSON object -> dict; Python would silently keep a repeated key's last
+    result = dict(pairs)
+    if len(result) < len(pairs):
+        seen = set()
+        repeated = next(key for key, _ in pairs if key in seen or seen.add(key))
+        raise ValueError(f"the key {shown(repr(repeated))} appears twice")
+    return result
+
+
+def refuse_constant(name):  # NaN and Infinity are Python's extensions, not JSON
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def check_shape(path, name, shape, itemsize):  # -> None; CheckpointError for a shape no NumPy array can take
+    if len(shape) > MAX_DIMS:
+        raise corrupt(path, f"tensor {shown(name)} has {len(shape):,} dimensions, more than NumPy's {MAX_DIMS}")
+    # NumPy multiplies out every dimension (even beside a 0) and refuses products past its index type
+    if math.prod(max(size, 1) for size in shape) * itemsize >= 2**63:
+        raise corrupt(path, f"tensor {shown(name)} has shape {list(shape)}, too large for any array")

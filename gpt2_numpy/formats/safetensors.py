@@ -4,14 +4,13 @@ Layout: a little-endian u64 header size N, N bytes of JSON (maybe space-padded) 
 shape and data_offsets [begin, end) relative to the byte buffer that follows, plus an optional "__metadata__" map.
 The tensors must tile that buffer exactly: no holes, no overlaps, each span as long as its shape and dtype demand.
 """
-import json
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from gpt2_numpy.errors import CheckpointError
-from gpt2_numpy.formats import corrupt, map_file
+from gpt2_numpy.formats import check_shape, corrupt, describe, map_file, parse_json, shown
 
 HEADER_LIMIT = 100 * 2**20  # refuse to parse absurd headers: a damaged size field could ask for gigabytes
 DTYPE_SIZES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
@@ -49,14 +48,14 @@ def to_float32(path, name, tensor):  # -> float32 array: F32 stays a view, F16 a
         return tensor.data.view("<f2").astype(np.float32).reshape(tensor.shape)
     if tensor.dtype == "BF16":  # bfloat16 is the top half of a float32: shift it back into place
         return (tensor.data.view("<u2").astype(np.uint32) << 16).view(np.float32).reshape(tensor.shape)
-    raise CheckpointError(f"{path}: tensor {name} has dtype {tensor.dtype}, but only F32, F16 and BF16 weights can be "
-                          "loaded; convert the checkpoint to one of those")
+    raise CheckpointError(f"{path}: tensor {shown(name)} has dtype {tensor.dtype}, but only F32, F16 and BF16 weights "
+                          "can be loaded; convert the checkpoint to one of those")
 
 
 def parse_header(path, header):  # JSON bytes -> {name: (dtype, shape, data_offsets)}, each checked
     try:
-        entries = json.loads(header.decode())
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        entries = parse_json(header.decode())  # strict UTF-8, as the format demands
+    except ValueError as error:  # UnicodeDecodeError and JSONDecodeError are ValueErrors too
         raise corrupt(path, f"the header is not valid JSON ({error})") from None
     if not isinstance(entries, dict):
         raise corrupt(path, "the header is not a JSON object")
@@ -66,21 +65,23 @@ def parse_header(path, header):  # JSON bytes -> {name: (dtype, shape, data_offs
 
 def parse_entry(path, name, entry):  # -> (dtype, shape, (begin, end))
     if not isinstance(entry, dict) or entry.keys() != {"dtype", "shape", "data_offsets"}:
-        raise corrupt(path, f"tensor {name} needs exactly the fields dtype, shape and data_offsets")
+        raise corrupt(path, f"tensor {shown(name)} needs exactly the fields dtype, shape and data_offsets")
     dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
-    if dtype not in DTYPE_SIZES:
-        raise corrupt(path, f"tensor {name} has unknown dtype {dtype!r}")
+    if type(dtype) is not str or dtype not in DTYPE_SIZES:
+        raise corrupt(path, f"tensor {shown(name)}'s dtype is {describe(dtype)}, not a safetensors dtype")
     if not is_int_list(shape) or not is_int_list(offsets) or len(offsets) != 2 or offsets[0] > offsets[1]:
-        raise corrupt(path, f"tensor {name} needs a shape and data_offsets [begin, end] of non-negative integers")
+        raise corrupt(path, f"tensor {shown(name)} needs a shape and data_offsets [begin, end] of integers from 0 to "
+                      "2**64 - 1")
+    check_shape(path, name, shape, DTYPE_SIZES[dtype])
     needed = math.prod(shape) * DTYPE_SIZES[dtype]
     if offsets[1] - offsets[0] != needed:
-        raise corrupt(path, f"tensor {name} of shape {shape} and dtype {dtype} needs {needed:,} bytes but its "
+        raise corrupt(path, f"tensor {shown(name)} of shape {shape} and dtype {dtype} needs {needed:,} bytes but its "
                       f"data_offsets {offsets} span {offsets[1] - offsets[0]:,}")
     return dtype, shape, tuple(offsets)
 
 
-def is_int_list(value):  # bool is an int subclass in Python, but never a valid size
-    return isinstance(value, list) and all(type(item) is int and item >= 0 for item in value)
+def is_int_list(value):  # sizes are u64 in the format; bool is an int subclass in Python, but never a valid size
+    return isinstance(value, list) and all(type(item) is int and 0 <= item < 2**64 for item in value)
 
 
 def check_tiling(path, specs, buffer_size):  # the tensors must cover the data buffer exactly once
@@ -88,9 +89,9 @@ def check_tiling(path, specs, buffer_size):  # the tensors must cover the data b
     for name, (_, _, (begin, end)) in sorted(specs.items(), key=lambda item: item[1][2]):
         if begin != position:
             gap = "a gap" if begin > position else "an overlap"
-            raise corrupt(path, f"tensor {name} starts at data byte {begin:,}, leaving {gap} after {previous} "
+            raise corrupt(path, f"tensor {shown(name)} starts at data byte {begin:,}, leaving {gap} after {previous} "
                           f"(which ends at {position:,})")
-        position, previous = end, f"tensor {name}"
+        position, previous = end, f"tensor {shown(name)}"
     if position != buffer_size:
         problem = "the file is truncated" if position > buffer_size else "there are unused bytes at the end"
         raise corrupt(path, f"the tensors need {position:,} data bytes but the file holds {buffer_size:,} "
