@@ -412,6 +412,8 @@ ABSURD = {  # id: (key, value as JSON text)
     "negative": ("n_layer", "-2"), "zero": ("n_layer", "0"), "string": ("n_layer", '"2"'), "null": ("n_layer", "null"),
     "list": ("n_layer", "[2]"), "huge float": ("n_embd", "1e308"), "NaN": ("n_layer", "NaN"),
     "nested 100k deep": ("n_layer", "[" * 100_000 + "]" * 100_000),
+    "n_head zero": ("n_head", "0"), "n_embd zero": ("n_embd", "0"), "n_vocab zero": ("n_vocab", "0"),
+    "n_ctx zero": ("n_ctx", "0"),
 }
 HF_KEYS = {"n_vocab": "vocab_size", "n_ctx": "n_positions"}
 
@@ -425,6 +427,7 @@ def test_absurd_hyperparameters_are_refused_at_once(tmp_path, fixture, hparams_n
     name = HF_KEYS.get(key, key) if fixture == "hf_tiny" else key
     text = json.dumps({k: v for k, v in json.loads(path.read_text()).items() if k != name})
     path.write_text(text[:-1] + f', "{name}": {value}}}')
+    load_params(FIXTURES / fixture)  # builds the CRC32C tables once per process (2 MB, not sized by hparams)
     tracemalloc.start()
     try:
         with pytest.raises(CheckpointError, match=f"{path}"):
@@ -442,3 +445,57 @@ def test_a_repeated_hyperparameter_is_refused(tmp_path, hparams_name, fixture):
     path.write_text(path.read_text().rstrip()[:-1] + ', "n_head": 2, "n_head": 4}')
     with pytest.raises(CheckpointError, match=f"{path} is not valid JSON \\(the key 'n_head' appears twice\\)"):
         load_params(folder)
+
+
+ZERO = {case: key for case, (key, value) in ABSURD.items() if value == "0"}  # every hyperparameter is a count or size
+
+
+@pytest.mark.parametrize("fixture, hparams_name", [("tf_tiny", "hparams.json"), ("hf_tiny", "config.json")])
+@pytest.mark.parametrize("key", ZERO.values(), ids=ZERO)
+def test_a_zero_hyperparameter_is_refused_by_name(tmp_path, fixture, hparams_name, key):
+    # a 0 that got through would divide by zero (n_head) or surface later as some tensor's shape mismatch
+    folder = copy_fixture(tmp_path, fixture)
+    name = HF_KEYS.get(key, key) if fixture == "hf_tiny" else key
+    edit_json(folder / hparams_name, **{name: 0})
+    with pytest.raises(CheckpointError, match=f"{folder / hparams_name}: the hyperparameter '{name}' must be a "
+                       "positive integer, not 0;"):
+        load_params(folder)
+
+
+def test_a_second_name_for_a_tensor_beside_it_is_refused(tmp_path):
+    # Nothing is missing here (unlike renaming a tensor): only the repeated key shows that one of the two would be lost
+    folder = copy_fixture(tmp_path, "hf_tiny")
+    header, data = read_safetensors_raw(folder / SAFETENSORS)
+    header["h.0.ln_1.weight"] = {"dtype": "F32", "shape": [64], "data_offsets": [len(data), len(data) + 256]}
+    write_safetensors_raw(folder / SAFETENSORS, header, data + np.full(64, 2.0, "<f4").tobytes())
+    with pytest.raises(CheckpointError) as raised:
+        load_params(folder)
+    assert ("tensors transformer.h.0.ln_1.weight and h.0.ln_1.weight are both blocks/0/ln_1/g"
+            in str(raised.value))
+
+
+def into_two_shards(records, boundary):  # tensors at offsets >= boundary move to shard 1, at offsets from 0
+    moved = []
+    for key, message in records:
+        fields, offset = fields_of(message), fields_of_value(message).get(4, 0)
+        if not key:
+            fields = set_field(fields, 1, VARINT, 2)  # BundleHeaderProto.num_shards
+        elif offset >= boundary:
+            fields = set_field(set_field(fields, 3, VARINT, 1), 4, VARINT, offset - boundary)  # shard_id, offset
+        moved.append((key, proto(fields)))
+    return moved
+
+
+def test_a_checkpoint_in_two_shards_loads_exactly(tmp_path):
+    # Both shards start with a tensor at offset 0: offsets only clash within one shard
+    folder = copy_fixture(tmp_path, "tf_tiny")
+    data = (folder / DATA).read_bytes()
+    start = dict(table_records((folder / INDEX).read_bytes()))[b"model/h1/ln_1/g"]
+    boundary = fields_of_value(start)[4]  # layer 1 and ln_f move to the second shard
+    edit_index(folder / INDEX, lambda records: into_two_shards(records, boundary))
+    (folder / DATA).unlink()
+    (folder / "model.ckpt.data-00000-of-00002").write_bytes(data[:boundary])
+    (folder / "model.ckpt.data-00001-of-00002").write_bytes(data[boundary:])
+    hparams, params = load_params(folder, verify=True)
+    assert hparams == TINY["hparams"]
+    assert_same_params(params, random_params(TINY["hparams"], TINY["seed"]))

@@ -14,7 +14,7 @@ from gpt2_numpy.formats.crc32c import crc32c, masked_crc32c
 from gpt2_numpy.formats.safetensors import DTYPE_SIZES, read_safetensors, to_float32
 from gpt2_numpy.formats.tf_bundle import TensorBundle, read_index, table_records
 from tests.conftest import FIXTURES, official_path
-from tests.fuzzing import BYTES, FIXED32, FIXED64, VARINT, proto, table, varint
+from tests.fuzzing import BYTES, FIXED32, FIXED64, VARINT, fields_of, proto, set_field, table, varint
 
 # --- CRC32C ---
 
@@ -233,3 +233,35 @@ def test_an_index_whose_keys_expand_hugely_is_refused_without_expanding_them(tmp
     finally:
         tracemalloc.stop()
     assert peak < 5 * 2**20  # the keys would take 30 MB
+
+
+def tf_tiny_rebuilt(tmp_path, edit_records, edit_block=None):  # -> tf_tiny's folder, its index rebuilt, valid CRCs
+    folder = shutil.copytree(FIXTURES / "tf_tiny", tmp_path / "tf_tiny")
+    records = edit_records(table_records((folder / "model.ckpt.index").read_bytes()))
+    (folder / "model.ckpt.index").write_bytes(table(records, edit_block=edit_block))
+    return folder
+
+
+@pytest.mark.parametrize("verify", [False, True])
+def test_an_entry_size_that_disagrees_with_its_shape_is_refused(tmp_path, verify):
+    # float32 [64] is 4 * 64 = 256 bytes; 252 used to reach NumPy's reshape (or the CRC check) unexplained
+    def smaller(records):
+        return [(key, proto(set_field(fields_of(value), 5, VARINT, 252)) if key == b"model/h0/ln_1/g" else value)
+                for key, value in records]
+
+    folder = tf_tiny_rebuilt(tmp_path, smaller)
+    with pytest.raises(CheckpointError, match=r"model.ckpt.index: tensor model/h0/ln_1/g has 252 bytes but float32 of "
+                       r"shape \[64\] needs 256"):
+        load_params(folder, verify)
+
+
+def test_a_record_sharing_more_than_the_previous_key_is_refused(tmp_path):
+    # The first record of a block has no previous key: "shares 1 byte" with b"" is damage. Read leniently it would
+    # still spell the header's empty key, and the index would load.
+    def first_shares_one(kind, block):
+        assert block[0] == 0  # shared = 0, as the header's record is written
+        return b"\1" + block[1:] if kind == "data" else block
+
+    folder = tf_tiny_rebuilt(tmp_path, list, first_shares_one)
+    with pytest.raises(CheckpointError, match="model.ckpt.index: not a valid TensorFlow checkpoint index"):
+        load_params(folder)
