@@ -1,6 +1,7 @@
 """Published answers of the real GPT-2 124M checkpoint. Runs only when weights/124M holds it (skipped otherwise, and
 not counted in CI): `python -m gpt2_numpy.download 124M`, then `python -m pytest -m real_weights`."""
 import hashlib
+import json
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ from gpt2_numpy.model import gpt2
 from gpt2_numpy.tokenizer import load_tokenizer
 from tests.conftest import REPO
 from tests.test_cli import cli
+from tests.test_score import score_cli
 
 WEIGHTS = REPO / "weights" / "124M"
 # the official files (see ../shared/gpt2-official/README.md): the index holds every tensor's CRC32C, so it tells the
@@ -80,3 +82,11 @@ def test_cli_generates_from_an_empty_prompt():
     result = cli("", "--n-tokens", "5", "--ignore-eos", models_dir=WEIGHTS.parent)
     assert result.returncode == 0
     assert "5 tokens in" in result.stderr and "after a 1-token prompt" in result.stderr
+
+
+def test_score_cli_gives_the_published_loss_of_hello_world():  # TransformerLens's 5.3318557, with <|endoftext|> first
+    result = score_cli("Hello world!", "--json", models_dir=WEIGHTS.parent)
+    assert result.returncode == 0, result.stderr
+    output = json.loads(result.stdout)
+    assert output["n_tokens"] == len(HELLO_WORLD) - 1
+    assert output["nll"] == pytest.approx(HELLO_WORLD_LOSS, abs=1e-4)
