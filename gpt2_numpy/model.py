@@ -93,6 +93,8 @@ def causal_attention(q, k, v, mask):  # attention's shapes; the queries are the 
     # block by block of queries, each against only the keys up to its last query: the causal triangle is about half
     # of the [n_q, n_k] scores, and exp (25x the cost of a multiply here) is most of attention's time
     n_q, n_k = q.shape[-2], k.shape[-2]
+    if n_q <= QUERY_BLOCK:  # one block (every decode step): no output array to fill
+        return attention(q, k, v, mask)
     out = np.empty_like(q)
     for start in range(0, n_q, QUERY_BLOCK):
         end = min(start + QUERY_BLOCK, n_q)
