@@ -1,0 +1,75 @@
+"""Two versions of model.py side by side, interleaved in one process on the same weights: prefill and decode times.
+
+    git show f174a5f:gpt2_numpy/model.py > /tmp/model_before.py
+    python scripts/compare_models.py /tmp/model_before.py gpt2_numpy/model.py --checkpoint /tmp/gpt2-tf-124M
+
+The machine drifts between runs, so only ratios from one interleaved run mean anything: the two versions take turns,
+--repeats times, and the medians are compared. The checkpoint is a 124M TF folder (the real one, or a 124M-shaped one
+from `scripts/make_tf_fixture.py --config 124M --out DIR`).
+"""
+import argparse
+import importlib.util
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from gpt2_numpy.checkpoint import load_params  # noqa: E402
+
+
+def load_module(path, name):  # -> the module in the file at path
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def prefill_seconds(model, params, n_head, ids, last_only):
+    cache = model.new_cache(params["wpe"], params["blocks"], n_head)
+    start = time.perf_counter()
+    model.gpt2_cached(ids, cache, **params, n_head=n_head, last_only=last_only)
+    return time.perf_counter() - start
+
+
+def decode_speed(model, params, n_head, ids, n_new=32):  # -> tokens/s of n_new cached steps after 16 prompt tokens
+    cache = model.new_cache(params["wpe"], params["blocks"], n_head)
+    model.gpt2_cached(ids[:16], cache, **params, n_head=n_head, last_only=True)
+    start = time.perf_counter()
+    for token in ids[16 : 16 + n_new]:
+        model.gpt2_cached([int(token)], cache, **params, n_head=n_head, last_only=True)
+    return n_new / (time.perf_counter() - start)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("before", type=Path, help="the model.py to compare against")
+    parser.add_argument("after", type=Path, help="the model.py under test")
+    parser.add_argument("--checkpoint", type=Path, default=REPO / "weights" / "124M")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args(argv)
+    hparams, params = load_params(args.checkpoint)
+    n_head, n_ctx = hparams["n_head"], hparams["n_ctx"]
+    ids = np.random.default_rng(0).integers(0, hparams["n_vocab"], n_ctx)
+    models = {"before": load_module(args.before, "model_before"), "after": load_module(args.after, "model_after")}
+    measures = {
+        f"prefill {n_ctx} tokens, last logits (s)": lambda m: prefill_seconds(m, params, n_head, ids, True),
+        f"prefill {n_ctx} tokens, all logits (s)": lambda m: prefill_seconds(m, params, n_head, ids, False),
+        "decode after 16 tokens (tok/s)": lambda m: decode_speed(m, params, n_head, ids),
+    }
+    results = {(what, name): [] for what in measures for name in models}
+    for _ in range(args.repeats):  # in turns, so a drifting machine slows both alike
+        for name, model in models.items():
+            for what, measure in measures.items():
+                results[what, name].append(measure(model))
+    print("| measure | before | after | after / before |\n|---|---|---|---|")
+    for what in measures:
+        before, after = (float(np.median(results[what, name])) for name in models)
+        print(f"| {what} | {before:.3g} | {after:.3g} | {after / before:.3f} |")
+
+
+if __name__ == "__main__":
+    main()
