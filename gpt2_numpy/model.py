@@ -10,36 +10,51 @@ import numpy as np
 # Python floats, not NumPy's: NumPy 2 would promote float32 * np.float64 to float64
 GELU_SCALE = math.sqrt(2 / math.pi)
 MINUS_2U = (-2 * GELU_SCALE, -2 * GELU_SCALE * 0.044715)  # -2 sqrt(2/pi) (x + 0.044715 x^3) = x (a + b x^2)
-SCORES_PATH = ["einsum_path", (0, 1)]  # precomputed contraction: BLAS-backed, and no path search on every call
+GELU_CHUNK = 1 << 15  # elements per pass of gelu: a chunk and its output (256 KB) stay in a core's 512 KB L2 cache
+ALL = slice(None)  # every row of an array's rows axis
 QUERY_BLOCK = 128  # queries per block of causal attention: a block's scores stay in cache, and it skips the future
 
 
 def gelu(x):  # [...] -> [...]
     # GPT-2's tanh approximation of x Phi(x): 0.5 x (1 + tanh u), u = sqrt(2/pi) (x + 0.044715 x^3), computed as
-    # x / (1 + e^(-2u)), since 0.5 (1 + tanh u) = 1 / (1 + e^(-2u)) and exp costs half of tanh here; in place
-    # from the first temporary on, as [n_seq, 4 n_embd] is the largest activation
-    a, b = MINUS_2U
-    z = x * x
-    z *= b
-    z += a
-    z *= x  # -2u
+    # x / (1 + e^(-2u)), since 0.5 (1 + tanh u) = 1 / (1 + e^(-2u)) and exp costs half of tanh here
+    out = np.empty(x.shape, x.dtype)  # C-ordered, so that out.reshape(-1) is a view of it, not a copy
+    flat_x, flat_out = x.reshape(-1), out.reshape(-1)
     with np.errstate(over="ignore"):  # e^(-2u) = inf for x below about -10 gives x / inf = -0, the true limit
-        np.exp(z, out=z)
-    z += 1
-    return np.divide(x, z, out=z)
+        for start in range(0, flat_x.size, GELU_CHUNK):  # a chunk's seven passes run in L2 cache, not memory
+            chunk = slice(start, start + GELU_CHUNK)
+            gelu_chunk(flat_x[chunk], out=flat_out[chunk])
+    return out
+
+
+def gelu_chunk(x, out):  # [n] -> out [n]: gelu's passes, in place on out
+    a, b = MINUS_2U
+    np.multiply(x, x, out=out)
+    out *= b
+    out += a
+    out *= x  # -2u = x (a + b x^2)
+    np.exp(out, out=out)
+    out += 1
+    np.divide(x, out, out=out)
 
 
 def softmax(x):  # [..., n] -> [..., n]
-    exp_x = x - np.max(x, axis=-1, keepdims=True)  # shifting by the max cannot overflow exp
-    np.exp(exp_x, out=exp_x)  # in place here and below: attention's scores [n_head, n_seq, n_seq] are large
+    exp_x = shifted_exp(x)
     exp_x /= np.sum(exp_x, axis=-1, keepdims=True)
     return exp_x
 
 
+def shifted_exp(x, out=None):  # [..., n] -> [..., n]: e^(x - max x), softmax before its division
+    # softmax(x) = softmax(x - c) for any c, and c = max x keeps e^(x - c) <= 1, so it cannot overflow
+    out = np.subtract(x, np.max(x, axis=-1, keepdims=True), out=out)
+    return np.exp(out, out=out)
+
+
 def layer_norm(x, g, b, eps=1e-5):  # [..., n_seq, n_embd] -> [..., n_seq, n_embd]
-    centered = x - x.mean(axis=-1, keepdims=True)
-    variance = (centered * centered).mean(axis=-1, keepdims=True)  # reuses `centered`, unlike np.var
-    centered /= np.sqrt(variance + eps)  # g (x - mean) / sqrt(variance + eps) + b, in place on one temporary
+    n = x.shape[-1]
+    centered = x - np.sum(x, axis=-1, keepdims=True) / n  # x - mean: sum / n skips np.mean's Python wrapper
+    variance = np.vecdot(centered, centered)[..., None] / n  # mean of squares as one dot product per row: no temporary
+    centered *= 1 / np.sqrt(variance + eps)  # g (x - mean) / sqrt(variance + eps) + b, in place on one temporary
     centered *= g
     centered += b
     return centered
@@ -67,15 +82,19 @@ def causal_mask(n_q, n_k):  # -> [n_q, n_k]
 
 
 def attention_scores(q, k):  # [..., n_head, n_q, d_head], [..., n_head, n_k, d_head] -> [..., n_head, n_q, n_k]
-    # q k^T / sqrt(d_head), for all heads (and rows) in one batched contraction; with k as the first operand NumPy
-    # lays the result out C-ordered, which the softmax over the last axis needs to be fast
-    return np.einsum("...kd,...qd->...qk", k, q / math.sqrt(q.shape[-1]), optimize=SCORES_PATH)
+    # q k^T / sqrt(d_head) for all heads (and rows) at once: einsum("...qd,...kd->...qk") written as the batched
+    # matmul that np.einsum itself calls, without its ~40 us of parsing per call (a third of a decode step's attention)
+    return (q / math.sqrt(q.shape[-1])) @ k.swapaxes(-1, -2)
 
 
 def attention(q, k, v, mask):  # [..., n_head, n_q, d_head], [..., n_head, n_k, d_head] x2, [..., n_q, n_k] -> like q
     scores = attention_scores(q, k)
-    scores += mask  # in place: no second [..., n_head, n_q, n_k] array
-    return np.einsum("...kd,...qk->...qd", v, softmax(scores), optimize=SCORES_PATH)  # softmax(scores + mask) v
+    scores += mask  # in place here and below: the [..., n_head, n_q, n_k] scores are the largest array
+    weights = shifted_exp(scores, out=scores)
+    # softmax(scores + mask) v as (e^s v) / sum e^s: the division runs over [n_q, d_head], not over [n_q, n_k]
+    out = weights @ v  # einsum("...qk,...kd->...qd")
+    out /= np.sum(weights, axis=-1, keepdims=True)
+    return out
 
 
 def split_heads(x, n_head):  # [..., n_seq, 3*n_embd] -> [3, ..., n_head, n_seq, d_head]: q, k, v, split into heads
@@ -91,7 +110,8 @@ def merge_heads(x):  # [..., n_head, n_seq, d_head] -> [..., n_seq, n_head*d_hea
 
 def causal_attention(q, k, v, mask):  # attention's shapes; the queries are the last n_q of the n_k positions
     # block by block of queries, each against only the keys up to its last query: the causal triangle is about half
-    # of the [n_q, n_k] scores, and exp (25x the cost of a multiply here) is most of attention's time
+    # of the [n_q, n_k] scores, and exp (about 1.5 ns an element here, 5 to 10 times a multiply) is attention's
+    # largest elementwise cost
     n_q, n_k = q.shape[-2], k.shape[-2]
     if n_q <= QUERY_BLOCK:  # one block (every decode step): no output array to fill
         return attention(q, k, v, mask)
@@ -104,16 +124,18 @@ def causal_attention(q, k, v, mask):  # attention's shapes; the queries are the 
     return out
 
 
-def mha(x, c_attn, c_proj, n_head, mask, past=None):  # [..., n_seq, n_embd] -> [..., n_seq, n_embd]
+def mha(x, c_attn, c_proj, n_head, mask, past=None, rows=ALL):  # [..., n_seq, n_embd] -> [..., n_rows, n_embd]
     q, k, v = split_heads(linear(x, **c_attn), n_head)  # [..., n_head, n_seq, d_head] each
     if past is not None:
         k, v = extend_past(past, k, v)  # [..., n_head, n_past+n_seq, d_head]
-    return linear(merge_heads(causal_attention(q, k, v, mask)), **c_proj)
+    q = q[..., rows, :]  # only the queries of the rows wanted, against every key
+    return linear(merge_heads(causal_attention(q, k, v, mask[..., rows, :])), **c_proj)
 
 
-def block(x, ln_1, attn, ln_2, mlp, n_head, mask, past=None):  # [..., n_seq, n_embd] -> [..., n_seq, n_embd]
-    x = x + mha(layer_norm(x, **ln_1), **attn, n_head=n_head, mask=mask, past=past)  # pre-norm residual branches
-    return x + ffn(layer_norm(x, **ln_2), **mlp)
+def block(x, ln_1, attn, ln_2, mlp, n_head, mask, past=None, rows=ALL):  # [..., n_seq, n_embd] -> [..., n_rows, n_embd]
+    # rows: the last rows whose output is wanted, e.g. slice(-1, None); the keys and values still come from all rows
+    x = x[..., rows, :] + mha(layer_norm(x, **ln_1), **attn, n_head=n_head, mask=mask, past=past, rows=rows)
+    return x + ffn(layer_norm(x, **ln_2), **mlp)  # pre-norm residual branches
 
 
 def embed(inputs, wte, wpe, n_past=0, pad=None):  # [..., n_seq] -> [..., n_seq, n_embd]
@@ -123,16 +145,20 @@ def embed(inputs, wte, wpe, n_past=0, pad=None):  # [..., n_seq] -> [..., n_seq,
     return wte[ids] + wpe[positions(pad, n_past, ids.shape[-1])]
 
 
-def transformer(inputs, wte, wpe, blocks, ln_f, n_head, cache=None):  # [..., n_seq] -> [..., n_seq, n_embd]
+def transformer(inputs, wte, wpe, blocks, ln_f, n_head, cache=None, last_only=False):  # [..., n_seq] -> [.., n, n_embd]
+    # n = n_seq, or 1 with last_only: then the last block, whose other rows would feed nothing, runs the last row only
     n_past, pad = (0, None) if cache is None else (cache.n_past, cache.pad)
     x = embed(inputs, wte, wpe, n_past, pad)
     n_seq = x.shape[-2]
     mask = causal_mask(n_seq, n_past + n_seq)  # built once, shared by every block
     if pad is not None:
         mask = mask + padding_mask(pad, n_past, n_seq)  # [n_rows, 1, n_seq, n_past+n_seq]
-    for layer, block_params in enumerate(blocks):
+    rows = [ALL] * len(blocks)
+    if last_only:
+        rows[-1] = slice(-1, None)
+    for layer, (block_params, block_rows) in enumerate(zip(blocks, rows)):
         past = None if cache is None else (cache.keys[layer], cache.values[layer], n_past)
-        x = block(x, **block_params, n_head=n_head, mask=mask, past=past)
+        x = block(x, **block_params, n_head=n_head, mask=mask, past=past, rows=block_rows)
     if cache is not None:
         cache.n_past += n_seq
     return layer_norm(x, **ln_f)
@@ -212,8 +238,7 @@ def gpt2_cached(inputs, cache, wte, wpe, blocks, ln_f, n_head, last_only=False):
         raise ValueError(f"ids of shape {ids.shape} do not fit a KV cache for {kind}")
     if cache.n_past + ids.shape[-1] > cache.keys.shape[-2]:
         raise ValueError(f"{cache.n_past + ids.shape[-1]} positions exceed the cache's {cache.keys.shape[-2]} slots")
-    x = transformer(ids, wte, wpe, blocks, ln_f, n_head, cache)
-    return lm_head(x[..., -1:, :] if last_only else x, wte), cache  # sampling needs only the last row: skip the rest
+    return lm_head(transformer(ids, wte, wpe, blocks, ln_f, n_head, cache, last_only), wte), cache
 
 
 def check_inputs(inputs, n_vocab, n_ctx, n_past=0):  # [(n_rows,) n_seq] -> int64 [(n_rows,) n_seq]

@@ -100,6 +100,20 @@ def test_last_only_after_a_long_prompt_is_the_last_position(tiny, monkeypatch):
     assert np.abs(last[0] - reference["logits"][-1]).max() <= HF_TOLERANCE
 
 
+def test_last_only_runs_the_last_block_on_the_last_row_only(tiny, monkeypatch):
+    hparams, params, reference = tiny
+    n, n_layer = len(reference["inputs"]), hparams["n_layer"]
+    rows_seen = []
+    real_linear = model.linear
+    monkeypatch.setattr(model, "linear", lambda x, w, b: rows_seen.append(x.shape[-2]) or real_linear(x, w, b))
+    x = model.transformer(reference["inputs"], **params, n_head=hparams["n_head"], last_only=True)
+    # c_attn, attention's c_proj, c_fc, the mlp's c_proj: only the last block's c_attn (its keys) needs every row
+    assert rows_seen == [n] * 4 * (n_layer - 1) + [n, 1, 1, 1]
+    last = model.lm_head(x, params["wte"])
+    assert last.shape == (1, hparams["n_vocab"])
+    assert np.abs(last[0] - reference["logits"][-1]).max() <= HF_TOLERANCE
+
+
 def test_kv_cache_last_only_returns_the_last_row(tiny):
     hparams, params, reference = tiny
     cache = new_cache(params["wpe"], params["blocks"], hparams["n_head"])
@@ -166,6 +180,34 @@ def test_gelu_is_close_to_the_exact_erf_gelu():
     approx = gelu(points)
     assert approx.dtype == np.float32
     assert np.abs(approx - exact).max() < 1e-3  # the tanh approximation is within ~2e-4 of the erf form
+
+
+def tanh_gelu(x):  # float64, GPT-2's formula as written: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+    x = np.asarray(x, np.float64)
+    return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
+
+
+def test_gelu_in_many_chunks_is_the_tanh_formula_everywhere(monkeypatch):
+    monkeypatch.setattr(model, "GELU_CHUNK", 7)  # 3 * 5 * 11 = 165 elements: 23 whole chunks and a part
+    x = np.random.default_rng(0).standard_normal((3, 5, 11), dtype=np.float32) * 4
+    x[0, 0, :2] = -100, 100  # e^(-2u) overflows to inf (-100) or vanishes (100)
+    for array in (x.transpose(2, 0, 1), x):  # a view in another memory order, and C-ordered
+        y = gelu(array)
+        assert y.shape == array.shape and y.dtype == np.float32
+        np.testing.assert_allclose(y, tanh_gelu(array), rtol=1e-6, atol=1e-6)
+
+
+def test_attention_is_the_textbook_softmax_formula():
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((2, 3, 5, 8), dtype=np.float32) * 4 for _ in range(3))  # scores up to ~50
+    mask = causal_mask(5, 5) + np.where(np.arange(5) < 2, -np.inf, 0).astype(np.float32)  # and keys 0, 1 hidden
+    mask[:2, :2] = 0  # from all but the first two queries, which must see something
+    scores = q.astype(np.float64) @ k.astype(np.float64).swapaxes(-1, -2) / math.sqrt(8) + mask
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    expected = weights / weights.sum(-1, keepdims=True) @ v
+    out = attention(q, k, v, mask)
+    assert out.dtype == np.float32
+    np.testing.assert_allclose(out, expected, rtol=0, atol=1e-5)
 
 
 def test_causal_mask_zeroes_attention_to_the_future():
