@@ -145,8 +145,9 @@ def embed(inputs, wte, wpe, n_past=0, pad=None):  # [..., n_seq] -> [..., n_seq,
     return wte[ids] + wpe[positions(pad, n_past, ids.shape[-1])]
 
 
-def transformer(inputs, wte, wpe, blocks, ln_f, n_head, cache=None, last_only=False):  # [..., n_seq] -> [.., n, n_embd]
-    # n = n_seq, or 1 with last_only: then the last block, whose other rows would feed nothing, runs the last row only
+def transformer(inputs, wte, wpe, blocks, ln_f, n_head, cache=None, last_only=False):
+    # [..., n_seq] -> [..., n, n_embd]; n = n_seq, or 1 with last_only: then the last block, whose other rows would
+    # feed nothing, runs the last row only
     n_past, pad = (0, None) if cache is None else (cache.n_past, cache.pad)
     x = embed(inputs, wte, wpe, n_past, pad)
     n_seq = x.shape[-2]
