@@ -1,4 +1,5 @@
 """GPT-2 inference in pure NumPy."""
+from gpt2_numpy.allocator import keep_freed_memory
 from gpt2_numpy.checkpoint import load_params, verify_checkpoint
 from gpt2_numpy.errors import CheckpointError, DownloadError, Gpt2NumpyError, TokenizerError, UsageError
 from gpt2_numpy.model import gpt2, gpt2_cached, new_cache
@@ -8,6 +9,7 @@ __all__ = [
     "gpt2",
     "gpt2_cached",
     "new_cache",
+    "keep_freed_memory",
     "load_params",
     "verify_checkpoint",
     "load_tokenizer",

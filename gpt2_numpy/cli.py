@@ -3,6 +3,7 @@ import argparse
 import sys
 import time
 
+from gpt2_numpy.allocator import keep_freed_memory
 from gpt2_numpy.checkpoint import load_params
 from gpt2_numpy.errors import UsageError, log
 from gpt2_numpy.models import MODEL_SIZES, SOURCES, models_dir_path
@@ -50,6 +51,7 @@ def load_model(args):  # -> hparams, params, tokenizer of the model add_model_ar
     # missing files are downloaded; files never verified are verified once (a damaged file placed by hand is refused
     # with the downloader's own error instead of generating garbage); then loading only memory-maps
     model_dir = ensure_model(size, models_dir, source)
+    keep_freed_memory()  # every CLI runs forward passes next, which free and reallocate the same large arrays
     start = time.perf_counter()
     hparams, params = load_params(model_dir)
     tokenizer = load_tokenizer(model_dir)

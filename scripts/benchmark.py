@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "scripts")]
 
 from benchmark_tokenizer import encode_throughput, long_piece_rows, tiktoken_throughput  # noqa: E402
-from gpt2_numpy import model  # noqa: E402
+from gpt2_numpy import keep_freed_memory, model  # noqa: E402
 from gpt2_numpy.checkpoint import load_params  # noqa: E402
 from gpt2_numpy.formats.crc32c import crc32c  # noqa: E402
 from gpt2_numpy.generate import generate_batch  # noqa: E402
@@ -78,6 +78,10 @@ class Ours:
                                  self.params["wte"])
         return model.gpt2(ids, **self.params, n_head=self.n_head)
 
+    def decode_step(self, ids):  # -> step(): one cached step after ids, the cache growing by a position each call
+        cache = self.step(ids, self.new_cache())[1]
+        return lambda: self.step([1], cache)
+
     def decode_seconds(self, ids, n_new):  # -> seconds for n_new greedy steps after an untimed prefill
         logits, cache = self.step(ids, self.new_cache())
         start = time.perf_counter()
@@ -113,6 +117,10 @@ class HuggingFace:
 
     def prefill(self, ids, last_only):
         return self.run(ids, use_cache=False, logits_to_keep=1 if last_only else 0).logits
+
+    def decode_step(self, ids):  # -> step(): as Ours.decode_step (HF's DynamicCache grows in place)
+        cache = self.run(ids, use_cache=True, logits_to_keep=1).past_key_values
+        return lambda: self.run([1], past_key_values=cache, use_cache=True, logits_to_keep=1)
 
     def decode_seconds(self, ids, n_new):
         out = self.run(ids, use_cache=True, logits_to_keep=1)
@@ -272,8 +280,10 @@ n_rows, n_new = int(sys.argv[2]), int(sys.argv[3])
 prompts = np.random.default_rng(0).integers(0, 50257, (n_rows, 16)).tolist()
 """
 PEAK_RSS_OURS = PEAK_RSS + """
+from gpt2_numpy import keep_freed_memory
 from gpt2_numpy.checkpoint import load_params
 from gpt2_numpy.generate import generate, generate_batch
+keep_freed_memory()  # as the CLIs do
 hparams, params = load_params(sys.argv[1])
 if n_rows == 1:
     generate(prompts[0], params, hparams["n_head"], n_new, stop_at_eos=False)
@@ -331,65 +341,118 @@ def ratio(r, ours, theirs):  # "0.62× (better)": ours / HF, and whether that is
 
 # --- where our time goes, and the floor set by the hardware ---
 
-TIMED = ["mha", "attention", "shifted_exp", "ffn", "gelu", "layer_norm", "lm_head"]
+TIMED = ["linear", "mha", "ffn", "shifted_exp", "gelu", "layer_norm", "lm_head"]
 
 
-def breakdown(engine, run):  # -> {function: seconds} of one run(), timing the model's functions where they are called
-    seconds = dict.fromkeys(TIMED, 0.0)
-    originals = {name: getattr(model, name) for name in TIMED}
-
-    def timed(name, function):
-        def wrapper(*args, **kwargs):
-            start = time.perf_counter()
-            try:
-                return function(*args, **kwargs)
-            finally:
-                seconds[name] += time.perf_counter() - start
-        return wrapper
-
-    run()  # warm-up, untimed
-    for name, function in originals.items():
-        setattr(model, name, timed(name, function))
-    try:
+def stopwatch(seconds, name, function):  # -> function, adding the time of each call to seconds[name]
+    def timed(*args, **kwargs):
         start = time.perf_counter()
-        run()
-        seconds["total"] = time.perf_counter() - start
-    finally:
-        for name, function in originals.items():
-            setattr(model, name, function)
+        try:
+            return function(*args, **kwargs)
+        finally:
+            seconds[name] += time.perf_counter() - start
+    return timed
+
+
+def timed_run(run, seconds):  # -> seconds, with the wall time of one run() as seconds["total"]
+    start = time.perf_counter()
+    run()
+    seconds["total"] = time.perf_counter() - start
     return seconds
 
 
-def breakdown_lines(engine, sgemm_gflops, bandwidth_gbs):
-    ids = prompt_ids(1024)
-    prefill = breakdown(engine, lambda: engine.prefill(ids, last_only=True))
-    cache = engine.new_cache()
-    logits, cache = engine.step(prompt_ids(16), cache)
-    decode = breakdown(engine, lambda: engine.step([1], cache))  # the cache grows by one position per call
-    parts = {
-        "layer_norm": lambda s: s["layer_norm"],
-        "attention projections (c_attn, c_proj)": lambda s: s["mha"] - s["attention"],
-        "attention (scores, mask, softmax, weighted sum)": lambda s: s["attention"],
-        "  of which e^(s - max s) (shifted_exp: max, subtract, exp)": lambda s: s["shifted_exp"],
-        "ffn (c_fc, gelu, c_proj)": lambda s: s["ffn"],
-        "  of which gelu": lambda s: s["gelu"],
-        "lm head": lambda s: s["lm_head"],
-        "everything else (embeddings, residual adds, Python)": lambda s: s["total"] - sum(
-            s[name] for name in ("layer_norm", "mha", "ffn", "lm_head")),
-        "total": lambda s: s["total"],
-    }
-    n_embd, n_layer = HPARAMS_124M["n_embd"], HPARAMS_124M["n_layer"]
-    linear_flops = 2 * 1024 * n_layer * 12 * n_embd**2  # c_attn 3, c_proj 1, c_fc 4, mlp c_proj 4 (x n_embd^2)
-    weight_bytes = sum(leaf.nbytes for leaf in leaves(engine.params)) - engine.params["wpe"].nbytes
-    lines = ["| part | prefill 1024 tokens, last logits (ms) | one decode step after 16 tokens (ms) |", "|---|---|---|"]
-    lines += [f"| {name} | {part(prefill) * 1e3:,.1f} | {part(decode) * 1e3:,.2f} |" for name, part in parts.items()]
-    lines += [
-        f"| bound: the linear layers' {linear_flops / 1e9:.0f} GFLOP at {sgemm_gflops:.0f} GFLOPS (large sgemm here) | "
-        f"{linear_flops / sgemm_gflops / 1e6:,.0f} | |",
-        f"| bound: reading {weight_bytes / 1e6:.0f} MB of weights at {bandwidth_gbs:.1f} GB/s (streaming x @ W) | | "
-        f"{weight_bytes / bandwidth_gbs / 1e6:.1f} |",
-    ]
+def our_parts(run):  # -> {part: seconds} of one run(), timing model.py's functions where they are called
+    seconds = dict.fromkeys(TIMED, 0.0)
+    originals = {name: getattr(model, name) for name in TIMED}
+    run()  # the warm-up, before the functions are wrapped
+    for name, function in originals.items():
+        setattr(model, name, stopwatch(seconds, name, function))
+    try:
+        timed_run(run, seconds)
+    finally:
+        for name, function in originals.items():
+            setattr(model, name, function)
+    ffn_linear = seconds["ffn"] - seconds["gelu"]
+    seconds["attention"] = seconds["mha"] - (seconds["linear"] - ffn_linear)  # mha less c_attn and c_proj
+    return seconds
+
+
+def hf_parts(gpt, run):  # -> {part: seconds} of one run() of HF's GPT2LMHeadModel, timed by forward hooks
+    seconds, starts = dict.fromkeys(["linear", "attention", "gelu", "layer_norm", "lm_head"], 0.0), {}
+    watched = [(gpt.lm_head, "lm_head"), (gpt.transformer.ln_f, "layer_norm")]
+    for block in gpt.transformer.h:
+        watched += [(block.ln_1, "layer_norm"), (block.ln_2, "layer_norm"), (block.mlp.act, "gelu"),
+                    (block.attn, "attention")]
+        watched += [(linear, "linear") for linear in (block.attn.c_attn, block.attn.c_proj, block.mlp.c_fc,
+                                                      block.mlp.c_proj)]
+    attention_linears = {id(b.attn.c_attn) for b in gpt.transformer.h} | {id(b.attn.c_proj) for b in gpt.transformer.h}
+
+    def stop(part):
+        def hook(module, args, output):
+            elapsed = time.perf_counter() - starts[id(module)]
+            seconds[part] += elapsed
+            if id(module) in attention_linears:
+                seconds["attention"] -= elapsed  # the attention module less its c_attn and c_proj, as for ours
+        return hook
+
+    run()  # the warm-up, before the hooks
+    handles = []
+    for module, part in watched:
+        handles.append(module.register_forward_pre_hook(lambda m, args: starts.__setitem__(id(m), time.perf_counter())))
+        handles.append(module.register_forward_hook(stop(part)))
+    try:
+        timed_run(run, seconds)  # HuggingFace.run turns off autograd
+    finally:
+        for handle in handles:
+            handle.remove()
+    return seconds
+
+
+BREAKDOWN_ROWS = {  # the breakdown's rows: part -> its seconds from our_parts or hf_parts
+    "linear layers (c_attn, c_proj, c_fc, mlp c_proj; x W + b)": lambda s: s["linear"],
+    "attention (split heads, q kᵀ, mask, softmax, weighted sum, merge heads)": lambda s: s["attention"],
+    "  of which e^(s - max s) (shifted_exp: max, subtract, exp)": lambda s: s.get("shifted_exp"),
+    "gelu": lambda s: s["gelu"],
+    "layer_norm": lambda s: s["layer_norm"],
+    "lm head": lambda s: s["lm_head"],
+    "everything else (embeddings, residual adds, Python)": lambda s: s["total"] - sum(
+        s[name] for name in ("linear", "attention", "gelu", "layer_norm", "lm_head")),
+    "total": lambda s: s["total"],
+}
+
+
+def breakdown_lines(engines, sgemm_gflops, bandwidth_gbs, exp_ns):
+    ids, prompt = prompt_ids(1024), prompt_ids(16)
+    measures = {engine.name: our_parts if engine.name == OURS else lambda run, e=engine: hf_parts(e.model, run)
+                for engine in engines}
+    prefill = {f"{e.name}: prefill 1024 tokens, last logits (ms)":
+               measures[e.name](lambda e=e: e.prefill(ids, last_only=True)) for e in engines}
+    decode = {f"{e.name}: one decode step after 16 tokens (ms)": measures[e.name](e.decode_step(prompt))
+              for e in engines}
+    columns = {**prefill, **decode}
+    lines = ["| part | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
+    for name, part in BREAKDOWN_ROWS.items():
+        cells = ["" if part(seconds) is None else f"{part(seconds) * 1e3:,.1f}" for seconds in columns.values()]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    for what, prefill_ms, decode_ms in floors(engines[0].params, sgemm_gflops, bandwidth_gbs, exp_ns):
+        cells = [prefill_ms] + [""] * (len(prefill) - 1) + [decode_ms] + [""] * (len(decode) - 1)
+        lines.append(f"| {what} | " + " | ".join(cells) + " |")
     return lines
+
+
+def floors(params, sgemm_gflops, bandwidth_gbs, exp_ns):  # -> (what, prefill ms, decode ms): hardware limits
+    n, n_embd, n_layer, n_head = 1024, HPARAMS_124M["n_embd"], HPARAMS_124M["n_layer"], HPARAMS_124M["n_head"]
+    linear_flops = 2 * n * (n_layer - 1) * 12 * n_embd**2 + 2 * n * 3 * n_embd**2  # the last block: c_attn alone
+    exps = (n_layer - 1) * (n_head * n * (n + 1) / 2 + n * 4 * n_embd)  # the causal triangle's scores, gelu's inputs
+    weight_bytes = sum(leaf.nbytes for leaf in leaves(params)) - params["wpe"].nbytes
+    return [
+        (f"floor: the linear layers' {linear_flops / 1e9:.0f} GFLOP at {sgemm_gflops:.0f} GFLOPS (large sgemm here)",
+         f"{linear_flops / sgemm_gflops / 1e6:,.0f}", ""),
+        (f"floor: {exps / 1e6:.0f}M exps of float32 (the causal triangle of scores, gelu) at {exp_ns:.2f} ns each "
+         "(np.exp runs on one core)", f"{exps * exp_ns / 1e6:,.0f}", ""),
+        (f"floor: reading {weight_bytes / 1e6:.0f} MB of weights at {bandwidth_gbs:.1f} GB/s (streaming x @ W)", "",
+         f"{weight_bytes / bandwidth_gbs / 1e6:.1f}"),
+    ]
 
 
 def leaves(tree):  # nested dicts and lists -> arrays
@@ -404,6 +467,12 @@ def sgemm_gflops():  # float32 matrix multiply speed on the ffn's shape
     rng = np.random.default_rng(0)
     x, w = rng.standard_normal((1024, 768), dtype=np.float32), rng.standard_normal((768, 3072), dtype=np.float32)
     return 2 * 1024 * 768 * 3072 / median_seconds(lambda: x @ w, 5) / 1e9
+
+
+def exp_ns():  # float32 np.exp, per element, on 1M softmax-like inputs in [-10, 0]
+    x = -10 * np.random.default_rng(0).random(1 << 20, dtype=np.float32)
+    out = np.empty_like(x)
+    return median_seconds(lambda: np.exp(x, out=out), 9) / x.size * 1e9
 
 
 def bandwidth_gbs():  # one row times 256 MB of weight matrices: memory-bound, as each decode step is
@@ -429,6 +498,7 @@ def main(argv=None):
                         help=f"run only these parts: {', '.join(PARTS)} (default: all)")
     args = parser.parse_args(argv)
 
+    keep_freed_memory()  # as the CLIs do; both engines share this process and its allocator
     tf_dir = args.checkpoint if (args.checkpoint / "model.ckpt.index").exists() else None
     if tf_dir:
         hparams, params = load_params(tf_dir)
@@ -457,7 +527,7 @@ def main(argv=None):
             "peak memory": lambda: peak_rss_rows(tf_dir or hf_dir, hf_dir) if tf_dir or hf_dir else [],
             "CRC32C": lambda: [crc_row(tf_dir and tf_dir / "model.ckpt.data-00000-of-00001", args.repeats)],
             "tokenizer": lambda: tokenizer_rows(vocab_dir, args.repeats) if vocab_dir else [],
-            "breakdown": lambda: breakdown_lines(engines[0], sgemm_gflops(), bandwidth_gbs()),
+            "breakdown": lambda: breakdown_lines(engines, sgemm_gflops(), bandwidth_gbs(), exp_ns()),
         }
         jobs = {name: job for name, job in jobs.items() if name in (args.only or PARTS)}
         results = {"breakdown": []}

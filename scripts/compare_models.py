@@ -18,6 +18,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from gpt2_numpy import keep_freed_memory  # noqa: E402
 from gpt2_numpy.checkpoint import load_params  # noqa: E402
 
 
@@ -51,6 +52,7 @@ def main(argv=None):
     parser.add_argument("--checkpoint", type=Path, default=REPO / "weights" / "124M")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
+    keep_freed_memory()  # as the CLIs do
     hparams, params = load_params(args.checkpoint)
     n_head, n_ctx = hparams["n_head"], hparams["n_ctx"]
     ids = np.random.default_rng(0).integers(0, hparams["n_vocab"], n_ctx)

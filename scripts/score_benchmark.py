@@ -21,6 +21,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "scripts")]
 
+from gpt2_numpy import keep_freed_memory  # noqa: E402
 from gpt2_numpy.checkpoint import load_params  # noqa: E402
 from gpt2_numpy.score import iter_log_probs  # noqa: E402
 from gpt2_numpy.tokenizer import load_tokenizer  # noqa: E402
@@ -111,6 +112,7 @@ def main():
     args = parser.parse_args()
     from benchmark import blas_threads  # here, not at the top: benchmark.py imports this module for its row
 
+    keep_freed_memory()  # as the CLIs do, for both engines in this process
     ours, hf = score_seconds(args.checkpoint, blas_threads(), args.n_tokens, args.stride, args.repeats)
     print(f"score {args.n_tokens:,} tokens with stride {args.stride}: gpt2_numpy {ours:.2f} s, HF transformers "
           f"{hf:.2f} s, ours / HF {ours / hf:.2f}x")
