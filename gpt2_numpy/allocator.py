@@ -8,7 +8,6 @@ The CLIs call keep_freed_memory() once, before their first forward pass; program
 directly can too.
 """
 import ctypes
-import ctypes.util
 
 # glibc's mallopt options (malloc.h)
 M_TOP_PAD = -2  # free bytes the heap keeps at its top when it shrinks, instead of returning them to the kernel
@@ -23,8 +22,8 @@ def keep_freed_memory():  # -> True if glibc now reuses freed arrays instead of 
     barely grows; only its size between passes stays up. Returns False where the C library has no mallopt (macOS,
     Windows)."""
     try:
-        mallopt = ctypes.CDLL(ctypes.util.find_library("c")).mallopt
-    except (OSError, AttributeError, TypeError):  # no C library by that name, or one without mallopt
+        mallopt = ctypes.CDLL(None).mallopt  # the process's own symbols, which include its C library's
+    except (OSError, AttributeError, TypeError):  # Windows (no such handle), or a C library without mallopt
         return False
     # both: setting either one alone freezes glibc's threshold at its 128 KB default, and every array gets mapped
     return mallopt(M_MMAP_THRESHOLD, HEAP_ARRAYS_UP_TO) == 1 and mallopt(M_TOP_PAD, KEPT_BYTES) == 1
