@@ -11,8 +11,8 @@ import numpy as np
 GELU_SCALE = math.sqrt(2 / math.pi)
 MINUS_2U = (-2 * GELU_SCALE, -2 * GELU_SCALE * 0.044715)  # -2 sqrt(2/pi) (x + 0.044715 x^3) = x (a + b x^2)
 GELU_CHUNK = 1 << 15  # elements per pass of gelu: a chunk and its output (256 KB) stay in a core's 512 KB L2 cache
-ALL = slice(None)  # every row of an array's rows axis
-QUERY_BLOCK = 128  # queries per block of causal attention: a block's scores stay in cache, and it skips the future
+ALL = slice(None)  # every position
+QUERY_BLOCK = 128  # queries per block of causal attention: a block's scores stay in L3 cache, and it skips the future
 
 
 def gelu(x):  # [...] -> [...]
@@ -124,17 +124,17 @@ def causal_attention(q, k, v, mask):  # attention's shapes; the queries are the 
     return out
 
 
-def mha(x, c_attn, c_proj, n_head, mask, past=None, rows=ALL):  # [..., n_seq, n_embd] -> [..., n_rows, n_embd]
+def mha(x, c_attn, c_proj, n_head, mask, past=None, queries=ALL):  # [..., n_seq, n_embd] -> [..., n_q, n_embd]
     q, k, v = split_heads(linear(x, **c_attn), n_head)  # [..., n_head, n_seq, d_head] each
     if past is not None:
         k, v = extend_past(past, k, v)  # [..., n_head, n_past+n_seq, d_head]
-    q = q[..., rows, :]  # only the queries of the rows wanted, against every key
-    return linear(merge_heads(causal_attention(q, k, v, mask[..., rows, :])), **c_proj)
+    q = q[..., queries, :]  # only the positions whose output is wanted query, against every key
+    return linear(merge_heads(causal_attention(q, k, v, mask[..., queries, :])), **c_proj)
 
 
-def block(x, ln_1, attn, ln_2, mlp, n_head, mask, past=None, rows=ALL):  # [..., n_seq, n_embd] -> [..., n_rows, n_embd]
-    # rows: the last rows whose output is wanted, e.g. slice(-1, None); the keys and values still come from all rows
-    x = x[..., rows, :] + mha(layer_norm(x, **ln_1), **attn, n_head=n_head, mask=mask, past=past, rows=rows)
+def block(x, ln_1, attn, ln_2, mlp, n_head, mask, past=None, queries=ALL):  # [..., n_seq, n_embd] -> [..., n_q, n_embd]
+    # queries: the last positions whose output is wanted, e.g. slice(-1, None); every position gives keys and values
+    x = x[..., queries, :] + mha(layer_norm(x, **ln_1), **attn, n_head=n_head, mask=mask, past=past, queries=queries)
     return x + ffn(layer_norm(x, **ln_2), **mlp)  # pre-norm residual branches
 
 
@@ -154,12 +154,12 @@ def transformer(inputs, wte, wpe, blocks, ln_f, n_head, cache=None, last_only=Fa
     mask = causal_mask(n_seq, n_past + n_seq)  # built once, shared by every block
     if pad is not None:
         mask = mask + padding_mask(pad, n_past, n_seq)  # [n_rows, 1, n_seq, n_past+n_seq]
-    rows = [ALL] * len(blocks)
+    queries = [ALL] * len(blocks)
     if last_only:
-        rows[-1] = slice(-1, None)
-    for layer, (block_params, block_rows) in enumerate(zip(blocks, rows)):
+        queries[-1] = slice(-1, None)
+    for layer, (block_params, block_queries) in enumerate(zip(blocks, queries)):
         past = None if cache is None else (cache.keys[layer], cache.values[layer], n_past)
-        x = block(x, **block_params, n_head=n_head, mask=mask, past=past, rows=block_rows)
+        x = block(x, **block_params, n_head=n_head, mask=mask, past=past, queries=block_queries)
     if cache is not None:
         cache.n_past += n_seq
     return layer_norm(x, **ln_f)
