@@ -303,6 +303,50 @@ print(peak_rss_bytes())
 """
 
 
+# A 1024-token prefill in a fresh process, with glibc's default allocator or after keep_freed_memory (the setting is
+# for the whole process, so each case gets its own): argv is the checkpoint ("" for random weights), "keep" or not,
+# the repeats; prints the median seconds and the minor page faults of one prefill
+ALLOCATOR = """
+import resource, sys, time
+import numpy as np
+from gpt2_numpy import keep_freed_memory, model
+from gpt2_numpy.checkpoint import load_params
+from gpt2_numpy.random_params import random_params
+if sys.argv[2] == "keep":
+    keep_freed_memory()
+hparams = {"n_vocab": 50257, "n_ctx": 1024, "n_embd": 768, "n_head": 12, "n_layer": 12}
+hparams, params = load_params(sys.argv[1]) if sys.argv[1] else (hparams, random_params(hparams))
+ids = np.random.default_rng(0).integers(0, 50257, 1024)
+def prefill():
+    model.transformer(ids, **params, n_head=hparams["n_head"], last_only=True)
+prefill()
+times, faults = [], []
+for _ in range(int(sys.argv[3])):
+    start, start_faults = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    prefill()
+    times.append(time.perf_counter() - start)
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - start_faults)
+print(float(np.median(times)), int(np.median(faults)))
+"""
+
+
+def allocator_rows(tf_dir, repeats):  # glibc's default allocator against keep_freed_memory, in turns
+    results = {how: [] for how in ("default", "keep")}
+    for _ in range(repeats):
+        for how, runs in results.items():
+            out = subprocess.run([sys.executable, "-c", ALLOCATOR, str(tf_dir or ""), how, "3"], capture_output=True,
+                                 text=True, check=True, cwd=REPO)
+            runs.append([float(value) for value in out.stdout.split()])
+    (default_seconds, default_faults), (kept_seconds, kept_faults) = (np.median(runs, axis=0) for runs in
+                                                                      results.values())
+    return [
+        row("prefill 1024 tokens, last logits, glibc's default allocator (s)", "lower", {OURS: default_seconds}),
+        row("prefill 1024 tokens, last logits, after keep_freed_memory() (s)", "lower", {OURS: kept_seconds}),
+        row("page faults of that prefill, glibc's default allocator", "lower", {OURS: default_faults}),
+        row("page faults of that prefill, after keep_freed_memory()", "lower", {OURS: kept_faults}),
+    ]
+
+
 def peak_rss_rows(ours_dir, hf_dir):
     def megabytes(script, *args):
         out = subprocess.run([sys.executable, "-c", script, *map(str, args)], capture_output=True, text=True,
@@ -484,8 +528,8 @@ def bandwidth_gbs():  # one row times 256 MB of weight matrices: memory-bound, a
 # --- putting it together ---
 
 
-PARTS = ("prefill", "decode", "batched generate", "score", "einsum", "load", "peak memory", "CRC32C", "tokenizer",
-         "breakdown")
+PARTS = ("prefill", "decode", "batched generate", "score", "einsum", "allocator", "load", "peak memory", "CRC32C",
+         "tokenizer", "breakdown")
 
 
 def main(argv=None):
@@ -524,6 +568,7 @@ def main(argv=None):
             "score": lambda: score_rows(tf_dir, args.repeats) if tf_dir and hf_dir else [],
             "einsum": lambda: einsum_rows(args.repeats),
             "load": lambda: load_rows(tf_dir, hf_dir, args.repeats),
+            "allocator": lambda: allocator_rows(tf_dir, args.repeats),
             "peak memory": lambda: peak_rss_rows(tf_dir or hf_dir, hf_dir) if tf_dir or hf_dir else [],
             "CRC32C": lambda: [crc_row(tf_dir and tf_dir / "model.ckpt.data-00000-of-00001", args.repeats)],
             "tokenizer": lambda: tokenizer_rows(vocab_dir, args.repeats) if vocab_dir else [],
