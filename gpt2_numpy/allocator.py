@@ -3,7 +3,8 @@
 A forward pass allocates and frees the same large temporaries layer after layer: a block's attention scores
 [n_head, 128, n_seq] and the ffn's [n_seq, 4 n_embd] activations are megabytes each. By default glibc maps each such
 array fresh from the kernel and unmaps it when freed (or, for smaller ones, trims its heap), and the next array
-touches the memory again page by page: about 50,000 page faults, an eighth of the time of a 1024-token prefill here.
+touches the memory again page by page. `python scripts/benchmark.py --only allocator` measures both ways in fresh
+processes: on the 2-core machine here, about 52,000 page faults and an eighth of the time of a 1024-token prefill.
 The CLIs call keep_freed_memory() once, before their first forward pass; programs that call the model functions
 directly can too.
 """
@@ -12,7 +13,8 @@ import ctypes
 # glibc's mallopt options (malloc.h)
 M_TOP_PAD = -2  # free bytes the heap keeps at its top when it shrinks, instead of returning them to the kernel
 M_MMAP_THRESHOLD = -3  # arrays from this size up get their own mapping, unmapped again when freed
-HEAP_ARRAYS_UP_TO = 32 << 20  # glibc's largest threshold: a [1024, 3072] activation (12.6 MB) comes from the heap
+HEAP_ARRAYS_UP_TO = 32 << 20  # the cap of glibc's own sliding threshold: a [1024, 3072] activation (12.6 MB) comes
+# from the heap; larger arrays (all 1024 positions' logits, a batch's scores) still get their own mapping
 KEPT_BYTES = 256 << 20  # more than the temporaries of a 1024-token pass of the 124M model
 
 
@@ -25,5 +27,6 @@ def keep_freed_memory():  # -> True if glibc now reuses freed arrays instead of 
         mallopt = ctypes.CDLL(None).mallopt  # the process's own symbols, which include its C library's
     except (OSError, AttributeError, TypeError):  # Windows (no such handle), or a C library without mallopt
         return False
-    # both: setting either one alone freezes glibc's threshold at its 128 KB default, and every array gets mapped
+    # both: M_TOP_PAD alone freezes the mapping threshold at its 128 KB start, so every array gets mapped, and
+    # M_MMAP_THRESHOLD alone freezes trimming at 128 KB, so freed heap goes back to the kernel
     return mallopt(M_MMAP_THRESHOLD, HEAP_ARRAYS_UP_TO) == 1 and mallopt(M_TOP_PAD, KEPT_BYTES) == 1

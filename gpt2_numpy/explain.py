@@ -7,9 +7,10 @@ stdout gets the prompt's tokens, the shape of every step of one forward pass, on
 (q·kᵀ, the scaling, the causal mask, the softmax, the output) and the next-token prediction; --plot draws the attention
 weights as a heatmap (matplotlib, the optional extra `pip install -e ".[plot]"`).
 
-Every array comes from model.py's own functions, composed here in the order `block` runs them: no formula of the
-model is written twice, and the model itself carries the residual stream from block to block. From Python:
-`attention_weights(inputs, params, n_head)` gives every head's weights, `walkthrough` every step's array.
+Every array comes from model.py's own functions, composed here in the order `block` runs them (the attention weights
+as the blogs write them: `attention` itself divides by their row sums after the product with v, the same numbers): no
+formula of the model is written twice, and the model itself carries the residual stream from block to block. From
+Python: `attention_weights(inputs, params, n_head)` gives every head's weights, `walkthrough` every step's array.
 """
 import functools
 import math
@@ -94,8 +95,8 @@ def attention_steps(x, ln_1, attn, n_head, mask):  # [n_seq, n_embd] -> {step na
     steps["qk"] = q @ k.swapaxes(-1, -2)  # the blogs' unscaled product, shown only: the model scales q first
     steps["scores"] = attention_scores(q, k)
     steps["masked"] = steps["scores"] + mask  # what attention adds before its softmax
-    steps["weights"] = softmax(steps["masked"])
-    steps["heads"] = attention(q, k, v, mask)  # the model's own weighted sum of v, by the weights above
+    steps["weights"] = softmax(steps["masked"])  # the blogs' order: attention itself divides by the sums after @ v
+    steps["heads"] = attention(q, k, v, mask)  # the model's own weighted sum of v: the same numbers as weights @ v
     steps["merge_heads"] = merge_heads(steps["heads"])
     steps["attn"] = linear(steps["merge_heads"], **attn["c_proj"])
     return steps

@@ -18,6 +18,7 @@ QUERY_BLOCK = 128  # queries per block of causal attention: a block's scores sta
 def gelu(x):  # [...] -> [...]
     # GPT-2's tanh approximation of x Phi(x): 0.5 x (1 + tanh u), u = sqrt(2/pi) (x + 0.044715 x^3), computed as
     # x / (1 + e^(-2u)), since 0.5 (1 + tanh u) = 1 / (1 + e^(-2u)) and exp costs half of tanh here
+    x = np.asarray(x)
     out = np.empty(x.shape, x.dtype)  # C-ordered, so that out.reshape(-1) is a view of it, not a copy
     flat_x, flat_out = x.reshape(-1), out.reshape(-1)
     with np.errstate(over="ignore"):  # e^(-2u) = inf for x below about -10 gives x / inf = -0, the true limit
@@ -54,7 +55,8 @@ def layer_norm(x, g, b, eps=1e-5):  # [..., n_seq, n_embd] -> [..., n_seq, n_emb
     n = x.shape[-1]
     centered = x - np.sum(x, axis=-1, keepdims=True) / n  # x - mean: sum / n skips np.mean's Python wrapper
     variance = np.vecdot(centered, centered)[..., None] / n  # mean of squares as one dot product per row: no temporary
-    centered *= 1 / np.sqrt(variance + eps)  # g (x - mean) / sqrt(variance + eps) + b, in place on one temporary
+    # g (x - mean) / sqrt(variance + eps) + b, in place on one temporary; times 1 / sqrt(...) divides once per row
+    centered *= 1 / np.sqrt(variance + eps)
     centered *= g
     centered += b
     return centered
@@ -82,8 +84,8 @@ def causal_mask(n_q, n_k):  # -> [n_q, n_k]
 
 
 def attention_scores(q, k):  # [..., n_head, n_q, d_head], [..., n_head, n_k, d_head] -> [..., n_head, n_q, n_k]
-    # q k^T / sqrt(d_head) for all heads (and rows) at once: einsum("...qd,...kd->...qk") written as the batched
-    # matmul that np.einsum itself calls, without its ~40 us of parsing per call (a third of a decode step's attention)
+    # q k^T / sqrt(d_head) for all heads (and rows) at once: einsum("...qd,...kd->...qk") as the batched matmul that
+    # np.einsum with a precomputed path runs too (NumPy 2.4), without its tens of microseconds of parsing per call
     return (q / math.sqrt(q.shape[-1])) @ k.swapaxes(-1, -2)
 
 
@@ -110,8 +112,7 @@ def merge_heads(x):  # [..., n_head, n_seq, d_head] -> [..., n_seq, n_head*d_hea
 
 def causal_attention(q, k, v, mask):  # attention's shapes; the queries are the last n_q of the n_k positions
     # block by block of queries, each against only the keys up to its last query: the causal triangle is about half
-    # of the [n_q, n_k] scores, and exp (about 1.5 ns an element here, 5 to 10 times a multiply) is attention's
-    # largest elementwise cost
+    # of the [n_q, n_k] scores, and exp, which costs many multiplies, is attention's largest elementwise pass
     n_q, n_k = q.shape[-2], k.shape[-2]
     if n_q <= QUERY_BLOCK:  # one block (every decode step): no output array to fill
         return attention(q, k, v, mask)
@@ -169,9 +170,10 @@ def lm_head(x, wte):  # [..., n_seq, n_embd] -> [..., n_seq, n_vocab]
     return matmul_rows(x, wte.T)  # GPT-2 ties the output projection to the token embeddings
 
 
-def gpt2(inputs, wte, wpe, blocks, ln_f, n_head):  # [..., n_seq] -> [..., n_seq, n_vocab]
-    """Float32 logits for every position of a token-id sequence [n_seq] (or an equal-length batch [n_rows, n_seq])."""
-    return lm_head(transformer(inputs, wte, wpe, blocks, ln_f, n_head), wte)
+def gpt2(inputs, wte, wpe, blocks, ln_f, n_head, last_only=False):  # [..., n_seq] -> [..., n, n_vocab]
+    """Float32 logits for every position of a token-id sequence [n_seq] (or an equal-length batch [n_rows, n_seq]);
+    with last_only=True for the last position only ([..., 1, n_vocab]), all that choosing the next token needs."""
+    return lm_head(transformer(inputs, wte, wpe, blocks, ln_f, n_head, last_only=last_only), wte)
 
 
 # --- Incremental decoding: the same blocks, with the keys and values of earlier positions kept ---

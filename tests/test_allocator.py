@@ -6,7 +6,7 @@ from argparse import Namespace
 
 import pytest
 
-from gpt2_numpy import cli
+from gpt2_numpy import allocator, cli
 from tests.conftest import REPO, tiny_models_dir
 
 # The minor page faults of allocating and freeing the large arrays of a forward pass, in a fresh interpreter that
@@ -48,3 +48,31 @@ def test_every_cli_keeps_freed_memory_before_its_forward_passes(tmp_path, monkey
     models_dir = tiny_models_dir(tmp_path)
     cli.load_model(Namespace(model_size="124M", models_dir=str(models_dir), source="openai"))
     assert calls == ["kept"]
+
+
+class FakeLibc:  # a C library whose mallopt takes only the options in `accepted`, as musl's takes none
+    def __init__(self, accepted):
+        self.accepted, self.options = accepted, []
+
+    def mallopt(self, option, value):
+        self.options.append(option)
+        return int(option in self.accepted)
+
+
+def no_c_library(name):
+    raise OSError("no such library")
+
+
+@pytest.mark.parametrize("accepted, kept", [({-2, -3}, True), ({-3}, False), (set(), False)])
+def test_true_only_when_the_c_library_takes_both_options(monkeypatch, accepted, kept):
+    libc = FakeLibc(accepted)  # glibc's malloc.h: M_TOP_PAD is -2, M_MMAP_THRESHOLD -3
+    monkeypatch.setattr(allocator.ctypes, "CDLL", lambda name: libc)
+    assert allocator.keep_freed_memory() is kept
+    if kept:
+        assert sorted(libc.options) == [-3, -2]
+
+
+@pytest.mark.parametrize("cdll", [lambda name: object(), no_c_library])  # macOS: no mallopt; no C library at all
+def test_false_without_mallopt(monkeypatch, cdll):
+    monkeypatch.setattr(allocator.ctypes, "CDLL", cdll)
+    assert allocator.keep_freed_memory() is False

@@ -1,6 +1,7 @@
 """The forward pass against Hugging Face's logits (scripts/make_reference.py) and against math."""
 import json
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -100,18 +101,26 @@ def test_last_only_after_a_long_prompt_is_the_last_position(tiny, monkeypatch):
     assert np.abs(last[0] - reference["logits"][-1]).max() <= HF_TOLERANCE
 
 
-def test_last_only_runs_the_last_block_on_the_last_row_only(tiny, monkeypatch):
+@pytest.mark.parametrize("cached", [False, True])
+def test_last_only_runs_the_last_block_on_the_last_row_only(tiny, monkeypatch, cached):
     hparams, params, reference = tiny
-    n, n_layer = len(reference["inputs"]), hparams["n_layer"]
+    inputs, n_head, n_layer = reference["inputs"], hparams["n_head"], hparams["n_layer"]
+    n = len(inputs) - 1
     rows_seen = []
     real_linear = model.linear
     monkeypatch.setattr(model, "linear", lambda x, w, b: rows_seen.append(x.shape[-2]) or real_linear(x, w, b))
-    x = model.transformer(reference["inputs"], **params, n_head=hparams["n_head"], last_only=True)
-    # c_attn, attention's c_proj, c_fc, the mlp's c_proj: only the last block's c_attn (its keys) needs every row
+    if cached:
+        cache = new_cache(params["wpe"], params["blocks"], n_head)
+        last, cache = gpt2_cached(inputs[:-1], cache, **params, n_head=n_head, last_only=True)
+    else:
+        last = gpt2(inputs[:-1], **params, n_head=n_head, last_only=True)
+    # c_attn, attention's c_proj, c_fc, the mlp's c_proj: only the last block's c_attn (keys, values) needs every row
     assert rows_seen == [n] * 4 * (n_layer - 1) + [n, 1, 1, 1]
-    last = model.lm_head(x, params["wte"])
     assert last.shape == (1, hparams["n_vocab"])
-    assert np.abs(last[0] - reference["logits"][-1]).max() <= HF_TOLERANCE
+    assert np.abs(last[0] - reference["logits"][-2]).max() <= HF_TOLERANCE  # HF's logits at position n - 1
+    if cached:  # the last block still stored every position's key and value, which the next step attends to
+        step, _ = gpt2_cached(inputs[-1:], cache, **params, n_head=n_head, last_only=True)
+        assert np.abs(step[0] - reference["logits"][-1]).max() <= HF_TOLERANCE
 
 
 def test_kv_cache_last_only_returns_the_last_row(tiny):
@@ -146,7 +155,7 @@ def test_changing_a_later_token_never_changes_earlier_logits(tiny):
 def test_every_intermediate_stays_float32(tiny, monkeypatch):
     hparams, params, reference = tiny
     dtypes = set()
-    for name in ["gelu", "softmax", "layer_norm", "linear", "attention", "mha", "block", "ffn", "embed", "lm_head"]:
+    for name in ["gelu", "shifted_exp", "layer_norm", "linear", "attention", "mha", "block", "ffn", "embed", "lm_head"]:
         real = getattr(model, name)
         monkeypatch.setattr(model, name, lambda *a, _real=real, **k: dtypes.add(_real(*a, **k).dtype) or _real(*a, **k))
     gpt2(reference["inputs"][:8], **params, n_head=hparams["n_head"])
@@ -195,6 +204,23 @@ def test_gelu_in_many_chunks_is_the_tanh_formula_everywhere(monkeypatch):
         y = gelu(array)
         assert y.shape == array.shape and y.dtype == np.float32
         np.testing.assert_allclose(y, tanh_gelu(array), rtol=1e-6, atol=1e-6)
+
+
+def test_gelu_of_very_negative_inputs_is_zero_without_a_warning():
+    x = np.array([-100, -1e4, -3e38], np.float32)  # e^(-2u) overflows to inf, which NumPy would warn about
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        y = gelu(x)
+    np.testing.assert_array_equal(y, 0)  # the tanh form's 0.5 x (1 - 1), and the limit of x Phi(x)
+
+
+@pytest.mark.parametrize("size", [0, 1, 17])  # a 0-d array, one element, two whole chunks of 8 and one element
+def test_gelu_of_sizes_just_past_a_chunk_is_the_tanh_formula(monkeypatch, size):
+    monkeypatch.setattr(model, "GELU_CHUNK", 8)
+    x = np.float32(-1.5) if size == 0 else np.linspace(-4, 4, size, dtype=np.float32)
+    y = gelu(x)
+    assert y.shape == np.shape(x) and y.dtype == np.float32
+    np.testing.assert_allclose(y, tanh_gelu(x), rtol=1e-6, atol=1e-6)
 
 
 def test_attention_is_the_textbook_softmax_formula():
