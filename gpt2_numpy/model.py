@@ -129,7 +129,7 @@ def mha(x, c_attn, c_proj, n_head, mask, past=None, queries=ALL):  # [..., n_seq
     q, k, v = split_heads(linear(x, **c_attn), n_head)  # [..., n_head, n_seq, d_head] each
     if past is not None:
         k, v = extend_past(past, k, v)  # [..., n_head, n_past+n_seq, d_head]
-    q = q[..., queries, :]  # only the positions whose output is wanted query, against every key
+    q = q[..., queries, :]  # queries of the wanted positions only; every position's key and value stay
     return linear(merge_heads(causal_attention(q, k, v, mask[..., queries, :])), **c_proj)
 
 
