@@ -41,7 +41,7 @@ def gelu_chunk(x, out):  # [n] -> out [n]: gelu's passes, in place on out
 
 def softmax(x):  # [..., n] -> [..., n]
     exp_x = shifted_exp(x)
-    exp_x /= np.sum(exp_x, axis=-1, keepdims=True)
+    exp_x /= exp_x.sum(axis=-1, keepdims=True)
     return exp_x
 
 
@@ -53,7 +53,7 @@ def shifted_exp(x, out=None):  # [..., n] -> [..., n]: e^(x - max x), softmax be
 
 def layer_norm(x, g, b, eps=1e-5):  # [..., n_seq, n_embd] -> [..., n_seq, n_embd]
     n = x.shape[-1]
-    centered = x - np.sum(x, axis=-1, keepdims=True) / n  # x - mean: sum / n skips np.mean's Python wrapper
+    centered = x - x.sum(axis=-1, keepdims=True) / n  # x - mean: the method skips np.mean's Python wrapper
     variance = np.vecdot(centered, centered)[..., None] / n  # mean of squares as one dot product per row: no temporary
     # g (x - mean) / sqrt(variance + eps) + b, in place on one temporary; times 1 / sqrt(...) divides once per row
     centered *= 1 / np.sqrt(variance + eps)
@@ -95,7 +95,7 @@ def attention(q, k, v, mask):  # [..., n_head, n_q, d_head], [..., n_head, n_k, 
     weights = shifted_exp(scores, out=scores)
     # softmax(scores + mask) v as (e^s v) / sum e^s: the division runs over [n_q, d_head], not over [n_q, n_k]
     out = weights @ v  # einsum("...qk,...kd->...qd")
-    out /= np.sum(weights, axis=-1, keepdims=True)
+    out /= weights.sum(axis=-1, keepdims=True)
     return out
 
 
