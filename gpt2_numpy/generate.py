@@ -15,7 +15,7 @@ import numpy as np
 
 from gpt2_numpy.cli import add_model_args, load_model, read_prompt, whole_number
 from gpt2_numpy.errors import ArgumentParser, Interrupted, UsageError, log, plural, run_cli
-from gpt2_numpy.model import check_inputs, gpt2_cached, new_cache
+from gpt2_numpy.fast import check_inputs, gpt2_cached, new_cache
 from gpt2_numpy.sampling import check_sampling_args, next_token
 from gpt2_numpy.tokenizer import EOT_ID
 

@@ -1,260 +1,75 @@
-"""The GPT-2 forward pass: small NumPy functions, float32 throughout, no I/O.
+"""GPT-2 as the blogs and the paper write it: one small NumPy function per formula, float32 throughout.
 
-Params are nested dicts named like OpenAI's checkpoint (see README), splatted into the functions with `**`.
+This is the file to read. fast.py computes the same math with the tricks that make it quick (a KV cache, batches
+of ragged prompts, query blocks), and tests hold the two equal. Params are nested dicts named like OpenAI's checkpoint
+(README), splatted into the functions with **. A leading batch axis works too: the shapes' "..." below.
 """
 import math
-from dataclasses import dataclass
 
 import numpy as np
 
-# Python floats, not NumPy's: NumPy 2 would promote float32 * np.float64 to float64
-GELU_SCALE = math.sqrt(2 / math.pi)
-MINUS_2U = (-2 * GELU_SCALE, -2 * GELU_SCALE * 0.044715)  # -2 sqrt(2/pi) (x + 0.044715 x^3) = x (a + b x^2)
-GELU_CHUNK = 1 << 15  # elements per pass of gelu: a chunk and its output (256 KB) stay in a core's 512 KB L2 cache
-ALL = slice(None)  # every position
-QUERY_BLOCK = 128  # queries per block of causal attention: a block's scores stay in L3 cache, and it skips the future
-
 
 def gelu(x):  # [...] -> [...]
-    # GPT-2's tanh approximation of x Phi(x): 0.5 x (1 + tanh u), u = sqrt(2/pi) (x + 0.044715 x^3), computed as
-    # x / (1 + e^(-2u)), since 0.5 (1 + tanh u) = 1 / (1 + e^(-2u)) and exp costs half of tanh here
-    x = np.asarray(x)
-    out = np.empty(x.shape, x.dtype)  # C-ordered, so that out.reshape(-1) is a view of it, not a copy
-    flat_x, flat_out = x.reshape(-1), out.reshape(-1)
-    with np.errstate(over="ignore"):  # e^(-2u) = inf for x below about -10 gives x / inf = -0, the true limit
-        for start in range(0, flat_x.size, GELU_CHUNK):  # a chunk's seven passes run in L2 cache, not memory
-            chunk = slice(start, start + GELU_CHUNK)
-            gelu_chunk(flat_x[chunk], out=flat_out[chunk])
-    return out
-
-
-def gelu_chunk(x, out):  # [n] -> out [n]: gelu's passes, in place on out
-    a, b = MINUS_2U
-    np.multiply(x, x, out=out)
-    out *= b
-    out += a
-    out *= x  # -2u = x (a + b x^2)
-    np.exp(out, out=out)
-    out += 1
-    np.divide(x, out, out=out)
+    # GPT-2's tanh approximation of the Gaussian error linear unit x Φ(x); math.sqrt gives a Python float, where
+    # np.sqrt(2 / np.pi) would be a float64 scalar that promotes every float32 array it touches
+    return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
 
 
 def softmax(x):  # [..., n] -> [..., n]
-    exp_x = shifted_exp(x)
-    exp_x /= exp_x.sum(axis=-1, keepdims=True)
-    return exp_x
+    exp_x = np.exp(x - np.max(x, axis=-1, keepdims=True))  # minus the max: the same result, and exp cannot overflow
+    return exp_x / np.sum(exp_x, axis=-1, keepdims=True)
 
 
-def shifted_exp(x, out=None):  # [..., n] -> [..., n]: e^(x - max x), softmax before its division
-    # softmax(x) = softmax(x - c) for any c, and c = max x keeps e^(x - c) <= 1, so it cannot overflow
-    out = np.subtract(x, np.max(x, axis=-1, keepdims=True), out=out)
-    return np.exp(out, out=out)
-
-
-def layer_norm(x, g, b, eps=1e-5):  # [..., n_seq, n_embd] -> [..., n_seq, n_embd]
-    n = x.shape[-1]
-    centered = x - x.sum(axis=-1, keepdims=True) / n  # x - mean: the method skips np.mean's Python wrapper
-    variance = np.vecdot(centered, centered)[..., None] / n  # mean of squares as one dot product per row: no temporary
-    # g (x - mean) / sqrt(variance + eps) + b, in place on one temporary; times 1 / sqrt(...) divides once per row
-    centered *= 1 / np.sqrt(variance + eps)
-    centered *= g
-    centered += b
-    return centered
+def layer_norm(x, g, b, eps=1e-5):  # [..., n_embd] -> [..., n_embd]
+    mean = np.mean(x, axis=-1, keepdims=True)
+    variance = np.var(x, axis=-1, keepdims=True)
+    return g * (x - mean) / np.sqrt(variance + eps) + b  # each position normalized to mean 0, variance 1, then scaled
 
 
 def linear(x, w, b):  # [..., n_in] -> [..., n_out]
-    y = matmul_rows(x, w)
-    y += b  # x w + b, in place: no second [n_seq, n_out] array
-    return y
-
-
-def matmul_rows(x, w):  # [..., n_in] @ [n_in, n_out] -> [..., n_out]
-    # one matrix product over all leading axes: matmul on a [n_rows, n_seq, n_in] stack would run one product per
-    # row, each streaming all of w, and a batch decode step would cost as much as n_rows single ones
-    return (x.reshape(-1, x.shape[-1]) @ w).reshape(*x.shape[:-1], w.shape[-1])
+    return x @ w + b  # w is stored [n_in, n_out]: OpenAI's Conv1D layout
 
 
 def ffn(x, c_fc, c_proj):  # [..., n_seq, n_embd] -> [..., n_seq, n_embd]
-    return linear(gelu(linear(x, **c_fc)), **c_proj)  # [..., n_seq, 4*n_embd] in between
+    return linear(gelu(linear(x, **c_fc)), **c_proj)  # widened to [..., n_seq, 4*n_embd] in between
 
 
-def causal_mask(n_q, n_k):  # -> [n_q, n_k]
-    # query i is position n_k - n_q + i (earlier positions may come from the KV cache); it must not see later keys
-    return np.triu(np.full((n_q, n_k), -np.inf, dtype=np.float32), k=n_k - n_q + 1)
+def causal_mask(n_seq):  # -> [n_seq, n_seq]
+    return np.triu(np.full((n_seq, n_seq), -np.inf, dtype=np.float32), k=1)  # -inf above the diagonal: no peeking
 
 
 def attention_scores(q, k):  # [..., n_head, n_q, d_head], [..., n_head, n_k, d_head] -> [..., n_head, n_q, n_k]
-    # q k^T / sqrt(d_head) for all heads (and rows) at once: einsum("...qd,...kd->...qk") as the batched matmul that
-    # np.einsum with a precomputed path runs too (NumPy 2.4), without its tens of microseconds of parsing per call
-    return (q / math.sqrt(q.shape[-1])) @ k.swapaxes(-1, -2)
+    return np.einsum("...qd,...kd->...qk", q, k) / math.sqrt(q.shape[-1])  # q kᵀ / √d_head, every head at once
 
 
-def attention(q, k, v, mask):  # [..., n_head, n_q, d_head], [..., n_head, n_k, d_head] x2, [..., n_q, n_k] -> like q
-    scores = attention_scores(q, k)
-    scores += mask  # in place here and below: the [..., n_head, n_q, n_k] scores are the largest array
-    weights = shifted_exp(scores, out=scores)
-    # softmax(scores + mask) v as (e^s v) / sum e^s: the division runs over [n_q, d_head], not over [n_q, n_k]
-    out = weights @ v  # einsum("...qk,...kd->...qd")
-    out /= weights.sum(axis=-1, keepdims=True)
-    return out
+def attention(q, k, v, mask):  # [..., n_head, n_q, d_head], [..., n_head, n_k, d_head] x2, [n_q, n_k] -> like q
+    weights = softmax(attention_scores(q, k) + mask)  # [..., n_head, n_q, n_k]: each row sums to 1
+    return np.einsum("...qk,...kd->...qd", weights, v)  # each query's weighted sum of the values, every head at once
 
 
-def split_heads(x, n_head):  # [..., n_seq, 3*n_embd] -> [3, ..., n_head, n_seq, d_head]: q, k, v, split into heads
-    *batch, n_seq, _ = x.shape
-    qkv = np.moveaxis(x.reshape(*batch, n_seq, 3, n_head, -1), -3, 0)  # [3, ..., n_seq, n_head, d_head]
-    return qkv.swapaxes(-3, -2)
+def split_heads(x, n_head):  # [..., n_seq, n_embd] -> [..., n_head, n_seq, d_head]
+    return np.swapaxes(x.reshape(*x.shape[:-1], n_head, -1), -3, -2)
 
 
 def merge_heads(x):  # [..., n_head, n_seq, d_head] -> [..., n_seq, n_head*d_head]
-    *batch, n_head, n_seq, d_head = x.shape
-    return x.swapaxes(-3, -2).reshape(*batch, n_seq, n_head * d_head)
+    x = np.swapaxes(x, -3, -2)
+    return x.reshape(*x.shape[:-2], -1)
 
 
-def causal_attention(q, k, v, mask):  # attention's shapes; the queries are the last n_q of the n_k positions
-    # block by block of queries, each against only the keys up to its last query: the causal triangle is about half
-    # of the [n_q, n_k] scores, and exp, which costs many multiplies, is attention's largest elementwise pass
-    n_q, n_k = q.shape[-2], k.shape[-2]
-    if n_q <= QUERY_BLOCK:  # one block (every decode step): no output array to fill
-        return attention(q, k, v, mask)
-    out = np.empty_like(q)
-    for start in range(0, n_q, QUERY_BLOCK):
-        end = min(start + QUERY_BLOCK, n_q)
-        seen = n_k - n_q + end  # keys up to this block's last query
-        block_mask = mask[..., start:end, :seen]
-        out[..., start:end, :] = attention(q[..., start:end, :], k[..., :seen, :], v[..., :seen, :], block_mask)
-    return out
+def mha(x, c_attn, c_proj, n_head):  # [..., n_seq, n_embd] -> [..., n_seq, n_embd]
+    q, k, v = np.split(linear(x, **c_attn), 3, axis=-1)  # [..., n_seq, n_embd] each
+    heads = attention(split_heads(q, n_head), split_heads(k, n_head), split_heads(v, n_head), causal_mask(x.shape[-2]))
+    return linear(merge_heads(heads), **c_proj)
 
 
-def mha(x, c_attn, c_proj, n_head, mask, past=None, queries=ALL):  # [..., n_seq, n_embd] -> [..., n_q, n_embd]
-    q, k, v = split_heads(linear(x, **c_attn), n_head)  # [..., n_head, n_seq, d_head] each
-    if past is not None:
-        k, v = extend_past(past, k, v)  # [..., n_head, n_past+n_seq, d_head]
-    q = q[..., queries, :]  # queries of the wanted positions only; every position's key and value stay
-    return linear(merge_heads(causal_attention(q, k, v, mask[..., queries, :])), **c_proj)
+def block(x, ln_1, attn, ln_2, mlp, n_head):  # [..., n_seq, n_embd] -> [..., n_seq, n_embd]
+    x = x + mha(layer_norm(x, **ln_1), **attn, n_head=n_head)  # pre-norm residual branches
+    return x + ffn(layer_norm(x, **ln_2), **mlp)
 
 
-def block(x, ln_1, attn, ln_2, mlp, n_head, mask, past=None, queries=ALL):  # [..., n_seq, n_embd] -> [..., n_q, n_embd]
-    # queries: the last positions whose output is wanted, e.g. slice(-1, None); every position gives keys and values
-    x = x[..., queries, :] + mha(layer_norm(x, **ln_1), **attn, n_head=n_head, mask=mask, past=past, queries=queries)
-    return x + ffn(layer_norm(x, **ln_2), **mlp)  # pre-norm residual branches
-
-
-def embed(inputs, wte, wpe, n_past=0, pad=None):  # [..., n_seq] -> [..., n_seq, n_embd]
-    ids = check_inputs(inputs, n_vocab=wte.shape[0], n_ctx=wpe.shape[0], n_past=n_past)
-    if pad is None:
-        return wte[ids] + wpe[n_past : n_past + ids.shape[-1]]
-    return wte[ids] + wpe[positions(pad, n_past, ids.shape[-1])]
-
-
-def transformer(inputs, wte, wpe, blocks, ln_f, n_head, cache=None, last_only=False):
-    # [..., n_seq] -> [..., n, n_embd]; n = n_seq, or 1 with last_only: then the last block, whose other rows would
-    # feed nothing, runs the last row only
-    n_past, pad = (0, None) if cache is None else (cache.n_past, cache.pad)
-    x = embed(inputs, wte, wpe, n_past, pad)
-    n_seq = x.shape[-2]
-    mask = causal_mask(n_seq, n_past + n_seq)  # built once, shared by every block
-    if pad is not None:
-        mask = mask + padding_mask(pad, n_past, n_seq)  # [n_rows, 1, n_seq, n_past+n_seq]
-    queries = [ALL] * len(blocks)
-    if last_only:
-        queries[-1] = slice(-1, None)
-    for layer, (block_params, block_queries) in enumerate(zip(blocks, queries)):
-        past = None if cache is None else (cache.keys[layer], cache.values[layer], n_past)
-        x = block(x, **block_params, n_head=n_head, mask=mask, past=past, queries=block_queries)
-    if cache is not None:
-        cache.n_past += n_seq
-    return layer_norm(x, **ln_f)
-
-
-def lm_head(x, wte):  # [..., n_seq, n_embd] -> [..., n_seq, n_vocab]
-    return matmul_rows(x, wte.T)  # GPT-2 ties the output projection to the token embeddings
-
-
-def gpt2(inputs, wte, wpe, blocks, ln_f, n_head, last_only=False):  # [..., n_seq] -> [..., n, n_vocab]
-    """Float32 logits for every position of a token-id sequence [n_seq] (or an equal-length batch [n_rows, n_seq]);
-    with last_only=True for the last position only ([..., 1, n_vocab]), all that choosing the next token needs."""
-    return lm_head(transformer(inputs, wte, wpe, blocks, ln_f, n_head, last_only=last_only), wte)
-
-
-# --- Incremental decoding: the same blocks, with the keys and values of earlier positions kept ---
-
-
-@dataclass
-class KVCache:
-    keys: np.ndarray  # [n_layer, (n_rows,) n_head, n_slots, d_head], valid up to n_past
-    values: np.ndarray  # the same shape as keys
-    n_past: int = 0  # slots filled, the same for every row
-    pad: np.ndarray = None  # [n_rows]: a batch's left padding, the slots before each row's first token; None: no batch
-
-    def keep(self, rows):  # -> KVCache of only these rows of a batch, e.g. those still generating
-        keys, values = (np.zeros_like(self.keys[:, rows]) for _ in range(2))  # calloc: untouched slots stay unpaged
-        keys[..., : self.n_past, :], values[..., : self.n_past, :] = (
-            kv[:, rows, ..., : self.n_past, :] for kv in (self.keys, self.values))
-        return KVCache(keys, values, self.n_past, self.pad[rows])
-
-
-def new_cache(wpe, blocks, n_head, pad=None, n_slots=None):  # -> KVCache of n_slots (default n_ctx) positions
-    """An empty KV cache for gpt2_cached: for one sequence, or, given pad ([n_rows] ints), for a batch whose row i
-    starts with pad[i] slots of left padding. n_slots caps the positions it holds (at most n_ctx)."""
-    # preallocated once, so each step writes in place instead of concatenating (which copies the cache every token)
-    n_ctx, n_embd = wpe.shape
-    if n_slots is not None and not 1 <= n_slots <= n_ctx:
-        raise ValueError(f"n_slots={n_slots} must lie in 1 ... n_ctx={n_ctx}")
-    rows = () if pad is None else (len(pad),)
-    shape = (len(blocks), *rows, n_head, n_ctx if n_slots is None else n_slots, n_embd // n_head)
-    pad = None if pad is None else np.asarray(pad, dtype=np.int64)
-    return KVCache(np.zeros(shape, np.float32), np.zeros(shape, np.float32), pad=pad)
-
-
-def extend_past(past, k, v):  # [..., n_head, n_seq, d_head] x2 -> [..., n_head, n_past+n_seq, d_head] x2
-    k_cache, v_cache, n_past = past
-    n_total = n_past + k.shape[-2]
-    k_cache[..., n_past:n_total, :], v_cache[..., n_past:n_total, :] = k, v
-    return k_cache[..., :n_total, :], v_cache[..., :n_total, :]
-
-
-# A batch of prompts of different lengths is left-padded to one length, so every row fills the same cache slots and
-# a decode step is one array operation for all rows; each row's positions still start at 0 at its own first token,
-# and the padding mask hides the padding from it. (Right padding would instead need per-row slots and lengths.)
-
-
-def positions(pad, n_past, n_seq):  # [n_rows] -> [n_rows, n_seq]: each row's own position at each slot
-    return np.maximum(np.arange(n_past, n_past + n_seq) - pad[:, None], 0)  # padding slots reuse position 0
-
-
-def padding_mask(pad, n_past, n_seq):  # [n_rows] -> [n_rows, 1, n_seq, n_past+n_seq]: -inf where a key is padding
-    # hidden from the real queries only: a padding query (whose output no real row uses) sees the padding, so that
-    # no row of scores is all -inf, which softmax would turn into NaN and the weighted sum spread to every row (0 * NaN)
-    query, key = np.arange(n_past, n_past + n_seq)[:, None], np.arange(n_past + n_seq)
-    hidden = (key < pad[:, None, None]) & (query >= pad[:, None, None])  # [n_rows, n_seq, n_past+n_seq]
-    return np.where(hidden, np.float32(-np.inf), np.float32(0))[:, None]
-
-
-def gpt2_cached(inputs, cache, wte, wpe, blocks, ln_f, n_head, last_only=False):  # [..., n_new] -> [..., n, n_vocab]
-    """Logits of new token ids after those already in `cache` (from new_cache), which the call extends; returns
-    (logits, cache). inputs is [n_new] for one sequence or [n_rows, n_new] for a batch cache; the logits are
-    [..., n_new, n_vocab], or [..., 1, n_vocab] for the last position only with last_only=True."""
-    ids = check_inputs(inputs, n_vocab=wte.shape[0], n_ctx=wpe.shape[0], n_past=cache.n_past)  # before any change
-    rows = cache.keys.shape[1:-3]  # () for one sequence, (n_rows,) for a batch
-    if ids.shape[:-1] != rows:  # NumPy would broadcast one sequence's ids to every row of a batch without a word
-        kind = f"a batch of {rows[0]} rows, which takes [{rows[0]}, n_new] ids" if rows else "one sequence, [n_new]"
-        raise ValueError(f"ids of shape {ids.shape} do not fit a KV cache for {kind}")
-    if cache.n_past + ids.shape[-1] > cache.keys.shape[-2]:
-        raise ValueError(f"{cache.n_past + ids.shape[-1]} positions exceed the cache's {cache.keys.shape[-2]} slots")
-    return lm_head(transformer(ids, wte, wpe, blocks, ln_f, n_head, cache, last_only), wte), cache
-
-
-def check_inputs(inputs, n_vocab, n_ctx, n_past=0):  # [(n_rows,) n_seq] -> int64 [(n_rows,) n_seq]
-    # NumPy would wrap negative ids silently (and wpe would run short past n_ctx), so both are refused here, by name
-    ids = np.asarray(inputs)
-    if ids.ndim not in (1, 2) or ids.size == 0 or not np.issubdtype(ids.dtype, np.integer):
-        raise ValueError(
-            f"inputs must be a non-empty 1-D sequence of integer token ids (or a 2-D batch of equally long ones), got "
-            f"{ids.dtype} shape {ids.shape}"
-        )
-    bad = ids[(ids < 0) | (ids >= n_vocab)]
-    if len(bad):
-        raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {n_vocab})")
-    if n_past + ids.shape[-1] > n_ctx:
-        raise ValueError(f"{n_past + ids.shape[-1]} positions exceed the model's context of n_ctx={n_ctx} tokens")
-    return ids.astype(np.int64, copy=False)
+def gpt2(inputs, wte, wpe, blocks, ln_f, n_head):  # [..., n_seq] -> [..., n_seq, n_vocab]
+    inputs = np.asarray(inputs)
+    x = wte[inputs] + wpe[np.arange(inputs.shape[-1])]  # token + position embeddings
+    for block_params in blocks:
+        x = block(x, **block_params, n_head=n_head)
+    return layer_norm(x, **ln_f) @ wte.T  # GPT-2 ties the output projection to the token embeddings

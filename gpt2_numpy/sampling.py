@@ -12,7 +12,7 @@ import numbers
 import numpy as np
 
 from gpt2_numpy.errors import UsageError
-from gpt2_numpy.model import softmax
+from gpt2_numpy.fast import softmax
 
 FLOAT32_TINY = float(np.finfo(np.float32).tiny)
 NUCLEUS_START = 64  # first slice sorted when looking for the nucleus; it grows 8x until it holds enough probability

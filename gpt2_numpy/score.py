@@ -16,7 +16,7 @@ import numpy as np
 
 from gpt2_numpy.cli import add_model_args, load_model, read_prompt, whole_number
 from gpt2_numpy.errors import ArgumentParser, UsageError, plural, run_cli
-from gpt2_numpy.model import check_inputs, lm_head, transformer
+from gpt2_numpy.fast import check_inputs, lm_head, transformer
 from gpt2_numpy.tokenizer import EOT, EOT_ID
 
 # --- Log-probabilities ---

@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "scripts")]
 
 from benchmark_tokenizer import encode_throughput, long_piece_rows, tiktoken_throughput  # noqa: E402
-from gpt2_numpy import keep_freed_memory, model  # noqa: E402
+from gpt2_numpy import fast as model, keep_freed_memory  # noqa: E402
 from gpt2_numpy.checkpoint import load_params  # noqa: E402
 from gpt2_numpy.formats.crc32c import crc32c  # noqa: E402
 from gpt2_numpy.generate import generate_batch  # noqa: E402
@@ -306,7 +306,7 @@ print(peak_rss_bytes())
 ALLOCATOR = """
 import resource, sys, time
 import numpy as np
-from gpt2_numpy import keep_freed_memory, model
+from gpt2_numpy import fast as model, keep_freed_memory
 from gpt2_numpy.checkpoint import load_params
 from gpt2_numpy.random_params import random_params
 if sys.argv[2] == "keep":

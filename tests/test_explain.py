@@ -11,10 +11,10 @@ import xml.etree.ElementTree as ElementTree
 import numpy as np
 import pytest
 
-from gpt2_numpy import explain, model
+from gpt2_numpy import explain, fast as model
 from gpt2_numpy.errors import UsageError
 from gpt2_numpy.explain import attention_figure, attention_weights, report, run, token_label, walkthrough
-from gpt2_numpy.model import block, gpt2
+from gpt2_numpy.fast import block, gpt2
 from gpt2_numpy.random_params import random_params
 from gpt2_numpy.tokenizer import load_tokenizer
 from tests.conftest import FIXTURES, REPO, assert_one_error_line, official_path, tiny_models_dir

@@ -6,8 +6,8 @@ import warnings
 import numpy as np
 import pytest
 
-from gpt2_numpy import model
-from gpt2_numpy.model import (
+from gpt2_numpy import fast as model
+from gpt2_numpy.fast import (
     attention,
     causal_mask,
     gelu,

@@ -18,7 +18,7 @@ import sys
 import numpy as np
 import pytest
 
-from gpt2_numpy import model, score
+from gpt2_numpy import fast as model, score
 from gpt2_numpy.errors import UsageError
 from gpt2_numpy.random_params import random_params
 from gpt2_numpy.score import log_softmax_at, score_windows, token_log_probs, visible
