@@ -1,4 +1,5 @@
-"""What the command lines share: the flags that choose a model, and loading it (downloading it first if missing)."""
+"""What the command lines share: the flags that choose a model, loading it (downloading it first if missing), the
+prompt and its ids, and writing to stdout. No CLI imports another; they all import this."""
 import argparse
 import sys
 import time
@@ -7,7 +8,7 @@ from gpt2_numpy.allocator import keep_freed_memory
 from gpt2_numpy.checkpoint import load_params
 from gpt2_numpy.errors import UsageError, log
 from gpt2_numpy.models import MODEL_SIZES, SOURCES, models_dir_path
-from gpt2_numpy.tokenizer import load_tokenizer
+from gpt2_numpy.tokenizer import EOT_ID, load_tokenizer
 from gpt2_numpy.weights import ensure_model
 
 
@@ -67,3 +68,20 @@ def check_models_dir(models_root):  # -> None, or UsageError when the models dir
     except OSError as error:
         raise UsageError(f"cannot read the models dir {models_root} ({error.strerror}): fix its permissions or pass "
                          "another folder with --models-dir") from None
+
+
+def prompt_ids(tokenizer, prompt, n_vocab, name="the prompt"):  # -> ids to feed the model, all < n_vocab
+    # "<|endoftext|>" typed in a prompt is the document separator; an empty prompt starts from it, as GPT-2 was trained
+    ids = tokenizer.encode(prompt, allowed_special="all") or [EOT_ID]
+    outside = [token_id for token_id in ids if token_id >= n_vocab]
+    if outside:
+        raise UsageError(
+            f"{name}'s token {outside[0]} ({tokenizer.decode(outside[:1])!r}) is outside this model's vocabulary "
+            f"of {n_vocab} tokens: use a model with GPT-2's full vocabulary, or a prompt of other words"
+        )
+    return ids
+
+
+def write_stdout(text):
+    sys.stdout.write(text)
+    sys.stdout.flush()  # each token appears as soon as it is chosen, even through a pipe

@@ -20,9 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from gpt2_numpy.cli import add_model_args, load_model, read_prompt
+from gpt2_numpy.cli import add_model_args, load_model, prompt_ids, read_prompt, write_stdout
 from gpt2_numpy.errors import ArgumentParser, UsageError, log, plural, run_cli
-from gpt2_numpy.generate import prompt_ids, write_stdout
 from gpt2_numpy.fast import (
     attention,
     attention_scores,

@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 
-from gpt2_numpy.cli import add_model_args, load_model, read_prompt, whole_number
+from gpt2_numpy.cli import add_model_args, load_model, prompt_ids, read_prompt, whole_number, write_stdout
 from gpt2_numpy.errors import ArgumentParser, Interrupted, UsageError, log, plural, run_cli
 from gpt2_numpy.fast import check_inputs, gpt2_cached, new_cache
 from gpt2_numpy.sampling import check_sampling_args, next_token
@@ -253,18 +253,6 @@ def note_ignored_options(args, greedy):  # -> None; says on stderr when options 
             "--temperature 0.8 to sample")
 
 
-def prompt_ids(tokenizer, prompt, n_vocab, name="the prompt"):  # -> ids to feed the model, all < n_vocab
-    # "<|endoftext|>" typed in a prompt is the document separator; an empty prompt starts from it, as GPT-2 was trained
-    ids = tokenizer.encode(prompt, allowed_special="all") or [EOT_ID]
-    outside = [token_id for token_id in ids if token_id >= n_vocab]
-    if outside:
-        raise UsageError(
-            f"{name}'s token {outside[0]} ({tokenizer.decode(outside[:1])!r}) is outside this model's vocabulary "
-            f"of {n_vocab} tokens: use a model with GPT-2's full vocabulary, or a prompt of other words"
-        )
-    return ids
-
-
 def print_sample(ids, tokenizer, stream):  # -> list of the ids printed; stdout gets their text and a newline
     decoder = tokenizer.stream_decoder()
     held, printed = [], []  # held: text not yet written, all of it with --no-stream
@@ -293,11 +281,6 @@ def print_timed(ids, tokenizer, stream, n_tokens, n_prompt, copies=1):  # -> Non
         f"after a {n_prompt}-token prompt")
     for _ in range(copies - 1):  # greedy: every further sample is the same text
         write_stdout("\n" + tokenizer.decode(printed) + "\n")
-
-
-def write_stdout(text):
-    sys.stdout.write(text)
-    sys.stdout.flush()  # each token appears as soon as it is chosen, even through a pipe
 
 
 if __name__ == "__main__":
