@@ -8,6 +8,8 @@ import re
 from functools import partial
 from pathlib import Path
 
+import numpy as np
+
 from gpt2_numpy.errors import CheckpointError
 from gpt2_numpy.formats import describe, parse_json, read_file, shown, unreadable
 from gpt2_numpy.formats.safetensors import read_safetensors, to_float32
@@ -23,8 +25,9 @@ HPARAM_NAMES = {  # the hparams file's own key -> ours
 # OpenAI names tensors "model/h3/mlp/c_fc/w"; Hugging Face "transformer.h.3.mlp.c_fc.weight", or without "transformer."
 # (DOTALL: a name from a damaged file may hold a newline; at most 9 digits: a layer number always fits an int)
 FOREIGN_NAME = re.compile(r"(?:model/|transformer\.)?(?:h\.?([0-9]{1,9})[./])?(.*)", re.DOTALL)
-# (module, leaf) pairs to skip: Hugging Face's causal-mask buffers, and an output layer GPT-2 ties to wte anyway
-SKIPPED = {("attn", "bias"), ("attn", "masked_bias"), ("lm_head", "weight")}
+# (module, leaf) pairs to skip: Hugging Face's causal-mask buffers
+SKIPPED = {("attn", "bias"), ("attn", "masked_bias")}
+LM_HEAD = ("lm_head",)  # Hugging Face's output layer: GPT-2 ties it to wte, so a file may hold it only as wte's copy
 
 
 def load_params(model_dir, verify=False):  # -> (hparams, params)
@@ -43,7 +46,7 @@ def load_params(model_dir, verify=False):  # -> (hparams, params)
         raise CheckpointError(f"{model_dir} holds no GPT-2 checkpoint: expected {', '.join(OPENAI_FILES)} (OpenAI) or "
                               f"{' and '.join(HF_FILES)} (Hugging Face); download the model there first")
     hparams = read_hparams(hparams_path)
-    return hparams, to_params(tensors, hparams, f"{weights_path} and {hparams_path}")
+    return hparams, to_params(tensors, hparams, Path(weights_path), hparams_path)
 
 
 def files_in(model_dir, names):  # -> the names that are files in model_dir; CheckpointError if it cannot be read
@@ -76,21 +79,21 @@ def checkpoint_prefix(model_dir):  # -> the path prefix the "checkpoint" file na
     path = model_dir / "checkpoint"
     match = re.search(r'^model_checkpoint_path:\s*"([^"]+)"', read_file(path).decode(errors="replace"), re.MULTILINE)
     if not match:
-        raise CheckpointError(f"{path} names no model_checkpoint_path; download the model again")
+        raise CheckpointError(f"{path} names no model_checkpoint_path; download the model again", files=(path,))
     name = match.group(1)
     if not name.isprintable():  # a NUL would fail every file call; a line break would split our messages
         raise CheckpointError(f"{path} names the checkpoint {shown(name)}, which holds unprintable characters; "
-                              "download the model again")
+                              "download the model again", files=(path,))
     prefix = model_dir / name  # relative to the folder, as TensorFlow does; an absolute path stays as it is
     index = Path(f"{prefix}.index")
     # The file may come from a mirror: it must not make us read files outside the folder, by an absolute path, by ".."
     # or through a symlinked folder. The data files themselves may be symlinks: only a user can make those.
     if not inside(index.parent, model_dir):
         raise CheckpointError(f"{path} names the checkpoint {shown(name)}, outside {model_dir}; only a checkpoint in "
-                              "the model folder is loaded: download the model again")
+                              "the model folder is loaded: download the model again", files=(path,))
     if not os.path.lexists(index):  # say which file chose the name, or a damaged one would stay hidden
         raise CheckpointError(f"{index} is missing ({path} names the checkpoint {shown(name)}); download the model "
-                              "again")
+                              "again", files=(path,))
     return prefix
 
 
@@ -107,19 +110,20 @@ def read_hparams(path):  # -> our hparams, from OpenAI's hparams.json or Hugging
     try:
         config = parse_json(read_file(path))
     except ValueError as error:  # UnicodeDecodeError and JSONDecodeError are ValueErrors too
-        raise CheckpointError(f"{path} is not valid JSON ({error}); download the model again") from None
+        raise CheckpointError(f"{path} is not valid JSON ({error}); download the model again", files=(path,)) from None
     missing = [key for key in key_names if not isinstance(config, dict) or key not in config]
     if missing:
-        raise CheckpointError(f"{path} lacks the hyperparameter {missing[0]!r}; download the model again")
+        raise CheckpointError(f"{path} lacks the hyperparameter {missing[0]!r}; download the model again",
+                              files=(path,))
     for theirs in key_names:
         value = config[theirs]
         if type(value) is not int or value < 1:  # bool is an int subclass, but never a size
             raise CheckpointError(f"{path}: the hyperparameter {theirs!r} must be a positive integer, not "
-                                  f"{describe(value)}; download the model again")
+                                  f"{describe(value)}; download the model again", files=(path,))
     hparams = {ours: config[theirs] for theirs, ours in key_names.items()}
     if hparams["n_embd"] % hparams["n_head"]:
         raise CheckpointError(f"{path}: hyperparameters {hparams} must have n_embd divisible by n_head; download the "
-                              "model again")
+                              "model again", files=(path,))
     return hparams
 
 
@@ -128,24 +132,29 @@ def our_key(name):  # foreign tensor name -> key in our params, e.g. ("blocks", 
     *module, leaf = re.split(r"[./]", path)
     if (*module[-1:], leaf) in SKIPPED:
         return None
-    if leaf == "weight" and module in (["wte"], ["wpe"]):
+    if leaf == "weight" and module in (["wte"], ["wpe"], list(LM_HEAD)):
         return tuple(module)  # OpenAI's "model/wte" has no leaf name at all
     if leaf in ("weight", "bias"):  # Hugging Face calls every leaf weight or bias; OpenAI calls a norm's gain g
         leaf = "b" if leaf == "bias" else "g" if "".join(module[-1:]).startswith("ln_") else "w"
     return (("blocks", int(layer)) if layer else ()) + tuple(module) + (leaf,)
 
 
-def to_params(tensors, hparams, files):  # {foreign name: (shape, loader)} -> params in our layout
+def to_params(tensors, hparams, weights_path, hparams_path):  # {foreign name: (shape, loader)} -> params in our layout
     """Names and shapes are checked against hparams before any tensor is read, and nothing is built from hparams
     alone: absurd ones (a trillion layers) fail as fast as wrong ones."""
     top, block = param_shapes(hparams)
+    files = weights_path, hparams_path
     found = {}
     for name, (shape, load) in tensors.items():
         key = our_key(name)
         if key is None:
             continue
         expected = expected_shape(key, top, block, hparams["n_layer"])
-        if expected is None:
+        if expected is None and not is_gpt2_key(key, block):
+            raise CheckpointError(f"{weights_path}: tensor {shown(name)} is none of GPT-2's weights (an optimizer slot "
+                                  "or a training counter?): the checkpoint holds a tensor the model does not use; save "
+                                  "the model's weights alone", files=(weights_path,))
+        if expected is None:  # a layer beyond n_layer
             raise mismatch(files, f"tensor {shown(name)} has no place in a GPT-2 with {hparams}")
         # The surprise: GPT-2's linear layers are Conv1D modules, whose weights both formats store [in, out] (a torch
         # nn.Linear would be [out, in]), which is our layout already: no transposes. TF adds a leading 1 (a 1x1 kernel).
@@ -157,17 +166,35 @@ def to_params(tensors, hparams, files):  # {foreign name: (shape, loader)} -> pa
             raise mismatch(files, f"tensors {shown(found[key][0])} and {shown(name)} are both "
                            f"{'/'.join(map(str, key))}")
         found[key] = name, load
+    lm_head = found.pop(LM_HEAD, None)
     if len(found) < len(top) + len(block) * hparams["n_layer"]:  # found holds no key twice and none out of place
         missing = next(key for key in expected_keys(top, block) if key not in found)
         raise mismatch(files, f"the weights lack {'/'.join(map(str, missing))} of a GPT-2 with {hparams}")
     arrays = {key: load() for key, (_, load) in found.items()}
+    if lm_head:
+        check_tied(*lm_head, arrays[("wte",)], weights_path)
     return nest({key: array[0] if array.ndim == 3 else array for key, array in arrays.items()}, hparams["n_layer"])
 
 
 def expected_shape(key, top, block, n_layer):  # -> the shape hparams give our key, or None: no such tensor in GPT-2
+    if key == LM_HEAD:
+        return top[("wte",)]
     if len(key) > 2 and key[0] == "blocks" and isinstance(key[1], int):  # e.g. a tensor named "blocks" is not one
         return block.get(key[2:]) if key[1] < n_layer else None
     return top.get(key)
+
+
+def is_gpt2_key(key, block):  # -> True for a key of some layer's block, whatever n_layer (top keys always have a place)
+    return len(key) > 2 and key[0] == "blocks" and isinstance(key[1], int) and key[2:] in block
+
+
+def check_tied(name, load, wte, weights_path):  # -> None, or CheckpointError for an output layer other than wte
+    # the forward pass computes logits with wte itself (x @ wte.T), as GPT-2 was trained: an untied head would be lost
+    if not np.array_equal(load(), wte, equal_nan=True):
+        raise CheckpointError(f"{weights_path}: tensor {shown(name)} differs from wte: this model's output layer is "
+                              "not tied to its token embeddings, as GPT-2's is and as this code computes the logits; "
+                              "use a library that supports an untied output layer, or a checkpoint without it",
+                              files=(weights_path,))
 
 
 def expected_keys(top, block):  # -> every key of our params layout, blocks in order, lazily (there may be no end)
@@ -179,7 +206,9 @@ def expected_keys(top, block):  # -> every key of our params layout, blocks in o
 
 
 def mismatch(files, problem):  # -> CheckpointError for weights and hyperparameters that do not belong together
-    return CheckpointError(f"{files} disagree: {problem}; use the hyperparameter file that came with these weights")
+    weights_path, hparams_path = files
+    return CheckpointError(f"{weights_path} and {hparams_path} disagree: {problem}; use the hyperparameter file that "
+                           "came with these weights", files=(hparams_path, weights_path))
 
 
 def param_shapes(hparams):  # -> ({key: shape} outside the blocks, {key within a block: shape}), keys as flatten's

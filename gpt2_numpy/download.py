@@ -7,8 +7,10 @@ verification, installing, the record of a verified folder): see gpt2_numpy/weigh
 
 How: every missing file streams into <folder>/.download/<name>.part, resumed with an HTTP Range request after an
 interruption (Ctrl-C, a kill, a broken connection), and is renamed to <folder>/.download/<name> once its size matches
-what the server announced. A part is never written past that size.
+what the server announced and its SHA-256 matches the one the server published, if it published one (the Hugging Face
+hub does for its LFS files, such as model.safetensors). A part is never written past that size.
 """
+import hashlib
 import os
 import re
 import sys
@@ -73,7 +75,7 @@ def fetch(session, url, path):  # -> None: path holds the complete file, fetched
     while True:
         size_before = file_size(part)
         try:
-            fetch_into(session, url, part)
+            published = fetch_into(session, url, part)
             break
         except (Retry, requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError) as error:
             if no_name_resolution(error):  # no DNS means no network here: say so now, not after a minute of retries
@@ -86,20 +88,60 @@ def fetch(session, url, path):  # -> None: path holds the complete file, fetched
             time.sleep(delay)
         except requests.RequestException as error:  # a malformed URL or a redirect loop: asking again cannot help
             raise DownloadError(f"cannot download {url}: {error}") from None
+    check_published(url, part, published)
     os.replace(part, path)
 
 
-def fetch_into(session, url, part):  # -> None: one request, appending to part; raises when the file is not complete
+def fetch_into(session, url, part):  # -> published_sha256's answer, after one request appending to part
+    # raises Retry when the file is not complete yet
     offset = file_size(part)
     headers = {"Range": f"bytes={offset}-"} if offset else {}
     timeout = (CONNECT_TIMEOUT_SECONDS, READ_TIMEOUT_SECONDS)
     with session.get(url, headers=headers, stream=True, timeout=timeout) as response:
+        published = published_sha256(response)
         if response.status_code == 416 and response.headers.get("Content-Range") == f"bytes */{offset}":
-            return  # nothing lies past our last byte: the part is the whole file, stopped just before its rename
+            return published  # nothing lies past our last byte: the part is the whole file, stopped before its rename
         start, total = body_span(response, url, offset, part)
         write_body(response, part, start, total)
     if total is not None and file_size(part) != total:
         raise Retry(f"got {file_size(part):,} of {total:,} bytes")
+    return published
+
+
+def published_sha256(response):  # -> (lowercase hex SHA-256, size or None) the server published, or None
+    # The hub answers a resolve URL with a redirect to its file store that carries the LFS file's SHA-256 as
+    # X-Linked-Etag ("quoted hex") and its size as X-Linked-Size; requests follows it and keeps it in history.
+    # Files kept in git, such as config.json, have no X-Linked-Etag (their ETag is a git hash, not checked here).
+    for answer in (*response.history, response):
+        digest = answer.headers.get("X-Linked-Etag", "").removeprefix("W/").strip('"').lower()
+        if re.fullmatch(r"[0-9a-f]{64}", digest):
+            size = answer.headers.get("X-Linked-Size", "")
+            return digest, int(size) if size.isdigit() else None
+    return None
+
+
+def check_published(url, part, published):  # -> None; DownloadError, the part deleted, when it is not those bytes
+    if published is None:
+        return
+    digest, size = published
+    if size is not None and file_size(part) != size:
+        problem = f"has {file_size(part):,} bytes but the server published X-Linked-Size {size:,}"
+    else:
+        log(f"checking the SHA-256 of {part.stem}")
+        actual = sha256_of(part)
+        if actual == digest:
+            return
+        problem = f"has SHA-256 {actual} but the server published {digest} (X-Linked-Etag): the bytes are corrupt"
+    part.unlink()
+    raise DownloadError(f"{url}: the download {problem}; deleted it, so the next run fetches a fresh copy")
+
+
+def sha256_of(path):  # -> lowercase hex SHA-256 of the file, read a chunk at a time (it may be gigabytes)
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        while chunk := file.read(CHUNK_BYTES):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def body_span(response, url, offset, part):  # -> (byte offset where the body goes, full file size or None)
@@ -188,8 +230,8 @@ def run(argv=None):  # -> exit status; prints the model folder on stdout, everyt
     args = parser.parse_args(argv)
     folder, files = model_files(args.size, args.models_dir, args.source)
     if is_complete(folder, files):
-        log(f"GPT-2 {args.size} is already complete in {folder} (quick size check; delete {MARKER} there to "
-            "re-verify)")
+        log(f"GPT-2 {args.size} is already complete in {folder} (sizes, times and inodes as recorded when it was "
+            f"verified; delete {MARKER} there to verify again)")
     print(ensure_model(args.size, args.models_dir, args.source))
     return 0
 

@@ -12,6 +12,11 @@ class Gpt2NumpyError(Exception):
     exit_code = 2
     label = "error"  # the word run_cli prints before the message
 
+    def __init__(self, message, files=()):
+        super().__init__(message)
+        # the files a failed check compared, the one at fault first when all are equally trusted (see weights.blame)
+        self.files = tuple(files)
+
 
 class UsageError(Gpt2NumpyError):
     """A command-line argument or API argument is invalid."""

@@ -4,29 +4,33 @@
 
 Where folders are and where files come from: see gpt2_numpy/models.py.
 
-A folder is ready when <folder>/.verified.json records the size of every file and the sizes still match: runs after
-the first compare sizes instead of re-reading gigabytes (delete the marker to verify again). Otherwise ensure_model,
-holding the folder's lock (.download.lock):
+A folder is ready when <folder>/.verified.json records every file's size, modification time and inode, and they still
+match: runs after the first compare those, as git's index does, instead of re-reading gigabytes. A file rewritten in
+place (a new time) or a folder copied elsewhere (new inodes) is verified again; delete the marker to force it.
+Otherwise ensure_model, holding the folder's lock (.download.lock):
 - verifies the files already in the folder where they are. Files placed by hand are never moved, renamed or deleted:
   a bad one is named and left for the user to replace, and a Ctrl-C or a crash midway leaves everything as it was;
-- downloads the missing ones (gpt2_numpy/download.py, whose network stack loads only then) into <folder>/.download/,
+- downloads the missing ones (gpt2_numpy/download.py, whose network stack loads only then; it checks each file against
+  a SHA-256 the server publishes, as the Hugging Face hub does for model.safetensors) into <folder>/.download/,
   verifies them there together with second names (hard links) of the files already present, and only then moves them
-  into the folder, so that no final name ever holds unverified downloaded bytes. A bad download is deleted; the good
-  ones stay staged for the next run.
-Verifying means: the CRC32C of every tensor (TF) or the whole safetensors structure, every shape, and vocabulary files
-that load and cover every token of the model.
+  into the folder, so that no final name ever holds unverified downloaded bytes. A bad download is deleted; good ones
+  stay staged for the next run, and are never deleted because a file of the user's disagrees with them.
+Verifying means: the CRC32C of every tensor (TF) or the whole safetensors structure, every shape against the
+hyperparameters, and vocabulary files that load and cover every token of the model.
 """
 import errno
 import json
 import os
+import shlex
 import shutil
 import time
 from contextlib import contextmanager, suppress
+from pathlib import Path
 
 from gpt2_numpy.checkpoint import load_params
 from gpt2_numpy.errors import CheckpointError, DownloadError, Interrupted, TokenizerError, UsageError, log
 from gpt2_numpy.models import MODEL_SIZES, SOURCES, model_folder
-from gpt2_numpy.tokenizer import load_tokenizer
+from gpt2_numpy.tokenizer import read_encoder, read_merges
 
 # The lock: flock where there is fcntl (POSIX), else msvcrt's byte lock (Windows). Both end with their process, so a
 # crash never leaves a stale lock. With neither (no such platform runs NumPy today), importing still works and
@@ -43,7 +47,7 @@ except ImportError:
         msvcrt = None
 
 STAGING = ".download"  # subfolder holding downloads until they are verified
-MARKER = ".verified.json"  # {file name: size} of a verified folder
+MARKER = ".verified.json"  # {file name: [size, mtime_ns, inode]} of a verified folder, taken before verifying
 LOCK = ".download.lock"
 LOCK_POLL_SECONDS = 1.0  # a waiting process asks for the lock this often (msvcrt cannot wait without a time limit)
 
@@ -54,14 +58,14 @@ def ensure_model(size, models_dir=None, source="openai"):  # -> Path of the mode
     """Make GPT-2 `size` from `source` ready in the models dir and return its folder: download the missing files,
     verify the files not verified yet (once: the result is recorded in the folder). Raises a Gpt2NumpyError saying
     what is wrong: CheckpointError or TokenizerError for a bad file of the user's, DownloadError for a failed
-    download, Interrupted for Ctrl-C."""
+    download, UsageError for a folder that cannot be read, Interrupted for Ctrl-C."""
     folder, files = model_files(size, models_dir, source)
     if is_complete(folder, files):
         return folder
     if all_there(folder, files) and not os.access(folder, os.W_OK):  # e.g. a shared, read-only copy
         log(f"verifying the files in {folder}, which is read-only, so every run verifies them again: run "
-            f"`python -m gpt2_numpy.download {size}` there once with write access to record the verification")
-        verify(folder, folder, files, fetched=())
+            f"`{download_command(size, folder, source)}` once with write access to record the verification")
+        verify(folder, folder, SOURCES[source], fetched=())
         return folder
     with locked(folder):
         if is_complete(folder, files):  # another process finished it while we waited for the lock
@@ -83,16 +87,37 @@ def checked_choice(value, choices, what):  # -> value, or UsageError naming the 
     return value
 
 
-def is_complete(folder, files):  # -> True when a past run verified these files and their sizes still match
+def download_command(size, folder, source):  # -> the command line that makes this very folder ready
+    return f"python -m gpt2_numpy.download {size} --source {source} --models-dir {shlex.quote(str(folder.parent))}"
+
+
+def is_complete(folder, files):  # -> True when a past run verified these files and none has changed since
     try:
-        verified_sizes = json.loads((folder / MARKER).read_text())
-        return all((folder / name).stat().st_size == verified_sizes[name] for name in files)
-    except (OSError, ValueError, KeyError, TypeError):  # no marker, a damaged one, or a file gone: not complete
+        marker = folder / MARKER
+        recorded = json.loads(marker.read_text())
+        written = marker.stat().st_mtime_ns
+        # A file whose time is not older than the marker may have changed within the same tick of the file-system
+        # clock (a few ms; 2 s on FAT) after it was verified: it is verified again, as git treats "racily clean" files.
+        return all(recorded[name] == stamp(folder / name) and recorded[name][1] < written for name in files)
+    except (OSError, ValueError, KeyError, TypeError):  # no marker, a damaged or older one, or a file gone
         return False
 
 
-def all_there(folder, files):  # -> True when every file exists under its final name
-    return all((folder / name).exists() for name in files)
+def stamp(path):  # -> [size, mtime_ns, inode]: a rewrite changes the time, a copy the inode (and usually the time)
+    status = path.stat()
+    return [status.st_size, status.st_mtime_ns, status.st_ino]
+
+
+def stamps(folder, names):  # -> {name: stamp} of files in folder
+    return {name: stamp(folder / name) for name in names}
+
+
+def all_there(folder, files):  # -> True when every file exists under its final name; UsageError if it cannot be read
+    try:
+        return all((folder / name).exists() for name in files)
+    except OSError as error:  # the folder or one above it cannot be searched (EACCES): no file is reachable
+        raise UsageError(f"cannot read {folder} ({error.strerror}): fix the permissions of that folder and those "
+                         "above it, or choose another folder with --models-dir or GPT2_NUMPY_WEIGHTS") from None
 
 
 # -- verifying, downloading, installing ------------------------------------------------------------------------------
@@ -102,16 +127,24 @@ def make_ready(folder, size, source):  # -> None: every file present, verified a
     missing = [name for name in files if not (folder / name).exists()]
     if missing:
         log(f"downloading GPT-2 {size} from {source} into {folder}")
-        download_and_install(folder, size, source, missing)
+        verified = download_and_install(folder, size, source, missing)
     else:
-        log(f"verifying the files already in {folder}, once: later runs only compare their sizes with {MARKER}")
-        verify(folder, folder, files, fetched=())
+        log(f"verifying the files already in {folder}, once: later runs only compare their sizes and times with "
+            f"{MARKER}")
+        verified = stamps(folder, files)  # taken first: a change made while verifying shows as a changed stamp
+        verify(folder, folder, SOURCES[source], fetched=())
         shutil.rmtree(folder / STAGING, ignore_errors=True)  # leftover downloads, replaced by the user's own files
-    (folder / MARKER).write_text(json.dumps({name: (folder / name).stat().st_size for name in files}))
+    record(folder, verified)
     log(f"GPT-2 {size} is ready in {folder}")
 
 
-def download_and_install(folder, size, source, missing):  # -> None: the missing files fetched, verified, in folder
+def record(folder, verified):  # -> None: the marker, written whole under a temporary name first
+    temporary = folder / f"{MARKER}.tmp"
+    temporary.write_text(json.dumps(verified))
+    os.replace(temporary, folder / MARKER)
+
+
+def download_and_install(folder, size, source, missing):  # -> stamps of the files verified, now all in folder
     from gpt2_numpy.download import fetch_all  # the network stack (requests, tqdm: 14 MB, 0.15 s) loads only here
 
     files = SOURCES[source].files
@@ -122,8 +155,9 @@ def download_and_install(folder, size, source, missing):  # -> None: the missing
         fetch_all(folder, size, source, missing)
         for name in present:  # the whole model in one folder to verify, while the user's files stay where they are
             second_name(folder / name, staging / name)
+        verified = {**stamps(folder, present), **stamps(staging, missing)}  # a rename keeps a stamp
         log("verifying checksums and vocabulary")
-        verify(staging, folder, files, fetched=missing)
+        verify(staging, folder, SOURCES[source], fetched=missing)
         for name in missing:
             os.replace(staging / name, folder / name)
         shutil.rmtree(staging)
@@ -133,6 +167,7 @@ def download_and_install(folder, size, source, missing):  # -> None: the missing
                 (staging / name).unlink()  # only the second name: the user's file keeps its own
         with suppress(OSError):  # after a failure, keep staging only when it holds files a rerun can reuse
             staging.rmdir()
+    return verified
 
 
 def second_name(path, link):  # -> None: link holds path's bytes too; path itself is neither moved nor changed
@@ -144,38 +179,63 @@ def second_name(path, link):  # -> None: link holds path's bytes too; path itsel
         shutil.copyfile(path, link)
 
 
-def verify(model_dir, folder, files, fetched):  # -> None, or raises once each bad download is deleted
+def verify(model_dir, folder, source, fetched):  # -> None, or raises once each bad download is deleted
     try:
-        check_model(model_dir)
+        check_model(model_dir, source)
     except (CheckpointError, TokenizerError) as error:
-        # the error names the bad file(s); when it names none, every file is suspect
-        blamed = [name for name in files if str(model_dir / name) in str(error)] or list(files)
+        compared = [Path(path).name for path in error.files if Path(path).name in source.files]
+        blamed = blame(compared, fetched)
         deleted = [name for name in blamed if name in fetched]
         for name in deleted:  # a bad download goes; the good ones stay staged for the next run to reuse
             (model_dir / name).unlink()
-        raise failed_verification(error, model_dir, folder, blamed, deleted) from None
+        raise failed_verification(error, model_dir, folder, blamed, deleted, compared, fetched) from None
     except KeyboardInterrupt:
         raise Interrupted(f"stopped verifying the files of {folder}; none was moved, changed or deleted: run again "
                           "to verify them") from None
 
 
-def check_model(model_dir):  # -> None, or CheckpointError / TokenizerError naming what is wrong
+def blame(compared, fetched):  # -> names of the files to blame, from those a failed check compared (at fault first)
+    # A download comes whole from the source (checked against a published hash where there is one): when the check
+    # held it against a file of the user's, the user's file is blamed, and deleting the download would only fetch the
+    # same bytes again. Downloads alone: the one at fault goes, so the next run fetches a fresh copy.
+    users = [name for name in compared if name not in fetched]
+    if compared and compared[0] in users:
+        return compared[:1]
+    return users or compared[:1]  # no file compared (an error about the folder): nothing is blamed or deleted
+
+
+def check_model(model_dir, source):  # -> None, or CheckpointError / TokenizerError whose .files say what was compared
     hparams, _ = load_params(model_dir, verify=True)
-    n_vocab = load_tokenizer(model_dir).n_vocab
-    if n_vocab < hparams["n_vocab"]:  # the model could choose ids the tokenizer cannot print
-        raise CheckpointError(f"{model_dir}: the model has {hparams['n_vocab']:,} tokens but its vocabulary files "
-                              f"only {n_vocab:,}; download the model again")
+    vocab, merges = (model_dir / name for name in source.vocabulary)
+    with comparing(vocab):
+        encoder = read_encoder(vocab)
+    with comparing(merges, vocab):  # the merges must build exactly the tokens of the vocabulary
+        read_merges(merges, encoder)
+    if len(encoder) < hparams["n_vocab"]:  # the model could choose ids the tokenizer cannot print
+        raise CheckpointError(f"{vocab} holds {len(encoder):,} tokens but the model has {hparams['n_vocab']:,} (see "
+                              f"{source.hparams}); use the vocabulary files that came with these weights",
+                              files=(vocab, model_dir / source.hparams))
 
 
-def failed_verification(error, model_dir, folder, blamed, deleted):  # -> error to raise: the fault and the files' fate
+@contextmanager
+def comparing(*paths):  # a TokenizerError inside names the files its check compared, the one at fault first
+    try:
+        yield
+    except TokenizerError as error:
+        raise TokenizerError(str(error), files=paths) from None
+
+
+def failed_verification(error, model_dir, folder, blamed, deleted, compared, fetched):  # -> the error to raise
     detail = str(error).replace(str(model_dir), str(folder))  # name files where the user will look for them
     kept = [name for name in blamed if name not in deleted]
     fates = []
     if deleted:
         fates.append(f"deleted the downloaded {', '.join(deleted)}, so the next run fetches a fresh copy")
     if kept:
-        fates.append(f"left {', '.join(kept)} in {folder} untouched: replace the bad file with a good copy, or delete "
-                     "it so the next run downloads one")
+        against = [name for name in compared if name in fetched]
+        fit = f" (it does not fit the downloaded {', '.join(against)}, kept for the next run)" if against else ""
+        fates.append(f"left {', '.join(kept)} in {folder} untouched{fit}: replace the bad file with a good copy, or "
+                     "delete it so the next run downloads one")
     # a bad download is a failed download (exit 1); a bad file of the user's is bad input, as the loaders say (exit 2)
     return (DownloadError if deleted else type(error))("; ".join([detail, *fates]))
 

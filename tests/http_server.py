@@ -16,6 +16,9 @@ Misbehaving servers, for every request:
 - `ignore_range=True` answers every request with 200 and the whole file, as some servers do;
 - `resume_from_zero=True` answers a Range request with 206 but the whole file, Content-Range `bytes 0-(n-1)/n`;
 - `overlong=k` appends k bytes beyond the range its 206 answers announce (Content-Length counts them).
+
+`published={path: (sha256 hex, size)}` sends them as the Hugging Face hub does for an LFS file, on every answer for
+that path: `X-Linked-Etag: "<sha256>"` and `X-Linked-Size: <size>` (whatever bytes the path actually serves).
 """
 import re
 import threading
@@ -41,13 +44,14 @@ class Throttle:
 
 
 class FileServer:
-    def __init__(self, files, faults=None, ignore_range=False, resume_from_zero=False, overlong=0):
+    def __init__(self, files, faults=None, ignore_range=False, resume_from_zero=False, overlong=0, published=None):
         self.files = {path: content if isinstance(content, bytes) else Path(content).read_bytes()
                       for path, content in files.items()}
         self.faults = {path: list(queue) for path, queue in (faults or {}).items()}
         self.ignore_range = ignore_range
         self.resume_from_zero = resume_from_zero
         self.overlong = overlong
+        self.published = published or {}
         self.requests = []
         self.faults_lock = threading.Lock()
 
@@ -102,6 +106,9 @@ class FileHandler(BaseHTTPRequestHandler):
     def answer(self, range_header, status, headers=None, body=b"", fault=None):
         self.server.owner.requests.append((self.path, range_header, status))
         self.send_response(status)
+        linked = self.server.owner.published.get(self.path)
+        if linked:
+            headers = {**(headers or {}), "X-Linked-Etag": f'"{linked[0]}"', "X-Linked-Size": str(linked[1])}
         for name, value in {**(headers or {}), "Content-Length": str(len(body))}.items():
             self.send_header(name, value)
         self.end_headers()

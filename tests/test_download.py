@@ -4,6 +4,7 @@ Expected bytes are the files the server was given; expected URLs, folders and Ra
 specification and simple arithmetic, never from the downloader's own output.
 """
 import errno
+import hashlib
 import importlib
 import json
 import os
@@ -31,6 +32,7 @@ from gpt2_numpy.models import SOURCES, file_url, models_dir_path
 from gpt2_numpy.errors import CheckpointError, DownloadError, Gpt2NumpyError, Interrupted, UsageError
 from gpt2_numpy.formats.tf_bundle import TensorBundle
 from gpt2_numpy.random_params import random_params
+from gpt2_numpy.tokenizer import bytes_to_unicode
 from gpt2_numpy.weights import ensure_model
 from tests.conftest import FIXTURES, REPO
 from tests.http_server import Cut, FileServer, Throttle, hf_layout_files, official_layout_files
@@ -255,8 +257,9 @@ def test_files_placed_by_hand_are_verified_once_without_network(tmp_path, monkey
     (folder / weights.STAGING / f"{Path(DATA).name}.part").write_bytes(b"\0" * 1000)
     assert ensure_model("124M", tmp_path) == folder
     assert_installed(folder, files)
-    assert json.loads((folder / weights.MARKER).read_text()) == {
-        Path(url_path).name: Path(source).stat().st_size for url_path, source in files.items()
+    assert json.loads((folder / weights.MARKER).read_text()) == {  # what os.stat says of each file as placed
+        name: [status.st_size, status.st_mtime_ns, status.st_ino]
+        for name, status in ((Path(url_path).name, (folder / Path(url_path).name).stat()) for url_path in files)
     }
     stderr = capsys.readouterr().err
     assert f"verifying the files already in {folder}" in stderr
@@ -648,18 +651,169 @@ def test_a_download_stopped_mid_file_resumes_on_the_rerun_and_ends_byte_exact(tm
         assert str(staging) in last_line and "resume" in last_line
 
 
-def test_an_error_naming_no_file_deletes_every_download_and_keeps_the_users(tmp_path, monkeypatch):
+def tiny_vocabulary(folder):  # -> None: a valid 257-token vocabulary (the 256 bytes and <|endoftext|>, no merges)
+    encoder = {char: byte for byte, char in bytes_to_unicode().items()}
+    (folder / "encoder.json").write_text(json.dumps({**encoder, "<|endoftext|>": 256}))
+    (folder / "vocab.bpe").write_text("#version: 0.2\n")
+
+
+def test_a_vocabulary_placed_by_hand_too_small_for_the_model_is_blamed_and_every_download_kept(tmp_path, monkeypatch):
+    # the check compares encoder.json's size with hparams.json's n_vocab (512): the user's file is named, nothing goes
+    files = official_layout_files()
+    folder = tmp_path / "124M"
+    folder.mkdir()
+    tiny_vocabulary(folder)
+    placed = {name: (folder / name).read_bytes() for name in ("encoder.json", "vocab.bpe")}
+    with mirror(monkeypatch, files) as server:
+        for _ in range(2):  # the rerun, the user's file unchanged, fails the same way without a request
+            with pytest.raises(CheckpointError) as caught:
+                ensure_model("124M", tmp_path)
+            message = str(caught.value)
+            assert message.startswith(f"{folder / 'encoder.json'} holds 257 tokens but the model has 512")
+            assert "left encoder.json in" in message and "hparams.json, kept for the next run" in message
+            assert "deleted" not in message
+            assert {name: (folder / name).read_bytes() for name in placed} == placed
+            assert names_in(folder / weights.STAGING) == set(OPENAI_FILES) - set(placed)
+        assert sorted(path for path, _, _ in server.requests) == sorted(
+            path for path in files if Path(path).name not in placed)  # each download once
+        requests_before = len(server.requests)
+        for name in placed:  # the user puts the right vocabulary in place
+            shutil.copyfile(files[f"/124M/{name}"], folder / name)
+        assert_installed(ensure_model("124M", tmp_path), files)
+    assert len(server.requests) == requests_before  # nothing fetched twice
+
+
+HF_PLACED_CONFIG = {"vocab_size": 512, "n_positions": 64, "n_embd": 64, "n_head": 4, "n_layer": 3}  # tiny has 2
+
+
+@pytest.mark.parametrize("source", ["openai", "huggingface"])
+def test_hyperparameters_placed_by_hand_that_do_not_fit_the_download_are_blamed_alone(tmp_path, monkeypatch, source):
+    files = official_layout_files() if source == "openai" else hf_layout_files()
+    name = {"openai": "hparams.json", "huggingface": "config.json"}[source]
+    folder = tmp_path / ("124M" if source == "openai" else "124M-hf")
+    folder.mkdir()
+    placed = dict(HF_PLACED_CONFIG) if source == "huggingface" else {
+        "n_vocab": 512, "n_ctx": 64, "n_embd": 64, "n_head": 4, "n_layer": 3}
+    (folder / name).write_text(json.dumps(placed))
+    with mirror(monkeypatch, files) as server:
+        for _ in range(2):
+            with pytest.raises(CheckpointError) as caught:
+                ensure_model("124M", tmp_path, source)
+            message = str(caught.value)
+            assert "lack blocks/2/" in message  # the weights have 2 layers, the user's file says 3
+            assert f"left {name} in {folder} untouched (it does not fit the downloaded" in message
+            assert "deleted" not in message
+            assert names_in(folder / weights.STAGING) == {Path(path).name for path in files} - {name}
+        assert sorted(path for path, _, _ in server.requests) == sorted(set(files) - {f"/124M/{name}"})
+        requests_before = len(server.requests)
+        shutil.copyfile(files[f"/124M/{name}"], folder / name)
+        assert_installed(ensure_model("124M", tmp_path, source), files)
+    assert len(server.requests) == requests_before
+
+
+def test_served_hyperparameters_that_do_not_fit_the_served_weights_are_deleted_alone(tmp_path, monkeypatch):
+    # every file came from the server: the hyperparameters, the suspect of a shape check, go; the weights stay staged
+    files = official_layout_files()
+    hparams = json.loads(files["/124M/hparams.json"].read_text())
+    with mirror(monkeypatch, {**files, "/124M/hparams.json": json.dumps({**hparams, "n_layer": 3}).encode()}):
+        with pytest.raises(DownloadError, match="deleted the downloaded hparams.json, so the next run fetches"):
+            ensure_model("124M", tmp_path)
+    assert names_in(tmp_path / "124M" / weights.STAGING) == set(OPENAI_FILES) - {"hparams.json"}
+    with mirror(monkeypatch, files) as server:
+        assert_installed(ensure_model("124M", tmp_path), files)
+    assert server.requests == [("/124M/hparams.json", None, 200)]
+
+
+def test_an_error_naming_no_file_deletes_nothing(tmp_path, monkeypatch):
     staging, folder = tmp_path / "124M" / ".download", tmp_path / "124M"
     staging.mkdir(parents=True)
     files = SOURCES["openai"].files
     for name in files:
         (staging / name).write_bytes(b"x")
-    fetched, placed = files[:4], files[4:]  # the user placed the last two by hand
 
-    def no_file_named(model_dir):  # e.g. "the model has 512 tokens but its vocabulary files only 257": the folder only
-        raise CheckpointError(f"{model_dir}: the model has 512 tokens but its vocabulary files only 257")
+    def no_file_named(model_dir, source):  # an error about the folder as a whole
+        raise CheckpointError(f"{model_dir} holds something odd")
 
     monkeypatch.setattr(weights, "check_model", no_file_named)
-    with pytest.raises(DownloadError, match=f"deleted the downloaded {', '.join(fetched)}, so the next run"):
-        weights.verify(staging, folder, files, fetched=fetched)
-    assert sorted(path.name for path in staging.iterdir()) == sorted(placed)
+    with pytest.raises(CheckpointError) as caught:
+        weights.verify(staging, folder, SOURCES["openai"], fetched=files[:4])
+    assert str(caught.value) == f"{folder} holds something odd"
+    assert sorted(path.name for path in staging.iterdir()) == sorted(files)
+
+
+# -- Hugging Face: the SHA-256 the hub publishes -----------------------------------------------------------------------
+
+HF_WEIGHTS = "/124M/model.safetensors"
+HF_NAMES = {Path(path).name for path in hf_layout_files()}
+
+
+def published(data):  # -> (sha256, size) as the hub publishes them for an LFS file
+    return hashlib.sha256(data).hexdigest(), len(data)
+
+
+def test_a_huggingface_download_matching_its_published_sha256_is_installed(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(download, "CHUNK_BYTES", SMALL_CHUNK)
+    files = hf_layout_files()
+    data = files[HF_WEIGHTS].read_bytes()
+    with mirror(monkeypatch, files, faults={HF_WEIGHTS: [Cut(3 * SMALL_CHUNK + 5)]},
+                published={HF_WEIGHTS: published(data)}) as server:
+        folder = ensure_model("124M", tmp_path, source="huggingface")
+    assert server.requested(HF_WEIGHTS) == [None, f"bytes={3 * SMALL_CHUNK}-"]  # the hash covers both requests' bytes
+    assert_installed(folder, files)
+    assert "checking the SHA-256 of model.safetensors" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("damage", ["a flipped byte", "a wrong size"])
+def test_a_huggingface_download_unlike_its_published_sha256_is_deleted_and_fetched_again(tmp_path, monkeypatch,
+                                                                                         damage):
+    files = hf_layout_files()
+    data = files[HF_WEIGHTS].read_bytes()
+    served = flip_a_bit(data, len(data) - 10) if damage == "a flipped byte" else data  # inside the last tensor
+    digest, size = published(data)
+    announced = (digest, size) if damage == "a flipped byte" else (digest, size + 4)
+    folder = tmp_path / "124M-hf"
+    with mirror(monkeypatch, {**files, HF_WEIGHTS: served}, published={HF_WEIGHTS: announced}):
+        with pytest.raises(DownloadError) as caught:
+            ensure_model("124M", tmp_path, source="huggingface")
+    message = str(caught.value)
+    if damage == "a flipped byte":
+        assert f"has SHA-256 {hashlib.sha256(served).hexdigest()} but the server published {digest}" in message
+    else:
+        assert f"has {size:,} bytes but the server published X-Linked-Size {size + 4:,}" in message
+    assert message.endswith("deleted it, so the next run fetches a fresh copy")
+    assert names_in(folder) == {weights.LOCK, weights.STAGING}  # nothing installed, no marker
+    assert names_in(folder / weights.STAGING) == HF_NAMES - {"model.safetensors"}
+    with mirror(monkeypatch, files, published={HF_WEIGHTS: published(data)}) as server:
+        assert_installed(ensure_model("124M", tmp_path, source="huggingface"), files)
+    assert server.requests == [(HF_WEIGHTS, None, 200)]
+
+
+# -- the record of a verified folder -----------------------------------------------------------------------------------
+
+def test_a_verified_file_rewritten_in_place_with_the_same_size_is_verified_again(tmp_path, monkeypatch):
+    files = official_layout_files()
+    with mirror(monkeypatch, files):
+        folder = ensure_model("124M", tmp_path)
+    data = folder / Path(DATA).name
+    with open(data, "r+b") as file:  # same size, same inode: only the time tells
+        file.seek(len(data.read_bytes()) // 2)
+        file.write(b"\xff\xff\xff\xff")
+    with pytest.raises(CheckpointError, match="fails its CRC32C check"):
+        ensure_model("124M", tmp_path)
+
+
+def test_a_verified_folder_copied_elsewhere_is_verified_again(tmp_path, monkeypatch, capsys):
+    files = official_layout_files()
+    with mirror(monkeypatch, files):
+        ensure_model("124M", tmp_path / "first")
+    copy = shutil.copytree(tmp_path / "first" / "124M", tmp_path / "second" / "124M")  # sizes and times kept
+    capsys.readouterr()
+    assert ensure_model("124M", tmp_path / "second") == copy  # new inodes: verified once more, and good
+    assert f"verifying the files already in {copy}" in capsys.readouterr().err
+    shutil.copytree(tmp_path / "first" / "124M", tmp_path / "third" / "124M")
+    data = tmp_path / "third" / "124M" / Path(DATA).name
+    times = data.stat()
+    data.write_bytes(flip_a_bit(data.read_bytes(), len(data.read_bytes()) // 2))
+    os.utime(data, ns=(times.st_atime_ns, times.st_mtime_ns))  # a copy damaged, its time kept as a copy tool would
+    with pytest.raises(CheckpointError, match="fails its CRC32C check"):
+        ensure_model("124M", tmp_path / "third")

@@ -15,15 +15,16 @@ SHOWN_LIMIT = 100  # characters of a name read from a file that a message quotes
 MAX_DIGITS = 4300  # of a JSON integer: Python 3.11's own limit, on every version (str -> int takes quadratic time)
 
 
-def corrupt(path, problem):  # -> CheckpointError for a damaged or cut-off file, which a fresh download fixes
-    return CheckpointError(f"{path}: {problem}; download the model again")
+def corrupt(path, problem, *compared):  # -> CheckpointError for a damaged or cut-off file, which a fresh download fixes
+    # compared: files the check held path against (an index's CRC32C for a data file); path is the one at fault
+    return CheckpointError(f"{path}: {problem}; download the model again", files=(path, *compared))
 
 
 def unreadable(path, error):  # OSError -> CheckpointError naming the file
     if isinstance(error, FileNotFoundError):
-        return CheckpointError(f"{path} is missing; download the model again")
+        return CheckpointError(f"{path} is missing; download the model again", files=(path,))
     return CheckpointError(f"{path} cannot be read ({error.strerror or error}); check that it is a readable file or "
-                           "folder, or download the model again")
+                           "folder, or download the model again", files=(path,))
 
 
 def read_file(path):  # -> bytes

@@ -49,7 +49,7 @@ def to_float32(path, name, tensor):  # -> float32 array: F32 stays a view, F16 a
     if tensor.dtype == "BF16":  # bfloat16 is the top half of a float32: shift it back into place
         return (tensor.data.view("<u2").astype(np.uint32) << 16).view(np.float32).reshape(tensor.shape)
     raise CheckpointError(f"{path}: tensor {shown(name)} has dtype {tensor.dtype}, but only F32, F16 and BF16 weights "
-                          "can be loaded; convert the checkpoint to one of those")
+                          "can be loaded; convert the checkpoint to one of those", files=(path,))
 
 
 def parse_header(path, header):  # JSON bytes -> {name: (dtype, shape, data_offsets)}, each checked

@@ -63,7 +63,7 @@ class TensorBundle:
     def open_shard(self, path, n_shards):  # -> (path, mapped data)
         if n_shards > 1 and not os.path.lexists(path):  # the index's shard count made the name: blame it too
             raise CheckpointError(f"{path} is missing ({self.index_path} lists {n_shards:,} data shards); download "
-                                  "the model again")
+                                  "the model again", files=(self.index_path,))
         return path, map_file(path)
 
     def read(self, name, verify=False):  # -> float32 array of the entry's shape, a view of the mapped data
@@ -73,10 +73,10 @@ class TensorBundle:
         end = entry.offset + entry.size
         if end > len(data):
             raise corrupt(path, f"tensor {shown(name)} needs bytes {entry.offset:,} to {end:,} but the file ends at "
-                          f"byte {len(data):,} (truncated, e.g. by an interrupted download)")
+                          f"byte {len(data):,} (truncated, e.g. by an interrupted download)", self.index_path)
         raw = np.frombuffer(data, np.uint8, entry.size, entry.offset)
         if verify and masked_crc32c(raw) != entry.crc32c:
-            raise corrupt(path, f"tensor {shown(name)} fails its CRC32C check (the data is corrupt)")
+            raise corrupt(path, f"tensor {shown(name)} fails its CRC32C check (the data is corrupt)", self.index_path)
         return raw.view("<f4").reshape(entry.shape)
 
 
@@ -84,7 +84,7 @@ def check_entry(index_path, name, entry):  # the entry must describe float32 dat
     if entry.dtype != DT_FLOAT:
         dtype = DTYPE_NAMES[entry.dtype] if entry.dtype < len(DTYPE_NAMES) else f"number {entry.dtype}"
         raise CheckpointError(f"{index_path}: tensor {shown(name)} has dtype {dtype}, but only DT_FLOAT (float32) "
-                              "checkpoints can be loaded; convert the checkpoint to float32")
+                              "checkpoints can be loaded; convert the checkpoint to float32", files=(index_path,))
     check_shape(index_path, name, entry.shape, 4)
     if entry.size != 4 * math.prod(entry.shape):
         raise corrupt(index_path, f"tensor {shown(name)} has {entry.size:,} bytes but float32 of shape "
