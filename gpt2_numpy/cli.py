@@ -7,7 +7,7 @@ import time
 from gpt2_numpy.allocator import keep_freed_memory
 from gpt2_numpy.checkpoint import load_params
 from gpt2_numpy.errors import UsageError, log
-from gpt2_numpy.models import MODEL_SIZES, SOURCES, models_dir_path
+from gpt2_numpy.models import MODEL_SIZES, OFFICIAL_HPARAMS, SOURCES, models_dir_path
 from gpt2_numpy.tokenizer import EOT_ID, load_tokenizer
 from gpt2_numpy.weights import ensure_model
 
@@ -56,8 +56,16 @@ def load_model(args):  # -> hparams, params, tokenizer of the model add_model_ar
     start = time.perf_counter()
     hparams, params = load_params(model_dir)
     tokenizer = load_tokenizer(model_dir)
-    log(f"loaded GPT-2 {size} from {model_dir} in {time.perf_counter() - start:.1f} s")
+    log(f"loaded {loaded_name(size, hparams)} from {model_dir} in {time.perf_counter() - start:.1f} s")
     return hparams, params, tokenizer
+
+
+def loaded_name(size, hparams):  # -> "GPT-2 124M", or what a size's folder holds when it has another shape
+    if hparams == OFFICIAL_HPARAMS[size]:
+        return f"GPT-2 {size}"
+    shape = ", ".join(f"{key} {value}" for key, value in hparams.items())
+    other = next((f"GPT-2 {name}'s shape, " for name, official in OFFICIAL_HPARAMS.items() if official == hparams), "")
+    return f"a GPT-2 of {other}{shape} (not the {size} that --model-size asked for)"
 
 
 def check_models_dir(models_root):  # -> None, or UsageError when the models dir is a file or cannot be read

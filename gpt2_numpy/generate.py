@@ -16,6 +16,7 @@ import numpy as np
 from gpt2_numpy.cli import add_model_args, load_model, prompt_ids, read_prompt, whole_number, write_stdout
 from gpt2_numpy.errors import ArgumentParser, Interrupted, UsageError, log, plural, run_cli
 from gpt2_numpy.fast import check_inputs, gpt2_cached, new_cache
+from gpt2_numpy.models import OFFICIAL_HPARAMS
 from gpt2_numpy.sampling import check_sampling_args, next_token
 from gpt2_numpy.tokenizer import EOT_ID
 
@@ -172,6 +173,8 @@ def parse_args(argv):  # -> argparse.Namespace, checked
     if args.prompts.count("-") > 1:
         raise UsageError('"-" (read the prompt from stdin) may be given only once')
     check_sampling_args(args.temperature, args.top_k, args.top_p)
+    # before any download: every official GPT-2 has 1024 positions, and a prompt takes at least one
+    check_room(1, args.n_tokens, OFFICIAL_HPARAMS[args.model_size]["n_ctx"])
     return args
 
 

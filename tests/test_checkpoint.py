@@ -499,3 +499,62 @@ def test_a_checkpoint_in_two_shards_loads_exactly(tmp_path):
     hparams, params = load_params(folder, verify=True)
     assert hparams == TINY["hparams"]
     assert_same_params(params, random_params(TINY["hparams"], TINY["seed"]))
+
+
+# --- Tensors GPT-2 has no use for: an output layer of its own, an optimizer's slots ---
+
+
+def with_lm_head(folder, change):  # adds lm_head.weight = change(wte) to the safetensors file, as an untied model has
+    header, data = read_safetensors_raw(folder / SAFETENSORS)
+    begin, end = header["transformer.wte.weight"]["data_offsets"]
+    lm_head = change(np.frombuffer(data[begin:end], "<f4")).astype("<f4").tobytes()
+    header["lm_head.weight"] = {"dtype": "F32", "shape": header["transformer.wte.weight"]["shape"],
+                                "data_offsets": [len(data), len(data) + len(lm_head)]}
+    write_safetensors_raw(folder / SAFETENSORS, header, data + lm_head)
+
+
+def test_an_untied_output_layer_is_refused_by_name(tmp_path):
+    # the logits would be wte's (x @ wte.T), not this model's: loading it silently would give another model's output
+    folder = copy_fixture(tmp_path, "hf_tiny")
+    with_lm_head(folder, lambda wte: wte * 0.5)
+    with pytest.raises(CheckpointError) as raised:
+        load_params(folder)
+    assert str(raised.value).startswith(f"{folder / SAFETENSORS}: tensor lm_head.weight differs from wte")
+
+
+def test_an_output_layer_equal_to_wte_loads_as_the_tied_model(tmp_path):
+    folder = copy_fixture(tmp_path, "hf_tiny")
+    with_lm_head(folder, lambda wte: wte)  # as a file saved without removing the tied copy holds it
+    assert_same_params(load_params(folder)[1], random_params(TINY["hparams"], TINY["seed"]))
+
+
+def with_extra_tensor(folder, name):  # adds a TF tensor `name`: a copy of model/h0/ln_1/g's bytes, after the others
+    data = (folder / DATA).read_bytes()
+
+    def edit(records):
+        source = dict(records)[b"model/h0/ln_1/g"]
+        start, size = fields_of_value(source)[4], fields_of_value(source)[5]
+        (folder / DATA).write_bytes(data + data[start : start + size])  # same bytes, so the same CRC32C
+        extra = proto(set_field(fields_of(source), 4, VARINT, len(data)))
+        return sorted(records + [(name.encode(), extra)])
+
+    edit_index(folder / INDEX, edit)
+
+
+@pytest.mark.parametrize("name", ["model/h0/ln_1/g/Adam", "beta1_power"])
+def test_an_optimizer_slot_in_a_tf_checkpoint_is_named_as_a_tensor_the_model_does_not_use(tmp_path, name):
+    folder = copy_fixture(tmp_path, "tf_tiny")
+    with_extra_tensor(folder, name)
+    with pytest.raises(CheckpointError) as raised:
+        load_params(folder, verify=True)
+    message = str(raised.value)
+    assert message.startswith(f"{folder / INDEX}: tensor {name} is none of GPT-2's weights")
+    assert "the checkpoint holds a tensor the model does not use" in message
+    assert "hparams.json" not in message  # the hyperparameters are not at fault
+
+
+def test_a_layer_beyond_the_hyperparameters_still_blames_them(tmp_path):  # the control: a real GPT-2 tensor name
+    folder = copy_fixture(tmp_path, "tf_tiny")
+    edit_json(folder / "hparams.json", n_layer=1)
+    with pytest.raises(CheckpointError, match="has no place in a GPT-2 with .*use the hyperparameter file that came"):
+        load_params(folder)

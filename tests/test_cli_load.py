@@ -7,18 +7,21 @@ continuation (tests/fixtures/reference_tiny.npz), as in tests/test_cli.py.
 """
 import json
 import os
+import shlex
+import shutil
 import subprocess
 import sys
 from argparse import Namespace
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
 
 from gpt2_numpy import weights
-from gpt2_numpy.cli import load_model
+from gpt2_numpy.cli import load_model, loaded_name
 from gpt2_numpy.formats.tf_bundle import TensorBundle
 from gpt2_numpy.tokenizer import load_tokenizer
-from tests.conftest import FIXTURES, REPO, official_path, tiny_models_dir
+from tests.conftest import FIXTURES, REPO, assert_one_error_line, official_path, tiny_models_dir
 from tests.http_server import FileServer, official_layout_files
 
 DATA = "model.ckpt.data-00000-of-00001"
@@ -51,13 +54,26 @@ atexit.register(lambda: print("msvcrt calls:", fake.calls, file=sys.stderr))
 """
 
 
-def run_module(module, *args, prelude="", base_url=UNREACHABLE):  # -> CompletedProcess of python -m module, as text
+def run_module(module, *args, prelude="", base_url=UNREACHABLE, unprivileged=False):  # -> CompletedProcess, as text
+    """python -m module args; unprivileged: as a user whom file modes bind (see without_file_privileges)."""
     env = {**os.environ, "GPT2_NUMPY_BASE_URL": base_url, "PYTHONPATH": str(REPO)}
     env.pop("GPT2_NUMPY_WEIGHTS", None)
     command = [sys.executable, "-c", RUN_MODULE.format(prelude=prelude), module, *args]
+    command = without_file_privileges(command) if unprivileged else command
     result = subprocess.run(command, capture_output=True, text=True, cwd=REPO, env=env, timeout=TIMEOUT_SECONDS)
     assert "Traceback" not in result.stderr, result.stderr
     return result
+
+
+def without_file_privileges(command):  # -> command, run so that file modes bind it as they bind any ordinary user
+    if os.geteuid() != 0:
+        return command
+    # CI runs as root, whom file modes do not stop. Root without the two capabilities that override them is refused
+    # like anyone else, and still reaches this interpreter (it may live under /root, 0700, where a user like nobody
+    # could not start it). A chmod 000 folder then fails with a real EACCES from the kernel, not a mocked one.
+    if not shutil.which("setpriv"):
+        pytest.fail("setpriv (util-linux) is needed to run a command without root's file privileges")
+    return ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--inh-caps=-all", *command]
 
 
 def error_lines(result):  # -> the "error: ..." lines of a CLI's stderr
@@ -151,3 +167,97 @@ def test_without_fcntl_a_download_and_a_generate_work(tmp_path, hf_greedy_text, 
         assert "fcntl loaded: False" in result.stderr
         if msvcrt:  # the lock was taken and released on the Windows path: (LK_NBLCK, 1 byte) then (LK_UNLCK, 1 byte)
             assert "msvcrt calls: [(2, 1), (0, 1)]" in result.stderr
+
+
+# --- Folders the user cannot read or write: real permission errors, from a process that file modes bind ---
+
+
+@contextmanager
+def mode(path, bits):  # path has mode bits inside the block, and its own mode again after it
+    before = path.stat().st_mode & 0o7777
+    path.chmod(bits)
+    try:
+        yield path
+    finally:
+        path.chmod(before)
+
+
+def test_a_models_dir_that_cannot_be_read_is_one_error_line(models_dir):
+    with mode(models_dir, 0o000):
+        result = run_module("gpt2_numpy.generate", PROMPT, "--n-tokens", "5", "--models-dir", str(models_dir),
+                            unprivileged=True)
+    assert_one_error_line(result, f"cannot read {models_dir / '124M'} (Permission denied): fix the permissions")
+
+
+def test_a_models_dir_that_cannot_be_written_is_one_error_line(tmp_path):
+    models_dir = tmp_path / "models"
+    models_dir.mkdir()
+    with mode(models_dir, 0o555), FileServer(official_layout_files()) as server:
+        result = run_module("gpt2_numpy.download", "124M", "--models-dir", str(models_dir), base_url=server.url,
+                            unprivileged=True)
+    assert (result.returncode, result.stdout) == (1, "")
+    assert error_lines(result) == [f"error: cannot write {models_dir / '124M'}: Permission denied; fix its permissions "
+                                   "or choose another folder with --models-dir or GPT2_NUMPY_WEIGHTS"]
+    assert server.requests == [] and list(models_dir.iterdir()) == []
+
+
+def hf_models_dir(root):  # -> a models dir whose 124M-hf/ holds the tiny safetensors model and the real tokenizer
+    folder = shutil.copytree(FIXTURES / "hf_tiny", root / "models" / "124M-hf")
+    shutil.copy(official_path("124M/encoder.json"), folder / "vocab.json")
+    shutil.copy(official_path("124M/vocab.bpe"), folder / "merges.txt")
+    return folder.parent
+
+
+@pytest.mark.parametrize("source, suffix", [("openai", ""), ("huggingface", "-hf")])
+def test_the_read_only_folder_hint_fills_that_very_folder(tmp_path, source, suffix):
+    models_dir = tiny_models_dir(tmp_path) if source == "openai" else hf_models_dir(tmp_path)
+    folder = models_dir / f"124M{suffix}"
+    before = sorted(path.name for path in folder.iterdir())
+    with mode(folder, 0o555):
+        result = run_module("gpt2_numpy.download", "124M", "--source", source, "--models-dir", str(models_dir),
+                            unprivileged=True)
+    assert result.returncode == 0, result.stderr
+    hint = next(line for line in result.stderr.splitlines() if "read-only" in line)
+    command = hint.split("`")[1]
+    models_dir_arg = shlex.quote(str(models_dir))
+    assert command == f"python -m gpt2_numpy.download 124M --source {source} --models-dir {models_dir_arg}"
+    assert sorted(path.name for path in folder.iterdir()) == before  # nothing written
+    followed = run_module(*shlex.split(command)[2:])  # the hint, run with write access, records the verification
+    assert followed.returncode == 0, followed.stderr
+    assert (folder / weights.MARKER).exists()
+
+
+# --- What load_model says it loaded, and what generate refuses before loading anything ---
+
+
+def test_a_folder_holding_another_shape_than_its_size_says_what_was_loaded(models_dir, capsys):
+    shutil.copytree(models_dir / "124M", models_dir / "355M")
+    load_model(Namespace(model_size="355M", models_dir=str(models_dir), source="openai"))
+    line = next(line for line in capsys.readouterr().err.splitlines() if line.startswith("loaded"))
+    assert line.startswith("loaded a GPT-2 of n_vocab 512, n_ctx 64, n_embd 64, n_head 4, n_layer 2 (not the 355M "
+                           f"that --model-size asked for) from {models_dir / '355M'}")
+
+
+OFFICIAL_SHAPES = {  # OpenAI's published hparams.json of each size: (n_layer, n_embd, n_head); all n_ctx 1024
+    "124M": (12, 768, 12), "355M": (24, 1024, 16), "774M": (36, 1280, 20), "1558M": (48, 1600, 25)}
+
+
+@pytest.mark.parametrize("size", OFFICIAL_SHAPES)
+def test_an_official_shape_is_named_by_its_size_and_only_there(size):
+    n_layer, n_embd, n_head = OFFICIAL_SHAPES[size]
+    hparams = {"n_vocab": 50257, "n_ctx": 1024, "n_embd": n_embd, "n_head": n_head, "n_layer": n_layer}
+    assert loaded_name(size, hparams) == f"GPT-2 {size}"
+    other = next(name for name in OFFICIAL_SHAPES if name != size)
+    assert loaded_name(other, hparams).startswith(f"a GPT-2 of GPT-2 {size}'s shape, n_vocab 50257")
+
+
+def test_more_new_tokens_than_any_official_context_are_refused_before_any_download(tmp_path):
+    with FileServer(official_layout_files()) as server:
+        refused = run_module("gpt2_numpy.generate", PROMPT, "--n-tokens", "1024", "--models-dir",
+                             str(tmp_path / "models"), base_url=server.url)
+        assert_one_error_line(refused, "1024 new tokens make 1025, more than the model's context of 1024 tokens")
+        assert server.requests == []
+        allowed = run_module("gpt2_numpy.generate", PROMPT, "--n-tokens", "1023", "--models-dir",
+                             str(tmp_path / "models"), base_url=server.url)
+    assert server.requests  # 1023 may fit an official model: it is downloaded, then the tiny one's 64 refuse it
+    assert_one_error_line(allowed, "more than the model's context of 64 tokens")
