@@ -17,8 +17,8 @@ from contextlib import contextmanager
 import numpy as np
 import pytest
 
-from gpt2_numpy import weights
-from gpt2_numpy.cli import load_model, loaded_name
+from gpt2_numpy import cli, weights
+from gpt2_numpy.cli import load_model
 from gpt2_numpy.formats.tf_bundle import TensorBundle
 from gpt2_numpy.tokenizer import load_tokenizer
 from tests.conftest import FIXTURES, REPO, assert_one_error_line, official_path, tiny_models_dir
@@ -246,9 +246,9 @@ OFFICIAL_SHAPES = {  # OpenAI's published hparams.json of each size: (n_layer, n
 def test_an_official_shape_is_named_by_its_size_and_only_there(size):
     n_layer, n_embd, n_head = OFFICIAL_SHAPES[size]
     hparams = {"n_vocab": 50257, "n_ctx": 1024, "n_embd": n_embd, "n_head": n_head, "n_layer": n_layer}
-    assert loaded_name(size, hparams) == f"GPT-2 {size}"
+    assert cli.loaded_name(size, hparams) == f"GPT-2 {size}"
     other = next(name for name in OFFICIAL_SHAPES if name != size)
-    assert loaded_name(other, hparams).startswith(f"a GPT-2 of GPT-2 {size}'s shape, n_vocab 50257")
+    assert cli.loaded_name(other, hparams).startswith(f"a GPT-2 of GPT-2 {size}'s shape, n_vocab 50257")
 
 
 def test_more_new_tokens_than_any_official_context_are_refused_before_any_download(tmp_path):

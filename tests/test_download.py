@@ -30,11 +30,12 @@ from gpt2_numpy import download, weights
 from gpt2_numpy.checkpoint import load_params
 from gpt2_numpy.models import SOURCES, file_url, models_dir_path
 from gpt2_numpy.errors import CheckpointError, DownloadError, Gpt2NumpyError, Interrupted, UsageError
-from gpt2_numpy.formats.tf_bundle import TensorBundle
+from gpt2_numpy.formats.tf_bundle import TensorBundle, table_records
 from gpt2_numpy.random_params import random_params
 from gpt2_numpy.tokenizer import bytes_to_unicode
 from gpt2_numpy.weights import ensure_model
 from tests.conftest import FIXTURES, REPO
+from tests.fuzzing import FIXED32, fields_of, fields_of_value, proto, set_field, table
 from tests.http_server import Cut, FileServer, Throttle, hf_layout_files, official_layout_files
 
 OPENAI_FILES = ("checkpoint", "encoder.json", "hparams.json", "model.ckpt.index", "model.ckpt.data-00000-of-00001",
@@ -711,6 +712,31 @@ def test_hyperparameters_placed_by_hand_that_do_not_fit_the_download_are_blamed_
     assert len(server.requests) == requests_before
 
 
+def test_an_index_placed_by_hand_that_fails_the_downloaded_data_is_blamed_and_the_data_kept(tmp_path, monkeypatch):
+    # the CRC32C check holds the downloaded data against the user's index: the index is blamed, the data stays staged
+    files = official_layout_files()
+    folder = tmp_path / "124M"
+    folder.mkdir()
+    index = folder / "model.ckpt.index"
+    records = table_records(files["/124M/model.ckpt.index"].read_bytes())
+    wte = dict(records)[b"model/wte"]
+    crc = fields_of_value(wte)[6]
+    edited = [(key, proto(set_field(fields_of(value), 6, FIXED32, crc ^ 1)) if key == b"model/wte" else value)
+              for key, value in records]
+    index.write_bytes(table(edited))  # a valid index whose stored CRC32C for model/wte is another
+    with mirror(monkeypatch, files) as server:
+        with pytest.raises(CheckpointError) as caught:
+            ensure_model("124M", tmp_path)
+        assert "tensor model/wte fails its CRC32C check" in str(caught.value)
+        assert (f"left model.ckpt.index in {folder} untouched (it does not fit the downloaded "
+                "model.ckpt.data-00000-of-00001") in str(caught.value)
+        assert Path(DATA).name in names_in(folder / weights.STAGING)
+        requests_before = len(server.requests)
+        shutil.copyfile(files["/124M/model.ckpt.index"], index)
+        assert_installed(ensure_model("124M", tmp_path), files)
+    assert len(server.requests) == requests_before  # the data file was fetched once
+
+
 def test_served_hyperparameters_that_do_not_fit_the_served_weights_are_deleted_alone(tmp_path, monkeypatch):
     # every file came from the server: the hyperparameters, the suspect of a shape check, go; the weights stay staged
     files = official_layout_files()
@@ -817,3 +843,19 @@ def test_a_verified_folder_copied_elsewhere_is_verified_again(tmp_path, monkeypa
     os.utime(data, ns=(times.st_atime_ns, times.st_mtime_ns))  # a copy damaged, its time kept as a copy tool would
     with pytest.raises(CheckpointError, match="fails its CRC32C check"):
         ensure_model("124M", tmp_path / "third")
+
+
+def test_a_file_as_new_as_the_record_is_verified_again(tmp_path, monkeypatch):
+    # On a file system whose clock is coarse (2 s on FAT), a file rewritten just after the marker was written keeps the
+    # time it had, the marker's: the record cannot tell the two apart, so such a file is verified again, as git does.
+    files = official_layout_files()
+    with mirror(monkeypatch, files):
+        folder = ensure_model("124M", tmp_path)
+    data = folder / Path(DATA).name
+    times = data.stat()
+    os.utime(folder / weights.MARKER, ns=(times.st_atime_ns, times.st_mtime_ns))  # one tick for the file and marker
+    with open(data, "r+b") as file:
+        file.write(b"\xff\xff\xff\xff")
+    os.utime(data, ns=(times.st_atime_ns, times.st_mtime_ns))  # the rewrite within the same tick: the time unchanged
+    with pytest.raises(CheckpointError, match="fails its CRC32C check"):
+        ensure_model("124M", tmp_path)
