@@ -859,3 +859,12 @@ def test_a_file_as_new_as_the_record_is_verified_again(tmp_path, monkeypatch):
     os.utime(data, ns=(times.st_atime_ns, times.st_mtime_ns))  # the rewrite within the same tick: the time unchanged
     with pytest.raises(CheckpointError, match="fails its CRC32C check"):
         ensure_model("124M", tmp_path)
+
+
+def test_a_safetensors_download_without_a_published_sha256_says_so(tmp_path, monkeypatch, capsys):
+    files = hf_layout_files()
+    with mirror(monkeypatch, files) as server:  # a mirror that sends no X-Linked-Etag
+        assert_installed(ensure_model("124M", tmp_path, source="huggingface"), files)
+    stderr = capsys.readouterr().err
+    assert f"note: {server.url}{HF_WEIGHTS} came without a published SHA-256" in stderr
+    assert stderr.count("without a published SHA-256") == 1  # config.json and the vocabulary never have one
