@@ -212,9 +212,9 @@ def check_model(model_dir, source):  # -> None, or CheckpointError / TokenizerEr
     with comparing(merges, vocab):  # the merges must build exactly the tokens of the vocabulary
         read_merges(merges, encoder)
     if len(encoder) < hparams["n_vocab"]:  # the model could choose ids the tokenizer cannot print
-        raise CheckpointError(f"{vocab} holds {len(encoder):,} tokens but the model has {hparams['n_vocab']:,} (see "
-                              f"{source.hparams}); use the vocabulary files that came with these weights",
-                              files=(vocab, model_dir / source.hparams))
+        raise CheckpointError(f"{vocab}: the model has {hparams['n_vocab']:,} tokens but its vocabulary files only "
+                              f"{len(encoder):,} (see {source.hparams}); use the vocabulary files that came with these "
+                              "weights", files=(vocab, model_dir / source.hparams))
 
 
 @contextmanager

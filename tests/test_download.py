@@ -670,7 +670,8 @@ def test_a_vocabulary_placed_by_hand_too_small_for_the_model_is_blamed_and_every
             with pytest.raises(CheckpointError) as caught:
                 ensure_model("124M", tmp_path)
             message = str(caught.value)
-            assert message.startswith(f"{folder / 'encoder.json'} holds 257 tokens but the model has 512")
+            assert message.startswith(f"{folder / 'encoder.json'}: the model has 512 tokens but its vocabulary files "
+                                      "only 257")
             assert "left encoder.json in" in message and "hparams.json, kept for the next run" in message
             assert "deleted" not in message
             assert {name: (folder / name).read_bytes() for name in placed} == placed
