@@ -122,7 +122,7 @@ def published_sha256(response):  # -> (lowercase hex SHA-256, size or None) the 
 
 def check_published(url, part, published):  # -> None; DownloadError, the part deleted, when it is not those bytes
     if published is None:
-        if part.stem.endswith(".safetensors"):  # the hub publishes a hash for every one: say when none came
+        if part.stem.endswith(".safetensors"):  # the hub keeps these in LFS, with a published hash: say none came
             log(f"note: {url} came without a published SHA-256 (X-Linked-Etag): only its structure is checked")
         return
     digest, size = published

@@ -201,6 +201,16 @@ def test_a_models_dir_that_cannot_be_written_is_one_error_line(tmp_path):
     assert server.requests == [] and list(models_dir.iterdir()) == []
 
 
+def test_a_weights_file_that_cannot_be_read_is_one_error_line_and_kept(models_dir):
+    data = models_dir / "124M" / DATA
+    with mode(data, 0o000):
+        result = run_module("gpt2_numpy.generate", PROMPT, "--n-tokens", "5", "--models-dir", str(models_dir),
+                            unprivileged=True)
+    assert_one_error_line(result, f"{data} cannot be read (Permission denied)")
+    assert f"left {DATA} in {models_dir / '124M'} untouched" in error_lines(result)[0]
+    assert data.read_bytes() == (FIXTURES / "tf_tiny" / DATA).read_bytes()
+
+
 def hf_models_dir(root):  # -> a models dir whose 124M-hf/ holds the tiny safetensors model and the real tokenizer
     folder = shutil.copytree(FIXTURES / "hf_tiny", root / "models" / "124M-hf")
     shutil.copy(official_path("124M/encoder.json"), folder / "vocab.json")
