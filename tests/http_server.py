@@ -19,6 +19,8 @@ Misbehaving servers, for every request:
 
 `published={path: (sha256 hex, size)}` sends them as the Hugging Face hub does for an LFS file, on every answer for
 that path: `X-Linked-Etag: "<sha256>"` and `X-Linked-Size: <size>` (whatever bytes the path actually serves).
+`redirects={path: other path}` answers path with a 302 to the other, as the hub's resolve URL sends its LFS files to
+their store: the published headers then come on the redirect only, and the store answers without them.
 """
 import re
 import threading
@@ -44,7 +46,8 @@ class Throttle:
 
 
 class FileServer:
-    def __init__(self, files, faults=None, ignore_range=False, resume_from_zero=False, overlong=0, published=None):
+    def __init__(self, files, faults=None, ignore_range=False, resume_from_zero=False, overlong=0, published=None,
+                 redirects=None):
         self.files = {path: content if isinstance(content, bytes) else Path(content).read_bytes()
                       for path, content in files.items()}
         self.faults = {path: list(queue) for path, queue in (faults or {}).items()}
@@ -52,6 +55,7 @@ class FileServer:
         self.resume_from_zero = resume_from_zero
         self.overlong = overlong
         self.published = published or {}
+        self.redirects = redirects or {}
         self.requests = []
         self.faults_lock = threading.Lock()
 
@@ -87,6 +91,8 @@ class FileHandler(BaseHTTPRequestHandler):
 
     def do_GET(self):
         owner = self.server.owner
+        if self.path in owner.redirects:
+            return self.answer(self.headers.get("Range"), 302, {"Location": owner.redirects[self.path]})
         fault = owner.next_fault(self.path)
         if isinstance(fault, threading.Event):
             fault.wait(HOLD_SECONDS)

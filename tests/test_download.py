@@ -778,28 +778,39 @@ def published(data):  # -> (sha256, size) as the hub publishes them for an LFS f
     return hashlib.sha256(data).hexdigest(), len(data)
 
 
-def test_a_huggingface_download_matching_its_published_sha256_is_installed(tmp_path, monkeypatch, capsys):
+def hub_like(files, weights_bytes):  # -> (files, FileServer options) that redirect model.safetensors to a store
+    # as the hub does: the published hash comes on the redirect, and the store's answer has none
+    store = "/store/" + hashlib.sha256(weights_bytes).hexdigest()
+    return {**files, store: weights_bytes}, {"redirects": {HF_WEIGHTS: store}}
+
+
+@pytest.mark.parametrize("redirected", [False, True], ids=["served", "redirected"])
+def test_a_huggingface_download_matching_its_published_sha256_is_installed(tmp_path, monkeypatch, capsys, redirected):
     monkeypatch.setattr(download, "CHUNK_BYTES", SMALL_CHUNK)
     files = hf_layout_files()
     data = files[HF_WEIGHTS].read_bytes()
-    with mirror(monkeypatch, files, faults={HF_WEIGHTS: [Cut(3 * SMALL_CHUNK + 5)]},
-                published={HF_WEIGHTS: published(data)}) as server:
+    served, options = hub_like(files, data) if redirected else (files, {})
+    weights_path = options["redirects"][HF_WEIGHTS] if redirected else HF_WEIGHTS
+    with mirror(monkeypatch, served, faults={weights_path: [Cut(3 * SMALL_CHUNK + 5)]},
+                **{**options, "published": {HF_WEIGHTS: published(data)}}) as server:
         folder = ensure_model("124M", tmp_path, source="huggingface")
-    assert server.requested(HF_WEIGHTS) == [None, f"bytes={3 * SMALL_CHUNK}-"]  # the hash covers both requests' bytes
+    assert server.requested(weights_path) == [None, f"bytes={3 * SMALL_CHUNK}-"]  # the hash covers both requests
     assert_installed(folder, files)
     assert "checking the SHA-256 of model.safetensors" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("redirected", [False, True], ids=["served", "redirected"])
 @pytest.mark.parametrize("damage", ["a flipped byte", "a wrong size"])
 def test_a_huggingface_download_unlike_its_published_sha256_is_deleted_and_fetched_again(tmp_path, monkeypatch,
-                                                                                         damage):
+                                                                                         damage, redirected):
     files = hf_layout_files()
     data = files[HF_WEIGHTS].read_bytes()
     served = flip_a_bit(data, len(data) - 10) if damage == "a flipped byte" else data  # inside the last tensor
     digest, size = published(data)
     announced = (digest, size) if damage == "a flipped byte" else (digest, size + 4)
     folder = tmp_path / "124M-hf"
-    with mirror(monkeypatch, {**files, HF_WEIGHTS: served}, published={HF_WEIGHTS: announced}):
+    served_files, options = hub_like(files, served) if redirected else ({**files, HF_WEIGHTS: served}, {})
+    with mirror(monkeypatch, served_files, **{**options, "published": {HF_WEIGHTS: announced}}):
         with pytest.raises(DownloadError) as caught:
             ensure_model("124M", tmp_path, source="huggingface")
     message = str(caught.value)
