@@ -50,7 +50,8 @@ class NonFiniteError(CheckpointError):
 
     def __init__(self):
         super().__init__("the model's outputs are NaN or infinite: its weights hold NaN or infinite values (as a "
-                         "checkpoint saved from a diverged training run can); use a checkpoint of finite weights")
+                         "checkpoint saved from a diverged training run can), or values so large that float32 "
+                         "overflows; use another checkpoint")
 
 
 class Interrupted(Gpt2NumpyError):

@@ -199,7 +199,8 @@ def parse_args(argv):  # -> argparse.Namespace, checked
 
 
 def main(argv=None):  # console script entry point: errors become one line on stderr and an exit status
-    run_cli(run, argv)
+    with np.errstate(invalid="ignore", over="ignore"):  # NaN or inf from the weights: NonFiniteError says it once
+        run_cli(run, argv)
 
 
 def run(argv=None):  # -> exit status
@@ -278,7 +279,7 @@ def note_ignored_options(args, greedy):  # -> None; says on stderr when options 
 
 def print_sample(ids, tokenizer, stream):  # -> list of the ids printed; stdout gets their text and a newline
     decoder = tokenizer.stream_decoder()
-    held, printed = [], []  # held: text not yet written, all of it with --no-stream
+    held, printed, ended = [], [], False  # held: text not yet written, all of it with --no-stream
     try:
         for token_id in ids:
             printed.append(token_id)
@@ -287,8 +288,10 @@ def print_sample(ids, tokenizer, stream):  # -> list of the ids printed; stdout 
                 write_stdout(piece)
             else:
                 held.append(piece)
-    finally:  # even on Ctrl-C: what was generated is printed, and a cut character shows as U+FFFD
-        write_stdout("".join(held) + decoder.finish() + "\n")
+        ended = True
+    finally:  # even on Ctrl-C or an error: what was generated is printed, and a cut character shows as U+FFFD
+        if printed or ended:  # but a failure before the first id leaves stdout empty
+            write_stdout("".join(held) + decoder.finish() + "\n")
     return printed
 
 

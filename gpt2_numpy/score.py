@@ -138,7 +138,8 @@ def parse_args(argv):  # -> argparse.Namespace
 
 
 def main(argv=None):  # console entry point: errors become one line on stderr and an exit status
-    run_cli(run, argv)
+    with np.errstate(invalid="ignore", over="ignore"):  # NaN or inf from the weights: NonFiniteError says it once
+        run_cli(run, argv)
 
 
 def run(argv=None):  # -> exit status
