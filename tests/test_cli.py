@@ -430,10 +430,12 @@ CLI_ARGS = {  # what each CLI needs to run on the tiny model
 }
 
 
-def cli_with_streams(module, args, models_dir, redirect="", stdout=subprocess.PIPE):  # -> CompletedProcess, str output
-    """Runs a CLI under bash, which applies `redirect` (e.g. `1>&-`, closing stdout) before it starts python."""
-    env = {**os.environ, "GPT2_NUMPY_BASE_URL": UNREACHABLE, "PYTHONPATH": str(REPO)}
-    env.pop("GPT2_NUMPY_WEIGHTS", None)
+def cli_with_streams(module, args, models_dir, redirect="", stdout=subprocess.PIPE, unbuffered=True):
+    """-> CompletedProcess with str output: a CLI run under bash, which applies `redirect` (e.g. `1>&-`, closing stdout)
+    before it starts python; unbuffered=False runs it without PYTHONUNBUFFERED, so print() writes only when flushed."""
+    env = {**os.environ, "GPT2_NUMPY_BASE_URL": UNREACHABLE, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+    for name in ["GPT2_NUMPY_WEIGHTS"] + ([] if unbuffered else ["PYTHONUNBUFFERED"]):
+        env.pop(name, None)
     command = ["bash", "-c", f'exec "$@" {redirect}', "bash", sys.executable, "-m", f"gpt2_numpy.{module}", *args,
                "--models-dir", str(models_dir)]
     result = subprocess.run(command, stdin=subprocess.DEVNULL, stdout=stdout, stderr=subprocess.PIPE, env=env,
@@ -443,16 +445,21 @@ def cli_with_streams(module, args, models_dir, redirect="", stdout=subprocess.PI
     return subprocess.CompletedProcess(command, result.returncode, (result.stdout or b"").decode(), stderr)
 
 
-@pytest.mark.parametrize("module, args", [
+FULL_STDOUT_CASES = [
     *CLI_ARGS.items(),
     ("generate", [PROMPT, "--n-tokens", "3", "--no-stream"]),
     ("generate", [PROMPT, "I go", "--n-tokens", "3"]),
     ("score", [PROMPT, "--no-bos", "--per-token"]),
-    ("download", ["124M"]),  # prints the model's folder with print(): run_cli flushes it before Python's exit does
+]
+
+
+@pytest.mark.parametrize("module, args, unbuffered", [
+    *[(module, args, unbuffered) for module, args in FULL_STDOUT_CASES for unbuffered in (True, False)],
+    ("download", ["124M"], False),  # print()s the model's folder: run_cli's flush fails, not Python's at exit
 ])
-def test_a_full_stdout_is_one_error_line(models_dir, module, args):
+def test_a_full_stdout_is_one_error_line(models_dir, module, args, unbuffered):
     with open("/dev/full", "w") as full:
-        result = cli_with_streams(module, args, models_dir, stdout=full)
+        result = cli_with_streams(module, args, models_dir, stdout=full, unbuffered=unbuffered)
     assert result.returncode == 1
     assert result.stderr.splitlines()[-1] == ("error: cannot write to stdout (No space left on device): send it to a "
                                               "file or pipe that takes the output, on a disk with free space")
