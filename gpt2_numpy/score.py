@@ -163,7 +163,7 @@ def run(argv=None):  # -> exit status
 
 
 def json_text(scores):  # -> one line of standard JSON: an infinite perplexity is null (JSON has no Infinity)
-    return json.dumps({key: None if value == math.inf else value for key, value in scores.items()}, allow_nan=False)
+    return json.dumps({key: None if value == math.inf else value for key, value in scores.items()})
 
 
 def read_text_file(path):  # -> the file's text; UsageError when it cannot be read or is not UTF-8

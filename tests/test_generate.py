@@ -292,3 +292,14 @@ def test_keeping_rows_allocates_only_the_cache_it_keeps(tiny):
     for old, new in ((cache.keys, kept.keys), (cache.values, kept.values)):
         np.testing.assert_array_equal(new, old[:, rows])  # every slot, the untouched ones zero in both
     assert (kept.n_past, kept.pad.tolist()) == (n_past, [0] * len(rows))
+
+
+@pytest.mark.parametrize("n_tokens", [1, 7])
+def test_a_single_decode_caches_only_the_positions_it_feeds_back(tiny, monkeypatch, n_tokens):
+    hparams, params, prompt, _ = tiny
+    slots = []
+    real = generate_module.new_cache
+    monkeypatch.setattr(generate_module, "new_cache", lambda *a, **kw: slots.append(kw["n_slots"]) or real(*a, **kw))
+    generate(prompt, params, hparams["n_head"], n_tokens)
+    # the prompt and every chosen id but the last: so --n-tokens, not the context, sizes the cache
+    assert slots == [len(prompt) + n_tokens - 1]
