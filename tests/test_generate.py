@@ -264,6 +264,7 @@ def with_weight(params, value):  # -> a copy of params with one weight set to va
     return params
 
 
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # NumPy meeting the inf
 @pytest.mark.parametrize("value", [np.nan, np.inf])
 @pytest.mark.parametrize("options", [{}, {"temperature": 1.0, "seed": 0}])
 def test_weights_holding_nan_or_inf_stop_generation_with_an_error(tiny, value, options):

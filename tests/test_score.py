@@ -381,6 +381,7 @@ def test_bad_input_is_one_error_line_with_exit_2(tiny_dir, tmp_path, monkeypatch
 # --- Weights that give NaN, infinite or huge logits ---
 
 
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # NumPy meeting the inf
 @pytest.mark.parametrize("value", [np.nan, np.inf])
 def test_weights_holding_nan_or_inf_are_an_error_not_a_nan_score(tmp_path, full_vocab_params, tiny_params, value):
     with pytest.raises(NonFiniteError, match="its weights hold NaN or infinite values"):
