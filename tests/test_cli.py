@@ -18,7 +18,7 @@ import pytest
 
 from gpt2_numpy import generate as generate_module
 from gpt2_numpy.checkpoint import load_params
-from gpt2_numpy.errors import Gpt2NumpyError, UsageError
+from gpt2_numpy.errors import Gpt2NumpyError, UsageError, run_cli
 from gpt2_numpy.cli import prompt_ids
 from gpt2_numpy.generate import generate, print_sample, run
 from gpt2_numpy.random_params import random_params
@@ -474,10 +474,11 @@ def test_a_closed_stdout_is_one_error_line_before_the_model_loads(models_dir, mo
 
 
 @pytest.mark.parametrize("module", CLI_ARGS)
-def test_a_closed_stderr_leaves_stdout_to_the_output_alone(models_dir, module):
+@pytest.mark.parametrize("redirect", ["2>&-", "2>/dev/full"])
+def test_a_closed_or_full_stderr_leaves_stdout_to_the_output_alone(models_dir, module, redirect):
     expected = cli_with_streams(module, CLI_ARGS[module], models_dir)
     assert expected.returncode == 0 and "loaded GPT-2" in expected.stderr
-    result = cli_with_streams(module, CLI_ARGS[module], models_dir, redirect="2>&-")
+    result = cli_with_streams(module, CLI_ARGS[module], models_dir, redirect=redirect)
     assert (result.returncode, result.stdout, result.stderr) == (0, expected.stdout, "")
 
 
@@ -490,3 +491,14 @@ def test_a_closed_stderr_leaves_stdout_to_the_output_alone(models_dir, module):
 def test_a_prompt_from_a_closed_or_unreadable_stdin_is_one_error_line(models_dir, module, redirect, fragment):
     args = ["-", *CLI_ARGS[module][1:]]
     assert_one_error_line(cli_with_streams(module, args, models_dir, redirect=redirect), fragment)
+
+
+def test_running_out_of_memory_elsewhere_is_one_line(capsys):
+    def main(argv):
+        raise MemoryError
+
+    with pytest.raises(SystemExit) as stop:
+        run_cli(main)
+    assert stop.value.code == 1
+    assert capsys.readouterr() == ("", "error: this machine ran out of memory: ask for less at once (a smaller model, "
+                                       "fewer rows, a shorter text)\n")
