@@ -127,8 +127,8 @@ def cache_for(params, n_head, n_slots, pad=None):  # -> new_cache's KVCache; Out
 
 
 def check_finite(logits):  # [..., n_vocab] -> None, or NonFiniteError when any logit is NaN or infinite
-    # NaN logits would make sampling fail with an IndexError and greedy pick id 0 every step. The check costs about
-    # 10 us a step for 124M's last row (50257 logits), a decode step tens of milliseconds.
+    # NaN logits would make sampling fail with an IndexError and greedy pick id 0 every step. The check costs 10 to
+    # 50 us a step for 124M's last row (50257 logits), under 0.1% of a decode step.
     if not np.isfinite(logits).all():
         raise NonFiniteError
 
