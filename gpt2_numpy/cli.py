@@ -6,7 +6,7 @@ import time
 
 from gpt2_numpy.allocator import keep_freed_memory
 from gpt2_numpy.checkpoint import load_params
-from gpt2_numpy.errors import UsageError, log
+from gpt2_numpy.errors import UsageError, log, writing_stdout
 from gpt2_numpy.models import MODEL_SIZES, OFFICIAL_HPARAMS, SOURCES, models_dir_path
 from gpt2_numpy.tokenizer import EOT_ID, load_tokenizer
 from gpt2_numpy.weights import ensure_model
@@ -26,9 +26,15 @@ def whole_number(minimum):  # -> an argparse type accepting integers >= minimum
 def read_prompt(argument):  # -> prompt text; "-" reads stdin
     if argument != "-":
         text = argument
+    elif sys.stdin is None:  # started with stdin closed (`0<&-`)
+        raise UsageError('stdin is closed, and "-" reads the prompt from it: pipe the text in, or give it as an '
+                         "argument")
     else:
         try:
             text = sys.stdin.buffer.read().decode("utf-8")
+        except OSError as error:  # e.g. `< folder`, or a descriptor open for writing only
+            raise UsageError(f"cannot read the prompt from stdin ({error.strerror}): pipe the text in, or give it as "
+                             "an argument") from None
         except UnicodeDecodeError as error:
             raise UsageError(f"stdin is not UTF-8 text (byte {error.start}): convert the prompt to UTF-8") from None
     try:
@@ -90,6 +96,7 @@ def prompt_ids(tokenizer, prompt, n_vocab, name="the prompt"):  # -> ids to feed
     return ids
 
 
-def write_stdout(text):
-    sys.stdout.write(text)
-    sys.stdout.flush()  # each token appears as soon as it is chosen, even through a pipe
+def write_stdout(text):  # -> None; OutputError when stdout is closed or refuses the text
+    with writing_stdout() as stdout:
+        stdout.write(text)
+        stdout.flush()  # each token appears as soon as it is chosen, even through a pipe

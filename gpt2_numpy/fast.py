@@ -187,10 +187,13 @@ class KVCache:
     pad: np.ndarray = None  # [n_rows]: a batch's left padding, the slots before each row's first token; None: no batch
 
     def keep(self, rows):  # -> KVCache of only these rows of a batch, e.g. those still generating
-        keys, values = (np.zeros_like(self.keys[:, rows]) for _ in range(2))  # calloc: untouched slots stay unpaged
-        keys[..., : self.n_past, :], values[..., : self.n_past, :] = (
-            kv[:, rows, ..., : self.n_past, :] for kv in (self.keys, self.values))
-        return KVCache(keys, values, self.n_past, self.pad[rows])
+        return KVCache(self.rows_of(self.keys, rows), self.rows_of(self.values, rows), self.n_past, self.pad[rows])
+
+    def rows_of(self, kv, rows):  # [n_layer, n_rows, n_head, n_slots, d_head] -> [n_layer, len(rows), ...]
+        out = np.zeros((kv.shape[0], len(rows), *kv.shape[2:]), kv.dtype)  # calloc: untouched slots stay unpaged
+        for new, old in enumerate(rows):  # row by row: a fancy index would first copy every kept row to a temporary
+            out[:, new, ..., : self.n_past, :] = kv[:, old, ..., : self.n_past, :]
+        return out
 
 
 def new_cache(wpe, blocks, n_head, pad=None, n_slots=None):  # -> KVCache of n_slots (default n_ctx) positions

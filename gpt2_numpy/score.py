@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from gpt2_numpy.cli import add_model_args, load_model, read_prompt, whole_number
-from gpt2_numpy.errors import ArgumentParser, UsageError, plural, run_cli
+from gpt2_numpy.cli import add_model_args, load_model, read_prompt, whole_number, write_stdout
+from gpt2_numpy.errors import ArgumentParser, NonFiniteError, UsageError, open_stdout, plural, run_cli
 from gpt2_numpy.fast import check_inputs, lm_head, transformer
 from gpt2_numpy.tokenizer import EOT, EOT_ID
 
@@ -73,7 +73,10 @@ def window_log_probs(window, n_context, params, n_head):  # int [n_window] -> fl
     # the hidden state at position t predicts token t + 1: so the window's last token, only a target, never goes in,
     # and the lm head (nearly a third of the work at 124M) runs only on the positions that predict a scored token
     x = transformer(window[:-1], **params, n_head=n_head)  # [n_window - 1, n_embd]
-    return log_softmax_at(lm_head(x[n_context - 1 :], params["wte"]), window[n_context:])
+    log_probs = log_softmax_at(lm_head(x[n_context - 1 :], params["wte"]), window[n_context:])
+    if not np.isfinite(log_probs).all():  # NaN or inf anywhere in a row of logits makes its log-probability NaN
+        raise NonFiniteError
+    return log_probs
 
 
 def log_softmax_at(logits, targets):  # [n, n_vocab], int [n] -> float64 [n]: ln softmax(logits[i])[targets[i]]
@@ -91,8 +94,15 @@ def summary(log_probs, n_bytes):  # float [n] -> {n_tokens, nll, perplexity, bit
     negative log-likelihood per token (nats), the perplexity e^nll, and bits per byte (total NLL / ln 2 / bytes)."""
     total = -math.fsum(log_probs)
     nll = total / len(log_probs)
-    return {"n_tokens": len(log_probs), "nll": nll, "perplexity": math.exp(nll),
+    return {"n_tokens": len(log_probs), "nll": nll, "perplexity": perplexity(nll),
             "bits_per_byte": total / math.log(2) / n_bytes, "n_bytes": n_bytes}
+
+
+def perplexity(nll):  # -> e^nll; inf where that exceeds the largest double (nll above 709.78 nats)
+    try:
+        return math.exp(nll)
+    except OverflowError:  # math.exp raises where np.exp would return inf
+        return math.inf
 
 
 # --- The command line ---
@@ -128,12 +138,13 @@ def parse_args(argv):  # -> argparse.Namespace
 
 
 def main(argv=None):  # console entry point: errors become one line on stderr and an exit status
-    sys.stdout.reconfigure(errors="replace")  # a terminal that cannot show a character gets "?", not a traceback
-    run_cli(run, argv)
+    with np.errstate(invalid="ignore", over="ignore"):  # NaN or inf from the weights: NonFiniteError says it once
+        run_cli(run, argv)
 
 
 def run(argv=None):  # -> exit status
     args = parse_args(argv)
+    open_stdout()  # a closed stdout is refused before the model loads
     text = read_prompt(args.text) if args.file is None else read_text_file(args.file)
     hparams, params, tokenizer = load_model(args)
     ids = text_ids(tokenizer, text, hparams["n_vocab"], bos=not args.no_bos)
@@ -144,12 +155,15 @@ def run(argv=None):  # -> exit status
         if args.per_token:
             scores["tokens"] = [{"position": position, "id": token_id, "text": tokenizer.decode([token_id]),
                                  "logprob": float(log_prob)} for position, token_id, log_prob in rows]
-        print(json.dumps(scores))
+        write_stdout(json_text(scores) + "\n")
         return 0
-    if args.per_token:
-        print_table(rows, tokenizer, colour=use_colour())
-    print_summary(scores, bos=not args.no_bos)
+    table = table_lines(rows, tokenizer, colour=use_colour()) if args.per_token else []
+    write_stdout("\n".join(table + summary_lines(scores, bos=not args.no_bos)) + "\n")
     return 0
+
+
+def json_text(scores):  # -> one line of standard JSON: an infinite perplexity is null (JSON has no Infinity)
+    return json.dumps({key: None if value == math.inf else value for key, value in scores.items()})
 
 
 def read_text_file(path):  # -> the file's text; UsageError when it cannot be read or is not UTF-8
@@ -203,15 +217,16 @@ def use_colour():  # -> True when stdout is a terminal and the user has not aske
     return sys.stdout.isatty() and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
 
 
-def print_table(rows, tokenizer, colour):  # -> None; one line per scored token, the text last (widths vary)
-    print(f"{'position':>8} {'id':>6} {'logprob':>10} {'bits':>8}  token")
+def table_lines(rows, tokenizer, colour):  # -> [str]: a header, then one line per scored token, the text last
+    lines = [f"{'position':>8} {'id':>6} {'logprob':>10} {'bits':>8}  token"]
     for position, token_id, log_prob in rows:
         bits = -log_prob / math.log(2)
         token = visible(tokenizer.token_bytes(token_id))
         if colour:
             code = next(code for limit, code in COLOURS if bits < limit)
             token = f"\x1b[{code}m{token}\x1b[0m"
-        print(f"{position:>8} {token_id:>6} {log_prob:>10.4f} {bits:>8.3f}  {token}")
+        lines.append(f"{position:>8} {token_id:>6} {log_prob:>10.4f} {bits:>8.3f}  {token}")
+    return lines
 
 
 def visible(token_bytes):  # b" a\n" -> "␣a\\n": a token's text with spaces, controls and partial characters shown
@@ -220,6 +235,7 @@ def visible(token_bytes):  # b" a\n" -> "␣a\\n": a token's text with spaces, c
 
 
 def visible_char(char):  # -> char, or an escape for a space, a backslash, an undecodable byte or an unprintable char
+    # \xNN is only ever a byte of a partial character; a whole character is \uNNNN (or \UNNNNNNNN), even below U+0100
     if char == " ":
         return "␣"
     if char in "\\␣":
@@ -228,15 +244,16 @@ def visible_char(char):  # -> char, or an escape for a space, a backslash, an un
         return f"\\x{ord(char) - 0xDC00:02x}"
     if char.isprintable():
         return char
-    return {"\n": "\\n", "\t": "\\t", "\r": "\\r"}.get(char) or char.encode("unicode_escape").decode("ascii")
+    return {"\n": "\\n", "\t": "\\t", "\r": "\\r"}.get(char) or (
+        f"\\u{ord(char):04x}" if ord(char) <= 0xFFFF else f"\\U{ord(char):08x}")
 
 
-def print_summary(scores, bos):  # -> None; the scores as aligned lines
+def summary_lines(scores, bos):  # -> [str]: the scores as aligned lines
     first = f", the first after {EOT}" if bos else ""
-    print(f"tokens scored  {scores['n_tokens']}{first}")
-    print(f"nll            {scores['nll']:.6f} nats per token")
-    print(f"perplexity     {scores['perplexity']:.4f}")
-    print(f"bits per byte  {scores['bits_per_byte']:.6f} ({plural(scores['n_bytes'], 'UTF-8 byte')})")
+    return [f"tokens scored  {scores['n_tokens']}{first}",
+            f"nll            {scores['nll']:.6f} nats per token",
+            f"perplexity     {scores['perplexity']:.4f}",
+            f"bits per byte  {scores['bits_per_byte']:.6f} ({plural(scores['n_bytes'], 'UTF-8 byte')})"]
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ tests/fixtures/tf_tiny holds) `generate` reproduces Hugging Face's greedy ids (t
 import errno
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -17,13 +18,15 @@ import pytest
 
 from gpt2_numpy import generate as generate_module
 from gpt2_numpy.checkpoint import load_params
-from gpt2_numpy.errors import Gpt2NumpyError, UsageError
+from gpt2_numpy.errors import Gpt2NumpyError, UsageError, run_cli
 from gpt2_numpy.cli import prompt_ids
 from gpt2_numpy.generate import generate, print_sample, run
 from gpt2_numpy.random_params import random_params
 from gpt2_numpy.tokenizer import load_tokenizer
 from tests.conftest import FIXTURES, REPO, assert_one_error_line, official_path, tiny_models_dir
 from tests.http_server import FileServer, official_layout_files
+from tests.test_generate import with_weight
+from tests.test_score import hf_models_dir
 
 PROMPT = "I will go to the"  # [40, 481, 467, 284, 262]: every id fits the tiny model's 512-token vocabulary
 N_TOKENS = 20
@@ -376,3 +379,126 @@ def test_rows_finishing_out_of_order_print_in_order(models_dir, tokenizer, param
     out, err = capsys.readouterr()
     assert out == tokenizer.decode(ids[0]) + "\n\n" + tokenizer.decode(ids[1][:stop]) + "\n"
     assert f"prompt 2: {stop} tokens, stopped at <|endoftext|>" in err
+
+
+def test_greedy_rows_carry_no_seed_label(models_dir, capsys):
+    assert run([PROMPT, "I go", "--n-tokens", "2", "--seed", "5", "--models-dir", str(models_dir)]) == 0
+    err = capsys.readouterr().err
+    assert "prompt 1: 2 tokens, reached --n-tokens" in err.splitlines()
+    assert "seed 5)" not in err and "seed 6)" not in err  # greedy ignores the seed, and says so once
+
+
+# --- Weights that hold NaN, and a KV cache too large for the machine ---
+
+
+@pytest.mark.parametrize("args", [[PROMPT], [PROMPT, "--temperature", "1", "--seed", "0"], [PROMPT, "I go"]])
+def test_weights_holding_nan_are_one_error_line(tmp_path, params, args):
+    models_dir = hf_models_dir(tmp_path, with_weight(params, np.nan), TINY["hparams"])
+    result = cli(*args, "--n-tokens", "3", "--source", "huggingface", models_dir=models_dir)
+    assert_one_error_line(result, "the model's outputs are NaN or infinite: its weights hold NaN or infinite values")
+
+
+# allocations are capped at what the process holds after its imports plus 512 MiB, so that the KV cache below
+# (2.4 GiB) cannot be allocated on any machine, however much memory it has or how it overcommits
+CAPPED_MEMORY_CLI = """import re, resource, sys
+from gpt2_numpy import generate
+held = int(re.search(r"VmSize:\\s+(\\d+) kB", open("/proc/self/status").read())[1]) * 1024
+resource.setrlimit(resource.RLIMIT_AS, (held + 2**29, resource.RLIM_INFINITY))
+generate.main(sys.argv[1:])
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
+def test_a_kv_cache_too_large_to_allocate_is_one_line_naming_its_size_and_the_flags(models_dir):
+    env = {**os.environ, "GPT2_NUMPY_BASE_URL": UNREACHABLE, "PYTHONPATH": str(REPO)}
+    # 40000 rows x 63 slots (a 2-token prompt and 62 new tokens) x 2 layers x 64 floats, keys and values: 2.4 GiB
+    args = ["I go", "--n-tokens", "62", "--temperature", "1", "--num-samples", "40000", "--batch-size", "40000"]
+    result = subprocess.run([sys.executable, "-c", CAPPED_MEMORY_CLI, *args, "--models-dir", str(models_dir)],
+                            capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 1 and result.stdout == "" and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.splitlines()[-1] == (
+        "error: the KV cache of 40000 rows x 63 positions needs 2.4 GiB, more than this machine could allocate: "
+        "compute fewer rows at once (--batch-size) or generate fewer tokens (--n-tokens)")
+
+
+# --- Standard streams closed, full or unreadable: one line on stderr (when it is open), never a traceback ---
+
+CLI_ARGS = {  # what each CLI needs to run on the tiny model
+    "generate": [PROMPT, "--n-tokens", "3"],
+    "score": [PROMPT, "--no-bos", "--json"],
+    "explain": [PROMPT],
+}
+
+
+def cli_with_streams(module, args, models_dir, redirect="", stdout=subprocess.PIPE, unbuffered=True):
+    """-> CompletedProcess with str output: a CLI run under bash, which applies `redirect` (e.g. `1>&-`, closing stdout)
+    before it starts python; unbuffered=False runs it without PYTHONUNBUFFERED, so print() writes only when flushed."""
+    env = {**os.environ, "GPT2_NUMPY_BASE_URL": UNREACHABLE, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+    for name in ["GPT2_NUMPY_WEIGHTS"] + ([] if unbuffered else ["PYTHONUNBUFFERED"]):
+        env.pop(name, None)
+    command = ["bash", "-c", f'exec "$@" {redirect}', "bash", sys.executable, "-m", f"gpt2_numpy.{module}", *args,
+               "--models-dir", str(models_dir)]
+    result = subprocess.run(command, stdin=subprocess.DEVNULL, stdout=stdout, stderr=subprocess.PIPE, env=env,
+                            timeout=120)
+    stderr = result.stderr.decode()
+    assert "Traceback" not in stderr and "Exception ignored" not in stderr, stderr
+    return subprocess.CompletedProcess(command, result.returncode, (result.stdout or b"").decode(), stderr)
+
+
+FULL_STDOUT_CASES = [
+    *CLI_ARGS.items(),
+    ("generate", [PROMPT, "--n-tokens", "3", "--no-stream"]),
+    ("generate", [PROMPT, "I go", "--n-tokens", "3"]),
+    ("score", [PROMPT, "--no-bos", "--per-token"]),
+]
+
+
+@pytest.mark.parametrize("module, args, unbuffered", [
+    *[(module, args, unbuffered) for module, args in FULL_STDOUT_CASES for unbuffered in (True, False)],
+    ("download", ["124M"], False),  # print()s the model's folder: run_cli's flush fails, not Python's at exit
+])
+def test_a_full_stdout_is_one_error_line(models_dir, module, args, unbuffered):
+    with open("/dev/full", "w") as full:
+        result = cli_with_streams(module, args, models_dir, stdout=full, unbuffered=unbuffered)
+    assert result.returncode == 1
+    assert result.stderr.splitlines()[-1] == ("error: cannot write to stdout (No space left on device): send it to a "
+                                              "file or pipe that takes the output, on a disk with free space")
+    assert len(re.findall("^error", result.stderr, re.MULTILINE)) == 1
+
+
+@pytest.mark.parametrize("module", ["generate", "score"])
+def test_a_closed_stdout_is_one_error_line_before_the_model_loads(models_dir, module):
+    result = cli_with_streams(module, CLI_ARGS[module], models_dir, redirect="1>&-")
+    assert result.returncode == 1
+    assert result.stderr == "error: stdout is closed: give the command somewhere to write its output, e.g. > out.txt\n"
+
+
+@pytest.mark.parametrize("module", CLI_ARGS)
+@pytest.mark.parametrize("redirect", ["2>&-", "2>/dev/full"])
+def test_a_closed_or_full_stderr_leaves_stdout_to_the_output_alone(models_dir, module, redirect):
+    expected = cli_with_streams(module, CLI_ARGS[module], models_dir)
+    assert expected.returncode == 0 and "loaded GPT-2" in expected.stderr
+    result = cli_with_streams(module, CLI_ARGS[module], models_dir, redirect=redirect)
+    assert (result.returncode, result.stdout, result.stderr) == (0, expected.stdout, "")
+
+
+@pytest.mark.parametrize("module", CLI_ARGS)
+@pytest.mark.parametrize("redirect, fragment", [
+    ("0<&-", 'stdin is closed, and "-" reads the prompt from it: pipe the text in, or give it as an argument'),
+    ("0>/dev/null", "cannot read the prompt from stdin (Bad file descriptor): pipe the text in, or give it as an "
+                    "argument"),  # open for writing only
+])
+def test_a_prompt_from_a_closed_or_unreadable_stdin_is_one_error_line(models_dir, module, redirect, fragment):
+    args = ["-", *CLI_ARGS[module][1:]]
+    assert_one_error_line(cli_with_streams(module, args, models_dir, redirect=redirect), fragment)
+
+
+def test_running_out_of_memory_elsewhere_is_one_line(capsys):
+    def main(argv):
+        raise MemoryError
+
+    with pytest.raises(SystemExit) as stop:
+        run_cli(main)
+    assert stop.value.code == 1
+    assert capsys.readouterr() == ("", "error: this machine ran out of memory: ask for less at once (a smaller model, "
+                                       "fewer rows, a shorter text)\n")

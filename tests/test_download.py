@@ -611,7 +611,10 @@ def test_cli_http_error_is_one_error_line_and_exit_1(tmp_path):
                            "mirror in GPT2_NUMPY_BASE_URL if you set one"]
 
 
-SMALL_CHUNKS_CLI = "import sys; from gpt2_numpy import download; download.CHUNK_BYTES = 16384; download.main()"
+# Ctrl-C's Python handler is installed first: a child started with SIGINT ignored (as under a shell's `pytest &`)
+# would otherwise ignore the SIGINT the test sends it
+SMALL_CHUNKS_CLI = ("import signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+                    "from gpt2_numpy import download; download.CHUNK_BYTES = 16384; download.main()")
 
 
 def start_small_chunk_cli(models_dir, env, name):  # -> Popen: the download CLI writing every 16 KiB, as in-process

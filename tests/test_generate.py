@@ -1,13 +1,15 @@
 """The decode loop: Hugging Face's greedy ids, the KV cache against full recomputation, stopping, argument checks."""
+import copy
 import json
 import re
+import tracemalloc
 
 import numpy as np
 import pytest
 
 from gpt2_numpy import generate as generate_module
 from gpt2_numpy import fast as model_module
-from gpt2_numpy.errors import UsageError, plural
+from gpt2_numpy.errors import NonFiniteError, UsageError, plural
 from gpt2_numpy.generate import generate, generate_batch, iter_batch, iter_generate
 from gpt2_numpy.fast import gpt2, gpt2_cached, new_cache
 from gpt2_numpy.random_params import random_params
@@ -254,3 +256,51 @@ def test_when_the_new_tokens_alone_fill_the_context_only_fewer_tokens_can_help()
 
 def test_counts_read_as_sentences():
     assert [plural(n, "token") for n in (0, 1, 2)] == ["0 tokens", "1 token", "2 tokens"]
+
+
+def with_weight(params, value):  # -> a copy of params with one weight set to value (NaN or inf)
+    params = copy.deepcopy(params)
+    params["blocks"][0]["mlp"]["c_fc"]["w"][0, 0] = value  # input 0 feeds every position: every logit turns non-finite
+    return params
+
+
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # NumPy meeting the inf
+@pytest.mark.parametrize("value", [np.nan, np.inf])
+@pytest.mark.parametrize("options", [{}, {"temperature": 1.0, "seed": 0}])
+def test_weights_holding_nan_or_inf_stop_generation_with_an_error(tiny, value, options):
+    hparams, params, prompt, _ = tiny
+    broken = with_weight(params, value)
+    with pytest.raises(NonFiniteError, match="its weights hold NaN or infinite values"):
+        generate(prompt, broken, hparams["n_head"], 3, **options)
+    with pytest.raises(NonFiniteError):
+        generate_batch([prompt, prompt[:2]], broken, hparams["n_head"], 3, **options)
+
+
+def test_keeping_rows_allocates_only_the_cache_it_keeps(tiny):
+    hparams, params, _, _ = tiny
+    n_rows, n_past, rows = 8, 40, [0, 2, 5, 7]
+    cache = new_cache(params["wpe"], params["blocks"], hparams["n_head"], pad=np.zeros(n_rows, np.int64))
+    ids = np.random.default_rng(0).integers(0, hparams["n_vocab"], (n_rows, n_past))
+    _, cache = gpt2_cached(ids, cache, **params, n_head=hparams["n_head"])  # fills 40 of the 64 slots
+    tracemalloc.start()
+    try:
+        kept = cache.keep(rows)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    kept_bytes = kept.keys.nbytes + kept.values.nbytes  # 128 KiB: 2 layers x 4 rows x 4 heads x 64 slots x 16 x 4 B
+    assert peak <= kept_bytes + 16 * 1024  # a temporary of the kept rows (the old code's) would add 64 KiB or more
+    for old, new in ((cache.keys, kept.keys), (cache.values, kept.values)):
+        np.testing.assert_array_equal(new, old[:, rows])  # every slot, the untouched ones zero in both
+    assert (kept.n_past, kept.pad.tolist()) == (n_past, [0] * len(rows))
+
+
+@pytest.mark.parametrize("n_tokens", [1, 7])
+def test_a_single_decode_caches_only_the_positions_it_feeds_back(tiny, monkeypatch, n_tokens):
+    hparams, params, prompt, _ = tiny
+    slots = []
+    real = generate_module.new_cache
+    monkeypatch.setattr(generate_module, "new_cache", lambda *a, **kw: slots.append(kw["n_slots"]) or real(*a, **kw))
+    generate(prompt, params, hparams["n_head"], n_tokens)
+    # the prompt and every chosen id but the last: so --n-tokens, not the context, sizes the cache
+    assert slots == [len(prompt) + n_tokens - 1]

@@ -6,6 +6,7 @@ guide "Perplexity of fixed-length models" on "tiny" (n_ctx 64) over 320 ids. The
 TF checkpoint (its vocabulary of 512 tokens has no <|endoftext|>), and on a one-layer model with GPT-2's full
 vocabulary written here, for the default <|endoftext|> before the text.
 """
+import copy
 import json
 import math
 import os
@@ -19,12 +20,13 @@ import numpy as np
 import pytest
 
 from gpt2_numpy import fast as model, score
-from gpt2_numpy.errors import UsageError
+from gpt2_numpy.errors import NonFiniteError, UsageError
 from gpt2_numpy.random_params import random_params
-from gpt2_numpy.score import log_softmax_at, score_windows, token_log_probs, visible
+from gpt2_numpy.score import log_softmax_at, score_windows, summary, token_log_probs, visible
 from gpt2_numpy.tokenizer import EOT_ID, load_tokenizer
-from tests.conftest import FIXTURES, REPO, official_path
+from tests.conftest import FIXTURES, REPO, assert_one_error_line, official_path
 from tests.test_checkpoint import write_safetensors_raw
+from tests.test_generate import with_weight
 
 CONFIGS = json.loads((FIXTURES / "configs.json").read_text())
 TINY = CONFIGS["tiny"]
@@ -140,8 +142,9 @@ def test_log_softmax_is_stable_for_large_logits():
     (b" the", "␣the"),
     (b"\n\n", "\\n\\n"),
     (b"\t\r", "\\t\\r"),
-    (b"\x00\x1b", "\\x00\\x1b"),
-    ("\u00a0\u200b".encode(), "\\xa0\\u200b"),  # no-break space, zero-width space: whitespace that looks like nothing
+    (b"\x00\x1b\x7f", "\\u0000\\u001b\\u007f"),  # whole characters: \u, never \x, which is a byte of a partial one
+    ("\u00a0\u200b".encode(), "\\u00a0\\u200b"),  # no-break space, zero-width space: whitespace that looks like nothing
+    ("\u00ad\U000e0001".encode(), "\\u00ad\\U000e0001"),  # soft hyphen; a tag beyond the BMP gets 8 hex digits
     (b"\xe2\x80", "\\xe2\\x80"),  # the first two bytes of a three-byte character
     (b"a\\x41", "a\\\\x41"),  # a real backslash is doubled, so it cannot pass for an escape
     ("␣é".encode(), "\\u2423é"),  # a real "␣" is escaped, so it cannot pass for a space
@@ -183,9 +186,13 @@ def full_vocab_params():
 
 @pytest.fixture
 def full_vocab_dir(tmp_path, full_vocab_params):  # -> a models dir whose 124M-hf/ holds FULL_VOCAB in HF's layout
-    folder = tmp_path / "models" / "124M-hf"
+    return hf_models_dir(tmp_path, full_vocab_params, FULL_VOCAB)
+
+
+def hf_models_dir(root, params, hparams):  # -> a models dir whose 124M-hf/ holds params, the official tokenizer
+    folder = root / "models" / "124M-hf"
     folder.mkdir(parents=True)
-    tensors = hf_tensors(full_vocab_params)
+    tensors = hf_tensors(params)
     header, offset = {}, 0
     for name, array in tensors.items():
         header[name] = {"dtype": "F32", "shape": list(array.shape), "data_offsets": [offset, offset + array.nbytes]}
@@ -193,8 +200,8 @@ def full_vocab_dir(tmp_path, full_vocab_params):  # -> a models dir whose 124M-h
     write_safetensors_raw(folder / "model.safetensors", header, b"".join(a.astype("<f4").tobytes()
                                                                          for a in tensors.values()))
     (folder / "config.json").write_text(json.dumps({
-        "vocab_size": FULL_VOCAB["n_vocab"], "n_positions": FULL_VOCAB["n_ctx"], "n_embd": FULL_VOCAB["n_embd"],
-        "n_head": FULL_VOCAB["n_head"], "n_layer": FULL_VOCAB["n_layer"]}))
+        "vocab_size": hparams["n_vocab"], "n_positions": hparams["n_ctx"], "n_embd": hparams["n_embd"],
+        "n_head": hparams["n_head"], "n_layer": hparams["n_layer"]}))
     shutil.copy(official_path("124M/encoder.json"), folder / "vocab.json")
     shutil.copy(official_path("124M/vocab.bpe"), folder / "merges.txt")
     return folder.parent
@@ -347,14 +354,6 @@ def test_text_with_a_leading_dash_goes_after_double_dash(tiny_dir):
                           "unrecognized arguments: -I; a text that begins with '-' goes last, after '--'")
 
 
-def assert_one_error_line(result, fragment):
-    assert result.returncode == 2
-    assert result.stdout == ""
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and fragment in errors[0], result.stderr
-    assert result.stderr.splitlines()[-1] == errors[0]
-
-
 @pytest.mark.parametrize("args, fragment", [
     ([""], "the text is empty"),
     (["-"], "the text is empty"),  # stdin is empty
@@ -377,3 +376,49 @@ def test_bad_input_is_one_error_line_with_exit_2(tiny_dir, tmp_path, monkeypatch
     (tmp_path / "latin1.txt").write_bytes("Caf\u00e9 au lait".encode("latin-1"))
     monkeypatch.chdir(tmp_path)
     assert_one_error_line(score_cli(*args, models_dir=tiny_dir), fragment)
+
+
+# --- Weights that give NaN, infinite or huge logits ---
+
+
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # NumPy meeting the inf
+@pytest.mark.parametrize("value", [np.nan, np.inf])
+def test_weights_holding_nan_or_inf_are_an_error_not_a_nan_score(tmp_path, full_vocab_params, tiny_params, value):
+    with pytest.raises(NonFiniteError, match="its weights hold NaN or infinite values"):
+        token_log_probs(np.arange(10), with_weight(tiny_params, value), TINY["hparams"]["n_head"])
+    models_dir = hf_models_dir(tmp_path, with_weight(full_vocab_params, value), FULL_VOCAB)
+    result = score_cli("Hello world", "--json", "--source", "huggingface", models_dir=models_dir)
+    assert_one_error_line(result, "the model's outputs are NaN or infinite: its weights hold NaN or infinite values")
+    assert "Warning" not in result.stderr  # NumPy's warnings about the NaN would only repeat the error
+
+
+def test_a_perplexity_past_the_largest_double_is_inf_and_null_in_json(tmp_path, full_vocab_params, tokenizer):
+    params = copy.deepcopy(full_vocab_params)
+    params["ln_f"]["g"] *= 1e4  # logits 10^4 times as far apart: finite, but e^nll overflows
+    models_dir = hf_models_dir(tmp_path, params, FULL_VOCAB)
+    text = "Hello world! Scoring text, one token at a time."
+    nll = -token_log_probs([EOT_ID] + tokenizer.encode(text), params, FULL_VOCAB["n_head"]).mean()
+    assert math.log(sys.float_info.max) < nll < 1e30
+    args = [text, "--source", "huggingface"]
+    result = score_cli(*args, "--json", models_dir=models_dir)
+    assert result.returncode == 0, result.stderr
+    output = json.loads(result.stdout, parse_constant=lambda name: pytest.fail(f"{name} is not standard JSON"))
+    assert output["perplexity"] is None
+    assert output["nll"] == pytest.approx(nll, rel=1e-6)
+    text_result = score_cli(*args, models_dir=models_dir)
+    assert "perplexity     inf\n" in text_result.stdout
+
+
+def test_perplexity_is_e_to_the_nll_up_to_the_largest_double():
+    assert summary(np.array([-709.0]), 1)["perplexity"] == math.exp(709.0)
+    assert summary(np.array([-710.0, -710.0]), 1)["perplexity"] == math.inf  # e^710 > 1.8e308
+
+
+def test_a_whole_character_shows_as_u_and_a_partial_one_as_its_bytes(full_vocab_dir, tokenizer):
+    text = "a\u00a0b\u00bf"  # "¿" (0xc2 0xbf) is two tokens here, one byte each
+    result = score_cli(text, "--per-token", "--source", "huggingface", models_dir=full_vocab_dir,
+                       env={"NO_COLOR": "1"})
+    assert result.returncode == 0, result.stderr
+    ids = tokenizer.encode(text)
+    assert ids[1] == 1849 and tokenizer.token_bytes(1849) == "\u00a0".encode()  # the whole no-break space
+    assert [row[4] for row in table_rows(result.stdout)] == ["a", "\\u00a0", "b", "\\xc2", "\\xbf"]
