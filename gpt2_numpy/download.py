@@ -20,7 +20,7 @@ import requests
 import urllib3
 from tqdm import tqdm
 
-from gpt2_numpy.errors import ArgumentParser, DownloadError, Interrupted, log, run_cli
+from gpt2_numpy.errors import ArgumentParser, DownloadError, Interrupted, log, run_cli, writing_stdout
 from gpt2_numpy.models import MODEL_SIZES, file_url
 from gpt2_numpy.weights import MARKER, STAGING, ensure_model, is_complete, model_files
 
@@ -234,7 +234,9 @@ def run(argv=None):  # -> exit status; prints the model folder on stdout, everyt
     if is_complete(folder, files):
         log(f"GPT-2 {args.size} is already complete in {folder} (sizes, times and inodes as recorded when it was "
             f"verified; delete {MARKER} there to verify again)")
-    print(ensure_model(args.size, args.models_dir, args.source))
+    folder = ensure_model(args.size, args.models_dir, args.source)
+    with writing_stdout() as stdout:  # a full or closed stdout is one error line, even unbuffered
+        print(folder, file=stdout)
     return 0
 
 

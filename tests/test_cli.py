@@ -455,7 +455,7 @@ FULL_STDOUT_CASES = [
 
 @pytest.mark.parametrize("module, args, unbuffered", [
     *[(module, args, unbuffered) for module, args in FULL_STDOUT_CASES for unbuffered in (True, False)],
-    ("download", ["124M"], False),  # print()s the model's folder: run_cli's flush fails, not Python's at exit
+    *[("download", ["124M"], unbuffered) for unbuffered in (True, False)],  # prints the model's folder
 ])
 def test_a_full_stdout_is_one_error_line(models_dir, module, args, unbuffered):
     with open("/dev/full", "w") as full:
