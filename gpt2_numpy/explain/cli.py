@@ -11,7 +11,7 @@ from gpt2_numpy.errors import ArgumentParser, UsageError, log, plural, run_cli
 from gpt2_numpy.explain.lens import lens_table
 from gpt2_numpy.explain.page import check_page_file, page_html, write_page
 from gpt2_numpy.explain.plot import PLOT_INSTALL, attention_figure, check_plot_file, save_figure
-from gpt2_numpy.explain.walkthrough import check_index, report, token_label, walkthrough
+from gpt2_numpy.explain.stepwise import check_index, report, token_label, walkthrough
 
 
 def head_number(text):  # -> int, or "all"; argparse reports a ValueError as "invalid head number or 'all' value"

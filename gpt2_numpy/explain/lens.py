@@ -2,8 +2,8 @@
 probability when the residual stream after that layer goes through ln_f and the output head."""
 import numpy as np
 
-from gpt2_numpy.explain.trace import lens_layers
-from gpt2_numpy.explain.walkthrough import cut
+from gpt2_numpy.explain.tracing import lens_layers
+from gpt2_numpy.explain.stepwise import cut
 
 LENS_COLUMNS = 7  # positions shown: a longer prompt shows its last ones, which fit a 120-character line
 CELL = 15  # characters per column

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from gpt2_numpy.explain.files import check_output_file, write_atomically
-from gpt2_numpy.explain.trace import block_traces, embedding, lens
+from gpt2_numpy.explain.tracing import block_traces, embedding, lens
 
 WEIGHT_SCALE = 1000  # weights stored as round(w * 1000): exactly the 3 decimals shown, an error of at most 0.0005
 LENS_TOP = 5  # logit-lens tokens kept per layer and position

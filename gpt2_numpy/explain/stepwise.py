@@ -1,7 +1,7 @@
 """The attention blog posts' walkthrough, on GPT-2's own weights and the reader's own sentence: the arrays of one
 forward pass with one block step by step, and the four printed sections of `python -m gpt2_numpy.explain`.
 
-Every array comes from trace.py, which composes model.py's functions in the order model.block runs them; the only
+Every array comes from tracing.py, which composes model.py's functions in the order model.block runs them; the only
 arrays added here are the ones the blogs print and the model never forms (q·kᵀ before its scaling, the masked scores).
 """
 import math
@@ -9,7 +9,7 @@ import math
 import numpy as np
 
 from gpt2_numpy.errors import UsageError, plural
-from gpt2_numpy.explain.trace import block_trace, embedding, residual_stream, unembedding
+from gpt2_numpy.explain.tracing import block_trace, embedding, residual_stream, unembedding
 from gpt2_numpy.model import causal_mask, layer_norm, merge_heads, softmax
 
 SHOWN = 8  # rows, columns and dimensions of one head's matrices printed: a longer prompt shows its top-left corner
@@ -20,7 +20,7 @@ LABEL_WIDTH = 15  # characters of a token's label: '<|endoftext|>' with its quot
 def walkthrough(inputs, params, n_head, layer):  # [n_seq] -> {step name: array}
     """One forward pass of model.gpt2 with the arrays a reader follows, in the order the code runs them: "wte" and
     "wpe" (the rows gpt2 adds), "embed", "mask", "x" (block `layer`'s input), that block's steps by their trace names
-    ("ln_1", "attn.q", ..., "out"; see trace.py) with the blogs' "qk" (q·kᵀ unscaled), "masked" (scores + mask) and
+    ("ln_1", "attn.q", ..., "out"; see tracing.py) with the blogs' "qk" (q·kᵀ unscaled), "masked" (scores + mask) and
     "merged" (merge_heads of the heads' outputs), then "ln_f" and "logits". UsageError when there is no such layer."""
     check_index(layer, len(params["blocks"]), "layer", "layer")
     wte, wpe = params["wte"], params["wpe"]
