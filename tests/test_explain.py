@@ -4,10 +4,14 @@ against the arrays, and the command line end to end on the tiny TF checkpoint wi
 the lens and the page have tests of their own (test_explain_trace.py, test_explain_page.py)."""
 import json
 import os
+import shutil
 import struct
 import subprocess
 import sys
+import tempfile
+import traceback
 import xml.etree.ElementTree as ElementTree
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -436,3 +440,91 @@ def test_without_matplotlib_plot_names_the_install_command_and_the_rest_works(mo
     assert list(tmp_path.iterdir()) == []
     result = cli(PROMPT, models_dir=models_dir, code=HIDE_MATPLOTLIB)
     assert result.returncode == 0 and "4. The prediction" in result.stdout
+
+
+# --- Issue 20: plots of any prompt, any valid name, and folders this user may not use ---
+
+
+def test_a_prompt_with_dollar_signs_plots(monkeypatch, tmp_path):
+    # matplotlib reads a label with two "$" as mathtext: '$$' failed to draw, "$x$" would show an italic x
+    tokenizer = load_tokenizer(official_path("124M"))
+    hparams = {"n_vocab": tokenizer.n_vocab, "n_ctx": 16, "n_embd": 16, "n_head": 2, "n_layer": 1}
+    monkeypatch.setattr(explain_cli, "load_model", lambda args: (hparams, random_params(hparams, 0), tokenizer))
+    prompt = "It costs $$5 or $x$ or a$b"
+    assert any("$$" in tokenizer.decode([token_id]) for token_id in tokenizer.encode(prompt))  # one token: '$$'
+    target = tmp_path / "dollars.png"
+    assert run([prompt, "--plot", str(target)]) == 0
+    assert png_size(target.read_bytes())[0] >= 400
+    figure = attention_figure(np.eye(3, dtype=np.float32)[None], [0], ["'$$'", "'$x$'", "'a$b'"], "title")
+    figure.canvas.draw()
+    # as drawn: (text, is it mathtext?), the dollars shown as typed
+    shown = [label._preprocess_math(label.get_text()) for label in figure.axes[0].get_yticklabels()]
+    assert shown == [("'$$'", False), ("'$x$'", False), ("'a$b'", False)]
+
+
+def test_a_long_file_name_that_the_folder_allows_is_written(models_dir, tmp_path):
+    target = tmp_path / ("a" * 250 + ".png")  # 254 bytes: a valid name, with no room for a longer temporary one
+    result = cli(PROMPT, "--plot", str(target), models_dir=models_dir)
+    assert result.returncode == 0, result.stderr
+    assert png_size(target.read_bytes())[0] >= 400
+    assert [path.name for path in tmp_path.iterdir()] == [target.name]  # no temporary file left
+
+
+@pytest.fixture
+def public_dir():  # -> a folder every user may enter (pytest's tmp_path is root's alone), removed afterwards
+    folder = Path(tempfile.mkdtemp(prefix="gpt2-numpy-explain-"))
+    folder.chmod(0o755)
+    yield folder
+    for path in folder.iterdir():
+        path.chmod(0o755)
+    shutil.rmtree(folder)
+
+
+def run_as_nobody(argv, folder):  # -> (exit status, stdout, stderr) of explain's main run as an unprivileged user
+    # CI runs as root, whom permissions do not stop, so the child drops to nobody (65534) first, as setpriv does. It is
+    # a fork, not a new Python: a new one run as nobody cannot read packages installed under /root, as here.
+    import matplotlib  # noqa: F401 (loaded before the fork: nobody may not be allowed to read its files)
+
+    out_path, err_path = folder / "stdout", folder / "stderr"
+    with open(out_path, "wb") as out, open(err_path, "wb") as err:
+        pid = os.fork()
+        if pid == 0:  # the child: never returns into pytest
+            status = 99
+            try:
+                os.dup2(out.fileno(), 1)
+                os.dup2(err.fileno(), 2)
+                sys.stdout, sys.stderr = open(1, "w", closefd=False), open(2, "w", closefd=False)
+                if os.geteuid() == 0:
+                    os.setgroups([])
+                    os.setgid(65534)
+                    os.setuid(65534)
+                explain_cli.main(argv)
+            except SystemExit as exit:
+                status = exit.code
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(status)
+        _, wait_status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(wait_status), out_path.read_text(), err_path.read_text()
+
+
+@pytest.mark.parametrize("flag, name, mode, fragment", [
+    ("--plot", "a.png", 0o000, "cannot read the folder {folder} (Permission denied): fix its permissions"),
+    ("--plot", "a.png", 0o555, "cannot write into the folder {folder} (permission denied)"),
+    ("--html", "a.html", 0o000, "cannot read the folder {folder} (Permission denied): fix its permissions"),
+    ("--html", "a.html", 0o555, "cannot write into the folder {folder} (permission denied)"),
+])
+def test_a_folder_this_user_may_not_use_is_one_error_line(public_dir, models_dir, flag, name, mode, fragment):
+    folder = public_dir / "closed"
+    folder.mkdir()
+    folder.chmod(mode)
+    status, stdout, stderr = run_as_nobody([PROMPT, flag, str(folder / name), "--models-dir", str(models_dir)],
+                                           public_dir)
+    result = subprocess.CompletedProcess([], status, stdout, stderr)
+    assert "Traceback" not in stderr
+    assert_one_error_line(result, fragment.format(folder=folder))
+    folder.chmod(0o755)
+    assert list(folder.iterdir()) == []
