@@ -12,7 +12,7 @@ import pytest
 from gpt2_numpy import model
 from gpt2_numpy.explain import logit_lens, trace
 from gpt2_numpy.explain import lens as lens_module, token_label
-from gpt2_numpy.explain.stepwise import cut
+from gpt2_numpy.explain.stepwise import fit
 from gpt2_numpy.random_params import random_params
 from tests.conftest import FIXTURES, REPO, tiny_models_dir
 
@@ -179,7 +179,7 @@ def test_lens_prints_a_row_per_layer_and_the_last_positions_of_a_long_prompt(mod
             top = int(np.argmax(lens[layer, column]))
             label, probability = cell.rsplit(" ", 1)
             hit = probability.endswith("*")
-            assert label == cut(token_label(tokenizer, top), lens_module.CELL - 7), (cell, top)
+            assert label == fit(token_label(tokenizer, top), lens_module.CELL - 7), (cell, top)
             assert abs(float(probability.rstrip("*")) - np.exp(lens[layer, column, top])) <= 0.005 + 1e-6
             assert hit == (position + 1 < len(ids) and top == ids[position + 1]), cell
 

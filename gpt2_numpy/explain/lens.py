@@ -3,10 +3,10 @@ probability when the residual stream after that layer goes through ln_f and the 
 import numpy as np
 
 from gpt2_numpy.explain.tracing import lens_layers
-from gpt2_numpy.explain.stepwise import cut
+from gpt2_numpy.explain.stepwise import cut, fit
 
-LENS_COLUMNS = 7  # positions shown: a longer prompt shows its last ones, which fit a 120-character line
-CELL = 15  # characters per column
+LENS_COLUMNS = 6  # positions shown: a longer prompt shows its last ones, which fit a 120-character line
+CELL = 17  # characters per column
 HIT = "*"  # marks a cell whose top token is the one that actually comes next
 
 
@@ -22,8 +22,9 @@ def lens_table(ids, params, n_head, label):  # -> the table's text; label(token_
         lines.append(f"(a long prompt: showing the last {LENS_COLUMNS} of {n_seq} positions)")
     lines.append("")
     rows = [("position", [str(position) for position in positions]),
-            ("token", [label(ids[position]) for position in positions]),
-            ("next", [label(ids[position + 1]) if position + 1 < n_seq else "?" for position in positions]),
+            ("token", [fit(label(ids[position]), CELL - 1) for position in positions]),
+            ("next", [fit(label(ids[position + 1]), CELL - 1) if position + 1 < n_seq else "?"
+                      for position in positions]),
             ("", ["-" * (CELL - 1)] * len(positions))]
     for name, log_probs in zip(["embed", *map(str, range(n_layer))], layers):
         top = np.argmax(log_probs, axis=-1)
@@ -37,4 +38,4 @@ def lens_table(ids, params, n_head, label):  # -> the table's text; label(token_
 
 def lens_cell(label, probability, hit):  # -> "' the' 0.42*": a label cut to fit, its probability, the mark
     mark = HIT if hit else " "
-    return f"{cut(label, CELL - 7)} {probability:.2f}{mark}"
+    return f"{fit(label, CELL - 7)} {probability:.2f}{mark}"

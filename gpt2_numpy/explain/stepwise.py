@@ -192,4 +192,8 @@ def token_label(tokenizer, token_id):  # -> a token's text, repr-quoted so white
         label = repr(raw.decode("utf-8"))
     except UnicodeDecodeError:  # a piece of a character split over several tokens: its bytes
         label = repr(raw)
-    return label if len(label) <= LABEL_WIDTH else label[: LABEL_WIDTH - 2] + "…" + label[-1]
+    return fit(label, LABEL_WIDTH)
+
+
+def fit(label, width):  # -> a quoted label of at most width characters, cut inside its quotes: "' perj…'"
+    return label if len(label) <= width else label[: width - 2] + "…" + label[-1]
