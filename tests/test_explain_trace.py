@@ -75,6 +75,8 @@ def test_the_named_steps_are_what_their_names_say(traced):
     for i, p in enumerate(params["blocks"]):
         step = {name.split(".", 2)[2]: array.astype(np.float64) for name, array in names.items()
                 if name.startswith(f"blocks.{i}.")}
+        x = names["embed"] if i == 0 else names[f"blocks.{i - 1}.out"]
+        np.testing.assert_allclose(step["ln_1"], norm(x, **p["ln_1"]), atol=1e-4)
         q, k, v = step["attn.q"], step["attn.k"], step["attn.v"]
         qkv = step["ln_1"] @ p["attn"]["c_attn"]["w"] + p["attn"]["c_attn"]["b"]
         for part, heads in enumerate((q, k, v)):  # each head's slice of c_attn's output, in order
@@ -84,13 +86,21 @@ def test_the_named_steps_are_what_their_names_say(traced):
         assert np.isfinite(step["attn.scores"]).all()  # before the mask: the future's scores are still there
         assert (step["attn.weights"][:, future] == 0).all()
         np.testing.assert_allclose(step["attn.z"], step["attn.weights"] @ v, atol=1e-4)
-        np.testing.assert_allclose(step["mid"], step["attn.out"] + (names["embed"] if i == 0 else
-                                                                    names[f"blocks.{i - 1}.out"]), atol=1e-5)
+        z = step["attn.z"].transpose(1, 0, 2).reshape(n, -1)  # the heads side by side
+        np.testing.assert_allclose(step["attn.out"], z @ p["attn"]["c_proj"]["w"] + p["attn"]["c_proj"]["b"], atol=1e-4)
+        np.testing.assert_allclose(step["mid"], step["attn.out"] + x, atol=1e-5)
+        np.testing.assert_allclose(step["ln_2"], norm(step["mid"], **p["ln_2"]), atol=1e-4)
         pre = step["ln_2"] @ p["mlp"]["c_fc"]["w"] + p["mlp"]["c_fc"]["b"]
         np.testing.assert_allclose(step["mlp.pre"], pre, atol=1e-4)
         gelu = 0.5 * pre * (1 + np.tanh(np.sqrt(2 / np.pi) * (pre + 0.044715 * pre**3)))
         np.testing.assert_allclose(step["mlp.hidden"], gelu, atol=1e-4)
+        mlp_out = step["mlp.hidden"] @ p["mlp"]["c_proj"]["w"] + p["mlp"]["c_proj"]["b"]
+        np.testing.assert_allclose(step["mlp.out"], mlp_out, atol=1e-4)
         np.testing.assert_allclose(step["out"], step["mid"] + step["mlp.out"], atol=1e-5)
+
+
+def norm(x, g, b):  # layer norm in float64, from its definition
+    return (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5) * g + b
 
 
 def test_the_lens_last_row_is_log_softmax_of_the_model_s_logits(traced):
@@ -112,7 +122,9 @@ def test_each_lens_row_normalizes_its_own_layer(traced):
     hparams, params, reference, _ = traced
     lens = logit_lens(reference["inputs"], params, hparams["n_head"])
     ln_f, wte = params["ln_f"], params["wte"].astype(np.float64)
-    for row, stream in enumerate(reference["block_out"].astype(np.float64), 1):
+    embedded = params["wte"][reference["inputs"]] + params["wpe"][: len(reference["inputs"])]
+    for row, stream in enumerate([embedded, *reference["block_out"]]):  # the embedding, then HF's block outputs
+        stream = stream.astype(np.float64)
         normed = (stream - stream.mean(-1, keepdims=True)) / np.sqrt(stream.var(-1, keepdims=True) + 1e-5)
         logits = (normed * ln_f["g"] + ln_f["b"]) @ wte.T
         shifted = logits - logits.max(-1, keepdims=True)
