@@ -69,7 +69,8 @@ def sparse_weights(weights):  # [n_head, n_seq, n_seq] -> uint16 counts [n_head,
 
 def top_tokens(log_probs):  # [n_seq, n_vocab] -> [n_seq][LENS_TOP] of [token id, probability in thousandths]
     # argpartition finds the top few in linear time; only those few are then sorted, not all n_vocab
-    top = np.argpartition(-log_probs, LENS_TOP - 1, axis=-1)[:, :LENS_TOP]
+    n_top = min(LENS_TOP, log_probs.shape[-1])
+    top = np.argpartition(-log_probs, n_top - 1, axis=-1)[:, :n_top]
     top = np.take_along_axis(top, np.argsort(-np.take_along_axis(log_probs, top, axis=-1), axis=-1), axis=-1)
     thousandths = np.rint(np.exp(np.take_along_axis(log_probs, top, axis=-1)) * 1000).astype(int)
     return [[[int(t), int(p)] for t, p in zip(row_ids, row_p)] for row_ids, row_p in zip(top, thousandths)]
