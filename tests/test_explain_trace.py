@@ -18,7 +18,9 @@ from tests.conftest import FIXTURES, REPO, tiny_models_dir
 
 TRACE_CONFIGS = ["five_heads", "three_heads", "one_layer"]  # 5 heads of 8; 3 heads of 16; 7 heads of 4 on one layer
 HF_TOLERANCE = 2e-5  # max |ours - HF's| in float32; measured at most 8.7e-6 (the logits of three_heads)
-PROMPT = "I will go to it, and he is in the"  # 11 tokens, every id below the tiny model's vocabulary of 512
+# 11 tokens, every id below the tiny model's vocabulary of 512; a repeated token makes the embedding's row (the tied
+# head reads a token back as itself) predict the next token, so some cells are marked
+PROMPT = "I will go to it, and he is is it it"
 UNREACHABLE = "http://127.0.0.1:9"
 
 
@@ -181,6 +183,7 @@ def test_lens_prints_a_row_per_layer_and_the_last_positions_of_a_long_prompt(mod
     assert list(rows) == ["position", "token", "next", "embed", "0", "1"]
     assert rows["position"] == [str(i) for i in range(len(ids) - shown, len(ids))]
     assert rows["next"][-1] == "?"
+    assert sum(cell.endswith("*") for cell in rows["embed"]) >= 1
     hparams = json.loads((models_dir / "124M" / "hparams.json").read_text())
     configs = json.loads((FIXTURES / "configs.json").read_text())
     params = random_params(configs["tiny"]["hparams"], configs["tiny"]["seed"])  # the tiny checkpoint's weights
