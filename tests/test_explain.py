@@ -1,20 +1,28 @@
-"""gpt2_numpy.explain: the attention weights against Hugging Face's (scripts/make_explain_reference.py), the walkthrough
-against the model and against math, the printed text against the arrays, and the command line end to end on the tiny
-TF checkpoint with the official tokenizer."""
+"""gpt2_numpy.explain's walkthrough and plot: the attention weights against Hugging Face's
+(scripts/make_explain_reference.py), the walkthrough against the textbook model and against math, the printed text
+against the arrays, and the command line end to end on the tiny TF checkpoint with the official tokenizer. The trace,
+the lens and the page have tests of their own (test_explain_trace.py, test_explain_page.py)."""
 import json
 import os
+import shutil
 import struct
 import subprocess
 import sys
+import tempfile
+import traceback
 import xml.etree.ElementTree as ElementTree
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from gpt2_numpy import explain, fast as model
+from gpt2_numpy import model
 from gpt2_numpy.errors import UsageError
-from gpt2_numpy.explain import attention_figure, attention_weights, report, run, token_label, walkthrough
-from gpt2_numpy.fast import block, gpt2
+from gpt2_numpy.explain import attention_weights, report, token_label, walkthrough
+from gpt2_numpy.explain import cli as explain_cli, plot, stepwise as explain
+from gpt2_numpy.explain.cli import run
+from gpt2_numpy.explain.plot import attention_figure
+from gpt2_numpy.model import block, gpt2
 from gpt2_numpy.random_params import random_params
 from gpt2_numpy.tokenizer import load_tokenizer
 from tests.conftest import FIXTURES, REPO, assert_one_error_line, official_path, tiny_models_dir
@@ -54,7 +62,9 @@ def printed(tiny, steps):  # report() of those steps for head HEAD
     return report("a prompt", reference["inputs"].tolist(), fake_label, steps, hparams, LAYER, HEAD)
 
 
-def head_slices(c_attn, n_head, head):  # [n_seq, 3 n_embd] -> q, k, v of one head, cut from c_attn's columns
+def head_slices(steps, params, n_head, head):  # -> q, k, v of one head, cut from c_attn's columns, in float64
+    c_attn = params["blocks"][LAYER]["attn"]["c_attn"]
+    c_attn = steps["ln_1"].astype(np.float64) @ c_attn["w"] + c_attn["b"]  # [n_seq, 3 n_embd]: q, k, v side by side
     n_embd = c_attn.shape[-1] // 3
     d_head = n_embd // n_head
     return [c_attn[:, part * n_embd + head * d_head : part * n_embd + (head + 1) * d_head].astype(np.float64)
@@ -85,12 +95,11 @@ def test_the_walkthrough_shows_the_chosen_layer_as_the_model_runs_it(tiny, steps
     np.testing.assert_array_equal(steps["embed"], params["wte"][ids] + params["wpe"][: len(ids)])
     layer_input = steps["embed"]
     for block_params in params["blocks"][:LAYER]:
-        layer_input = block(layer_input, **block_params, n_head=hparams["n_head"], mask=steps["mask"])
+        layer_input = block(layer_input, **block_params, n_head=hparams["n_head"])
     np.testing.assert_array_equal(steps["x"], layer_input)
-    assert np.abs(steps["weights"] - reference["weights"][LAYER]).max() <= HF_TOLERANCE
-    # the composed steps end where model.block does
-    expected = block(steps["x"], **params["blocks"][LAYER], n_head=hparams["n_head"], mask=steps["mask"])
-    assert np.abs(steps["out"] - expected).max() <= 1e-5
+    assert np.abs(steps["attn.weights"] - reference["weights"][LAYER]).max() <= HF_TOLERANCE
+    # the composed steps end where model.block does, bit for bit: the same functions in the same order
+    np.testing.assert_array_equal(steps["out"], block(steps["x"], **params["blocks"][LAYER], n_head=hparams["n_head"]))
 
 
 @pytest.mark.parametrize("layer", [-1, 2])
@@ -101,39 +110,38 @@ def test_the_walkthrough_refuses_a_layer_the_model_lacks(tiny, layer):
 
 
 def test_scores_are_q_dot_k_then_scaled_then_masked(tiny, steps):
-    hparams, _, _ = tiny
+    hparams, params, _ = tiny
     n_head, n_seq = hparams["n_head"], len(steps["mask"])
     d_head = hparams["n_embd"] // n_head
     future = np.triu(np.ones((n_seq, n_seq), bool), 1)
     np.testing.assert_array_equal(steps["mask"], np.where(future, -np.inf, 0))
     for head in range(n_head):
-        q, k, _ = head_slices(steps["c_attn"], n_head, head)
+        q, k, _ = head_slices(steps, params, n_head, head)
         np.testing.assert_allclose(steps["qk"][head], q @ k.T, rtol=1e-5, atol=1e-4)
-        np.testing.assert_allclose(steps["scores"][head], q @ k.T / np.sqrt(d_head), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(steps["attn.scores"][head], q @ k.T / np.sqrt(d_head), rtol=1e-5, atol=1e-5)
     assert np.all(np.isneginf(steps["masked"][:, future]))
-    np.testing.assert_array_equal(steps["masked"][:, ~future], steps["scores"][:, ~future])
+    np.testing.assert_array_equal(steps["masked"][:, ~future], steps["attn.scores"][:, ~future])
 
 
 def test_weights_rows_sum_to_one_and_the_future_gets_exactly_zero(steps):
     n_seq = len(steps["mask"])
-    assert steps["weights"].dtype == np.float32
-    np.testing.assert_allclose(steps["weights"].sum(-1), 1, atol=1e-6)
-    assert np.all(steps["weights"][:, np.triu(np.ones((n_seq, n_seq), bool), 1)] == 0)
+    assert steps["attn.weights"].dtype == np.float32
+    np.testing.assert_allclose(steps["attn.weights"].sum(-1), 1, atol=1e-6)
+    assert np.all(steps["attn.weights"][:, np.triu(np.ones((n_seq, n_seq), bool), 1)] == 0)
     masked = steps["masked"].astype(np.float64)
     exp = np.exp(masked - masked.max(-1, keepdims=True))
-    np.testing.assert_allclose(steps["weights"], exp / exp.sum(-1, keepdims=True), atol=1e-6)
+    np.testing.assert_allclose(steps["attn.weights"], exp / exp.sum(-1, keepdims=True), atol=1e-6)
 
 
 def test_each_head_outputs_its_weights_times_its_values(tiny, steps):
-    hparams, _, reference = tiny
+    hparams, params, reference = tiny
     n_head = hparams["n_head"]
     d_head = hparams["n_embd"] // n_head
     for head in range(n_head):
-        _, _, v = head_slices(steps["c_attn"], n_head, head)
+        _, _, v = head_slices(steps, params, n_head, head)
         expected = reference["weights"][LAYER, head].astype(np.float64) @ v  # HF's weights, our values
-        assert np.abs(steps["heads"][head] - expected).max() <= 1e-4
-        np.testing.assert_array_equal(steps["merge_heads"][:, head * d_head : (head + 1) * d_head],
-                                      steps["heads"][head])
+        assert np.abs(steps["attn.z"][head] - expected).max() <= 1e-4
+        np.testing.assert_array_equal(steps["merged"][:, head * d_head : (head + 1) * d_head], steps["attn.z"][head])
 
 
 # --- The printed walkthrough ---
@@ -182,30 +190,32 @@ def test_the_shape_flow_follows_the_model_with_its_function_names(printed, tiny)
     d_head = n_embd // n_head
     rows = [line for line in section(printed, 2)[2:] if not line.startswith("  --")]
     flow = [(line[2:20].strip(), line[21:51].strip(), line[52:70].strip()) for line in rows]
-    # model.py: mha is linear, split_heads, attention (attention_scores, softmax), merge_heads, linear; ffn: linear,
-    # gelu, linear
+    # model.py: gpt2 embeds; mha is linear, np.split, split_heads, attention (attention_scores, softmax), merge_heads,
+    # linear; block adds; ffn is linear, gelu, linear; gpt2 loops over the blocks and ends in ln_f and wte.T
     expected = [
-        ("embed", f"[{n}, {n_embd}]"), ("embed", f"[{n}, {n_embd}]"), ("embed", f"[{n}, {n_embd}]"),
+        ("gpt2", f"[{n}, {n_embd}]"), ("gpt2", f"[{n}, {n_embd}]"), ("gpt2", f"[{n}, {n_embd}]"),
         ("causal_mask", f"[{n}, {n}]"),
         ("layer_norm", f"[{n}, {n_embd}]"), ("linear", f"[{n}, {3 * n_embd}]"),
-        ("split_heads", f"3 × [{n}, {n_embd}]"), ("split_heads", f"[3, {n_head}, {n}, {d_head}]"),
+        ("mha", f"3 × [{n}, {n_embd}]"), ("split_heads", f"3 × [{n_head}, {n}, {d_head}]"),
         ("attention_scores", f"[{n_head}, {n}, {n}]"), ("softmax", f"[{n_head}, {n}, {n}]"),
         ("attention", f"[{n_head}, {n}, {d_head}]"), ("merge_heads", f"[{n}, {n_embd}]"),
         ("linear", f"[{n}, {n_embd}]"), ("block", f"[{n}, {n_embd}]"),
         ("layer_norm", f"[{n}, {n_embd}]"), ("linear", f"[{n}, {4 * n_embd}]"), ("gelu", f"[{n}, {4 * n_embd}]"),
         ("linear", f"[{n}, {n_embd}]"), ("block", f"[{n}, {n_embd}]"),
-        ("transformer", f"[{n}, {n_embd}]"), ("layer_norm", f"[{n}, {n_embd}]"), ("lm_head", f"[{n}, {n_vocab}]"),
+        ("gpt2", f"[{n}, {n_embd}]"), ("layer_norm", f"[{n}, {n_embd}]"), ("gpt2", f"[{n}, {n_vocab}]"),
     ]
     assert [(function, step_shape) for function, _, step_shape in flow] == expected
-    assert all(callable(getattr(model, function)) for function, _, _ in flow)  # one search in model.py finds each
-    assert ("transformer", f"× {hparams['n_layer']}") == flow[-3][:2]
+    # each is a function of the textbook model.py, so one search in the file the reader has open finds it
+    assert all(callable(getattr(model, function)) for function, _, _ in flow)
+    assert flow[-3][1] == f"for block in blocks: × {hparams['n_layer']}"
 
 
 def test_the_printed_matrices_are_the_head_s_arrays(printed, steps, tiny):
-    hparams, _, reference = tiny
+    hparams, params, reference = tiny
     shown = explain.SHOWN
     corner = (slice(0, shown), slice(0, shown))
-    for title, array, digits in [("q·kᵀ", steps["qk"][HEAD], 2), ("attention_scores(q, k)", steps["scores"][HEAD], 2),
+    for title, array, digits in [("q·kᵀ", steps["qk"][HEAD], 2),
+                                 ("attention_scores(q, k)", steps["attn.scores"][HEAD], 2),
                                  ("causal_mask:", steps["mask"], 0), ("masked scores", steps["masked"][HEAD], 2)]:
         values, _ = printed_matrix(printed, title)
         assert values.shape == (shown, shown)
@@ -218,7 +228,7 @@ def test_the_printed_matrices_are_the_head_s_arrays(printed, steps, tiny):
     assert np.abs(values[:, shown] - 1).max() <= rounding(4)  # the row sums
     assert all(cells[i][j] == "0" for i in range(shown) for j in range(i + 1, shown))  # exactly 0, not rounded
     values, _ = printed_matrix(printed, "attention(q, k, v, mask)")
-    _, _, v = head_slices(steps["c_attn"], hparams["n_head"], HEAD)
+    _, _, v = head_slices(steps, params, hparams["n_head"], HEAD)
     assert np.abs(values - (hf_weights.astype(np.float64) @ v)[:shown, :shown]).max() <= rounding(3) + 1e-4
 
 
@@ -261,7 +271,7 @@ def test_token_labels_show_whitespace_and_bytes_and_are_cut_to_width():
 def test_an_empty_prompt_explains_from_endoftext(monkeypatch, capsys):
     tokenizer = load_tokenizer(official_path("124M"))
     hparams = {"n_vocab": tokenizer.n_vocab, "n_ctx": 8, "n_embd": 16, "n_head": 2, "n_layer": 1}
-    monkeypatch.setattr(explain, "load_model", lambda args: (hparams, random_params(hparams, 0), tokenizer))
+    monkeypatch.setattr(explain_cli, "load_model", lambda args: (hparams, random_params(hparams, 0), tokenizer))
     assert run([""]) == 0
     tokens = section(capsys.readouterr().out, 1)
     assert "<|endoftext|>" in tokens[0]
@@ -272,16 +282,16 @@ def test_an_empty_prompt_explains_from_endoftext(monkeypatch, capsys):
 
 
 def test_the_figure_draws_each_head_with_the_future_left_empty(steps):
-    n_head, n_seq = steps["weights"].shape[:2]
+    n_head, n_seq = steps["attn.weights"].shape[:2]
     labels = [fake_label(i) for i in range(n_seq)]
     future = np.triu(np.ones((n_seq, n_seq), bool), 1)
-    figure = attention_figure(steps["weights"], list(range(n_head)), labels, "title")
+    figure = attention_figure(steps["attn.weights"], list(range(n_head)), labels, "title")
     maps = [ax for ax in figure.axes if ax.images and ax.get_title().startswith("head ")]
     assert [ax.get_title() for ax in maps] == [f"head {head}" for head in range(n_head)]
     for head, ax in enumerate(maps):
         image = ax.images[0]
         np.testing.assert_array_equal(np.ma.getmaskarray(image.get_array()), future)  # drawn as nothing
-        np.testing.assert_array_equal(image.get_array().data[~future], steps["weights"][head][~future])
+        np.testing.assert_array_equal(image.get_array().data[~future], steps["attn.weights"][head][~future])
         assert image.cmap.get_bad()[3] == 0  # masked cells are transparent
     assert [label.get_text() for label in maps[0].get_yticklabels()] == labels
 
@@ -289,9 +299,9 @@ def test_the_figure_draws_each_head_with_the_future_left_empty(steps):
 def test_head_all_plots_every_head_of_the_layer_and_prints_head_0(tiny, monkeypatch, capsys, tmp_path):
     hparams, params, _ = tiny
     tokenizer = load_tokenizer(official_path("124M"))
-    monkeypatch.setattr(explain, "load_model", lambda args: (hparams, params, tokenizer))
+    monkeypatch.setattr(explain_cli, "load_model", lambda args: (hparams, params, tokenizer))
     figures = []
-    monkeypatch.setattr(explain, "save_figure", lambda figure, path: figures.append((figure, path)))
+    monkeypatch.setattr(explain_cli, "save_figure", lambda figure, path: figures.append((figure, path)))
     assert run([PROMPT, "--layer", "1", "--head", "all", "--plot", str(tmp_path / "a.png")]) == 0
     assert "layer 1, head 0" in section(capsys.readouterr().out, 3)[0]
     (figure, path), = figures
@@ -305,7 +315,8 @@ def test_head_all_plots_every_head_of_the_layer_and_prints_head_0(tiny, monkeypa
 
 class FailingFigure:  # a figure whose saving fails midway, as on a full disk
     def savefig(self, path, **options):
-        path.write_bytes(b"\x89PNG half of it")
+        with open(path, "wb") as file:
+            file.write(b"\x89PNG half of it")
         raise OSError(28, "No space left on device")
 
 
@@ -313,7 +324,7 @@ def test_a_failed_save_leaves_no_file_behind(tmp_path):
     target = tmp_path / "a.png"
     target.write_bytes(b"an earlier picture")
     with pytest.raises(UsageError, match=f"cannot write the plot {target}: No space left on device"):
-        explain.save_figure(FailingFigure(), target)
+        plot.save_figure(FailingFigure(), target)
     assert target.read_bytes() == b"an earlier picture"  # the old file stays whole
     assert [path.name for path in tmp_path.iterdir()] == ["a.png"]  # and no part of the new one is left
 
@@ -342,7 +353,7 @@ def test_the_command_prints_every_section_for_the_chosen_head(models_dir):
     tokens = [line.split() for line in section(result.stdout, 1)[2:]]
     assert [int(row[1]) for row in tokens] == [40, 481, 467, 284, 262]
     assert [row[2:] for row in tokens] == [["'I'"], ["'", "will'"], ["'", "go'"], ["'", "to'"], ["'", "the'"]]
-    assert "lm_head" in "\n".join(section(result.stdout, 2))
+    assert "· @ wte.T" in "\n".join(section(result.stdout, 2))
     assert "layer 1, head 3" in section(result.stdout, 3)[0]
     hparams, params = CONFIGS["tiny"]["hparams"], random_params(CONFIGS["tiny"]["hparams"], CONFIGS["tiny"]["seed"])
     expected = attention_weights([40, 481, 467, 284, 262], params, hparams["n_head"])[1, 3]
@@ -429,3 +440,91 @@ def test_without_matplotlib_plot_names_the_install_command_and_the_rest_works(mo
     assert list(tmp_path.iterdir()) == []
     result = cli(PROMPT, models_dir=models_dir, code=HIDE_MATPLOTLIB)
     assert result.returncode == 0 and "4. The prediction" in result.stdout
+
+
+# --- Issue 20: plots of any prompt, any valid name, and folders this user may not use ---
+
+
+def test_a_prompt_with_dollar_signs_plots(monkeypatch, tmp_path):
+    # matplotlib reads a label with two "$" as mathtext: '$$' failed to draw, "$x$" would show an italic x
+    tokenizer = load_tokenizer(official_path("124M"))
+    hparams = {"n_vocab": tokenizer.n_vocab, "n_ctx": 16, "n_embd": 16, "n_head": 2, "n_layer": 1}
+    monkeypatch.setattr(explain_cli, "load_model", lambda args: (hparams, random_params(hparams, 0), tokenizer))
+    prompt = "It costs $$5 or $x$ or a$b"
+    assert any("$$" in tokenizer.decode([token_id]) for token_id in tokenizer.encode(prompt))  # one token: '$$'
+    target = tmp_path / "dollars.png"
+    assert run([prompt, "--plot", str(target)]) == 0
+    assert png_size(target.read_bytes())[0] >= 400
+    figure = attention_figure(np.eye(3, dtype=np.float32)[None], [0], ["'$$'", "'$x$'", "'a$b'"], "title")
+    figure.canvas.draw()
+    # as drawn: (text, is it mathtext?), the dollars shown as typed
+    shown = [label._preprocess_math(label.get_text()) for label in figure.axes[0].get_yticklabels()]
+    assert shown == [("'$$'", False), ("'$x$'", False), ("'a$b'", False)]
+
+
+def test_a_long_file_name_that_the_folder_allows_is_written(models_dir, tmp_path):
+    target = tmp_path / ("a" * 250 + ".png")  # 254 bytes: a valid name, with no room for a longer temporary one
+    result = cli(PROMPT, "--plot", str(target), models_dir=models_dir)
+    assert result.returncode == 0, result.stderr
+    assert png_size(target.read_bytes())[0] >= 400
+    assert [path.name for path in tmp_path.iterdir()] == [target.name]  # no temporary file left
+
+
+@pytest.fixture
+def public_dir():  # -> a folder every user may enter (pytest's tmp_path is root's alone), removed afterwards
+    folder = Path(tempfile.mkdtemp(prefix="gpt2-numpy-explain-"))
+    folder.chmod(0o755)
+    yield folder
+    for path in folder.iterdir():
+        path.chmod(0o755)
+    shutil.rmtree(folder)
+
+
+def run_as_nobody(argv, folder):  # -> (exit status, stdout, stderr) of explain's main run as an unprivileged user
+    # CI runs as root, whom permissions do not stop, so the child drops to nobody (65534) first, as setpriv does. It is
+    # a fork, not a new Python: a new one run as nobody cannot read packages installed under /root, as here.
+    import matplotlib  # noqa: F401 (loaded before the fork: nobody may not be allowed to read its files)
+
+    out_path, err_path = folder / "stdout", folder / "stderr"
+    with open(out_path, "wb") as out, open(err_path, "wb") as err:
+        pid = os.fork()
+        if pid == 0:  # the child: never returns into pytest
+            status = 99
+            try:
+                os.dup2(out.fileno(), 1)
+                os.dup2(err.fileno(), 2)
+                sys.stdout, sys.stderr = open(1, "w", closefd=False), open(2, "w", closefd=False)
+                if os.geteuid() == 0:
+                    os.setgroups([])
+                    os.setgid(65534)
+                    os.setuid(65534)
+                explain_cli.main(argv)
+            except SystemExit as exit:
+                status = exit.code
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(status)
+        _, wait_status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(wait_status), out_path.read_text(), err_path.read_text()
+
+
+@pytest.mark.parametrize("flag, name, mode, fragment", [
+    ("--plot", "a.png", 0o000, "cannot read the folder {folder} (Permission denied): fix its permissions"),
+    ("--plot", "a.png", 0o555, "cannot write into the folder {folder} (permission denied)"),
+    ("--html", "a.html", 0o000, "cannot read the folder {folder} (Permission denied): fix its permissions"),
+    ("--html", "a.html", 0o555, "cannot write into the folder {folder} (permission denied)"),
+])
+def test_a_folder_this_user_may_not_use_is_one_error_line(public_dir, models_dir, flag, name, mode, fragment):
+    folder = public_dir / "closed"
+    folder.mkdir()
+    folder.chmod(mode)
+    status, stdout, stderr = run_as_nobody([PROMPT, flag, str(folder / name), "--models-dir", str(models_dir)],
+                                           public_dir)
+    result = subprocess.CompletedProcess([], status, stdout, stderr)
+    assert "Traceback" not in stderr
+    assert_one_error_line(result, fragment.format(folder=folder))
+    folder.chmod(0o755)
+    assert list(folder.iterdir()) == []

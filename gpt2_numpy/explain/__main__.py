@@ -1,0 +1,3 @@
+from gpt2_numpy.explain.cli import main
+
+main()

@@ -1,0 +1,52 @@
+"""The files explain writes (--plot's picture, --html's page): checked before the model loads, so a typo costs no
+load, and written whole or not at all."""
+import os
+import tempfile
+
+from gpt2_numpy.errors import UsageError
+
+
+def check_output_file(path, flag, suffixes):  # -> None, or UsageError saying what is wrong with the file name
+    """UsageError when `path` is a folder, does not end in one of `suffixes`, or lies in a folder that does not exist
+    or that this user cannot write into."""
+    names = " or ".join(suffixes)
+    try:
+        if path.is_dir():
+            raise UsageError(f"{flag} {path} is a folder: name a {names} file")
+        if path.suffix.lower() not in suffixes:
+            raise UsageError(f"{flag} {path}: the file name must end in {names} (got "
+                             f"{repr(path.suffix) if path.suffix else 'no suffix'})")
+        folder = path.parent
+        if not folder.is_dir():
+            raise UsageError(f"{flag} {path}: the folder {folder} does not exist; create it or choose another file")
+    except OSError as error:  # a folder on the way that this user may not enter
+        raise UsageError(f"{flag} {path}: cannot read the folder {path.parent} ({error.strerror}): fix its "
+                         "permissions or choose another file") from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {path}: cannot write into the folder {folder} (permission denied): fix its "
+                         "permissions or choose another file")
+
+
+def write_atomically(path, write, what):  # -> None; path then holds all that write(temporary) wrote, or is unchanged
+    """Calls write(temporary_path) for a new file beside `path`, then renames it to `path`: a reader never sees half a
+    file, and a failure leaves the old one whole. The temporary name is short, whatever the length of path's name."""
+    try:
+        handle, temporary = tempfile.mkstemp(prefix=".gpt2_numpy-", suffix=".tmp", dir=path.parent)
+    except OSError as error:
+        raise UsageError(f"cannot write {what} {path}: {error.strerror or error}") from None
+    os.close(handle)
+    try:
+        write(temporary)
+        os.chmod(temporary, 0o666 & ~current_umask())  # mkstemp makes it private; the page is an ordinary file
+        os.replace(temporary, path)
+    except OSError as error:
+        raise UsageError(f"cannot write {what} {path}: {error.strerror or error}") from None
+    finally:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+
+
+def current_umask():  # -> the process's umask; reading it means setting it, so it is set straight back
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask

@@ -1,0 +1,64 @@
+"""--plot: the attention weights of one head, or of every head of a layer, as heatmaps (matplotlib, an optional extra:
+pip install -e ".[plot]")."""
+import math
+
+import numpy as np
+
+from gpt2_numpy.errors import UsageError
+from gpt2_numpy.explain.files import check_output_file, write_atomically
+from gpt2_numpy.model import causal_mask
+
+PLOT_SUFFIXES = (".png", ".svg")
+PLOT_INSTALL = 'pip install -e ".[plot]"'
+MAX_TICKS = 40  # tick labels per heatmap axis: a longer prompt labels every k-th token
+
+
+def attention_figure(weights, heads, labels, title):  # [n_shown, n_seq, n_seq] -> matplotlib Figure
+    """A heatmap of each head's weights in a grid (one head: one large map), tokens as tick labels; the masked upper
+    triangle is left empty (transparent), not drawn as zeros."""
+    from matplotlib import colormaps
+    from matplotlib.figure import Figure
+
+    n_shown, n_seq = len(weights), weights.shape[-1]
+    n_cols = math.ceil(math.sqrt(n_shown))
+    n_rows = math.ceil(n_shown / n_cols)
+    side = 5.5 if n_shown == 1 else 2.6  # inches per map
+    figure = Figure(figsize=(side * n_cols + 1.2, side * n_rows + 0.8), layout="constrained")
+    axes = figure.subplots(n_rows, n_cols, squeeze=False).ravel()
+    colours = colormaps["viridis"].with_extremes(bad=(0, 0, 0, 0))
+    future = np.isinf(causal_mask(n_seq))  # the mask decides what is empty: a weight that underflowed is drawn
+    ticks = np.arange(0, n_seq, math.ceil(n_seq / MAX_TICKS))
+    tick_labels = [plain_text(labels[i]) for i in ticks]
+    font = 8 if n_shown == 1 else 6
+    for index, (ax, head_weights, head) in enumerate(zip(axes, weights, heads)):
+        image = ax.imshow(np.ma.masked_array(head_weights, future), cmap=colours, vmin=0, vmax=1)
+        ax.set_title(f"head {head}", fontsize=font + 2)
+        ax.set_xticks(ticks, tick_labels if index + n_cols >= n_shown else [], rotation=90,
+                      fontsize=font)  # labelled on the bottom map of each column
+        ax.set_yticks(ticks, tick_labels if index % n_cols == 0 else [], fontsize=font)
+    for ax in axes[n_shown:]:
+        ax.set_axis_off()
+    if n_shown == 1:
+        axes[0].set_xlabel("key: the token looked at")
+        axes[0].set_ylabel("query: the token looking")
+    figure.colorbar(image, ax=axes[:n_shown].tolist(), shrink=0.8, label="attention weight")
+    figure.suptitle(title)
+    return figure
+
+
+def plain_text(label):  # -> label as matplotlib shows it literally: a pair of "$" would start its mathtext
+    return label.replace("$", r"\$")
+
+
+def save_figure(figure, path):  # -> None; path then holds the whole image, or is left as it was
+    suffix = path.suffix.lower()[1:]
+    metadata = {"Date": None} if suffix == "svg" else None  # an SVG without its date: the same prompt, the same file
+    write_atomically(path, lambda temporary: figure.savefig(temporary, format=suffix, metadata=metadata), "the plot")
+
+
+def check_plot_file(path):  # -> None; UsageError for a bad file name or folder, or no matplotlib
+    check_output_file(path, "--plot", PLOT_SUFFIXES)
+    try:
+        import matplotlib  # noqa: F401 (only its presence is checked here)
+    except ImportError:
+        raise UsageError(f"--plot needs matplotlib, an optional extra: {PLOT_INSTALL}") from None

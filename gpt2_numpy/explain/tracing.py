@@ -1,0 +1,125 @@
+"""Every activation of one forward pass by name, and the logit lens: model.py's functions composed in the order
+model.gpt2 and model.block run them, so each array is the one the textbook model computes, never a second copy of its
+formulas. float32 throughout, as the model is. The names (README, "Look inside", maps them to TransformerLens's hooks):
+
+    embed                                  [n_seq, n_embd]      wte[inputs] + wpe[positions], the residual stream
+    blocks.{i}.ln_1                        [n_seq, n_embd]      layer_norm(x, **ln_1)
+    blocks.{i}.attn.q / .k / .v            [n_head, n_seq, d_head]
+    blocks.{i}.attn.scores                 [n_head, n_seq, n_seq]  attention_scores(q, k): q kᵀ / √d_head, unmasked
+    blocks.{i}.attn.weights                [n_head, n_seq, n_seq]  softmax(scores + causal_mask): rows sum to 1
+    blocks.{i}.attn.z                      [n_head, n_seq, d_head]  attention(q, k, v, mask): each head's output
+    blocks.{i}.attn.out                    [n_seq, n_embd]      linear(merge_heads(z), **c_proj): mha's output
+    blocks.{i}.mid                         [n_seq, n_embd]      x + attn.out, the stream after attention
+    blocks.{i}.ln_2                        [n_seq, n_embd]      layer_norm(mid, **ln_2)
+    blocks.{i}.mlp.pre / .hidden           [n_seq, 4 n_embd]    linear(ln_2, **c_fc), then its gelu
+    blocks.{i}.mlp.out                     [n_seq, n_embd]      linear(hidden, **c_proj): ffn's output
+    blocks.{i}.out                         [n_seq, n_embd]      mid + mlp.out, the stream after the block
+    ln_f                                   [n_seq, n_embd]      layer_norm(last out, **ln_f)
+    logits                                 [n_seq, n_vocab]     ln_f · wteᵀ
+"""
+import numpy as np
+
+from gpt2_numpy.fast import check_inputs
+from gpt2_numpy.model import (
+    attention,
+    attention_scores,
+    block,
+    causal_mask,
+    gelu,
+    layer_norm,
+    linear,
+    merge_heads,
+    softmax,
+    split_heads,
+)
+
+
+def trace(inputs, params, n_head):  # int [n_seq] -> {name: float32 array}, the names in the module's docstring
+    """Every intermediate array of model.gpt2(inputs, **params, n_head=n_head), by name, in the order it runs them."""
+    names = {"embed": embedding(inputs, params["wte"], params["wpe"])}
+    x = names["embed"]
+    for i, steps in enumerate(block_traces(x, params["blocks"], n_head)):
+        names.update({f"blocks.{i}.{name}": array for name, array in steps.items()})
+        x = steps["out"]
+    names["ln_f"] = layer_norm(x, **params["ln_f"])
+    names["logits"] = unembedding(names["ln_f"], params["wte"])
+    return names
+
+
+def block_traces(x, blocks, n_head):  # [n_seq, n_embd] -> iterator of n_layer {name: array}, one block after another
+    for block_params in blocks:
+        steps = block_trace(x, **block_params, n_head=n_head)
+        yield steps
+        x = steps["out"]  # the next block's input, as model.gpt2's loop carries it
+
+
+def block_trace(x, ln_1, attn, ln_2, mlp, n_head):  # [n_seq, n_embd] -> {name: array}, as model.block runs them
+    """model.block on x, one named array per step: mha's and ffn's bodies composed of the same model.py functions."""
+    steps = {"ln_1": layer_norm(x, **ln_1)}
+    mask = causal_mask(x.shape[-2])
+    q, k, v = np.split(linear(steps["ln_1"], **attn["c_attn"]), 3, axis=-1)  # mha's first line
+    steps["attn.q"], steps["attn.k"], steps["attn.v"] = q, k, v = [split_heads(part, n_head) for part in (q, k, v)]
+    steps["attn.scores"] = attention_scores(q, k)
+    steps["attn.weights"] = softmax(steps["attn.scores"] + mask)  # what attention computes first
+    steps["attn.z"] = attention(q, k, v, mask)
+    steps["attn.out"] = linear(merge_heads(steps["attn.z"]), **attn["c_proj"])
+    steps["mid"] = x + steps["attn.out"]  # block's first residual
+    steps["ln_2"] = layer_norm(steps["mid"], **ln_2)
+    steps["mlp.pre"] = linear(steps["ln_2"], **mlp["c_fc"])  # ffn, step by step
+    steps["mlp.hidden"] = gelu(steps["mlp.pre"])
+    steps["mlp.out"] = linear(steps["mlp.hidden"], **mlp["c_proj"])
+    steps["out"] = steps["mid"] + steps["mlp.out"]  # block's second residual
+    return steps
+
+
+def embedding(inputs, wte, wpe):  # int [n_seq] -> [n_seq, n_embd]: model.gpt2's first line
+    # checked first: NumPy would wrap a negative id silently, and wpe would run short past the context
+    inputs = check_inputs(inputs, n_vocab=wte.shape[0], n_ctx=wpe.shape[0])
+    return wte[inputs] + wpe[np.arange(inputs.shape[-1])]
+
+
+def unembedding(x, wte):  # [n_seq, n_embd] -> [n_seq, n_vocab]: model.gpt2's last product, the tied output head
+    return x @ wte.T
+
+
+def attention_weights(inputs, params, n_head):  # int [n_seq] -> float32 [n_layer, n_head, n_seq, n_seq]
+    """The softmax attention weights of every head of every layer: [layer, head, i, j] is how much position i attends
+    to position j (0 for j > i; each row sums to 1). Keeps only the weights, not the whole trace."""
+    return np.stack(list(layer_weights(inputs, params, n_head)))
+
+
+def layer_weights(inputs, params, n_head):  # -> iterator of n_layer float32 arrays [n_head, n_seq, n_seq]
+    for steps in block_traces(embedding(inputs, params["wte"], params["wpe"]), params["blocks"], n_head):
+        yield steps["attn.weights"]
+
+
+def residual_stream(inputs, params, n_head):  # -> iterator of n_layer + 1 arrays [n_seq, n_embd]
+    # the embedding, then each block's output, carried by model.block itself
+    x = embedding(inputs, params["wte"], params["wpe"])
+    yield x
+    for block_params in params["blocks"]:
+        x = block(x, **block_params, n_head=n_head)
+        yield x
+
+
+def logit_lens(inputs, params, n_head):  # int [n_seq] -> float32 [n_layer + 1, n_seq, n_vocab]
+    """The logit lens: log-probabilities of the next token read from the residual stream after the embedding (row 0)
+    and after each block (row i + 1), each sent through ln_f and the tied head as if the model ended there. ln_f's
+    mean and variance are computed afresh from each layer's stream (layer_norm does), never reused from the last
+    layer's. The last row is log_softmax of model.gpt2's logits."""
+    return np.stack(list(lens_layers(inputs, params, n_head)))
+
+
+def lens_layers(inputs, params, n_head, positions=slice(None)):  # -> iterator of n_layer + 1 float32 [n, n_vocab]
+    # positions: the rows to read; the lens is per position, so a long prompt's table unembeds only what it shows
+    for x in residual_stream(inputs, params, n_head):
+        yield lens(x[positions], params["ln_f"], params["wte"])
+
+
+def lens(x, ln_f, wte):  # [n, n_embd] -> [n, n_vocab]: log-probabilities of the next token, read from stream x
+    return log_softmax(unembedding(layer_norm(x, **ln_f), wte))  # x's own mean and variance: layer_norm's, per row
+
+
+def log_softmax(x):  # [..., n] -> [..., n]: log(softmax(x)), which would underflow to -inf for unlikely tokens
+    shifted = x - np.max(x, axis=-1, keepdims=True)
+    return shifted - np.log(np.sum(np.exp(shifted), axis=-1, keepdims=True))

@@ -1,0 +1,67 @@
+"""Take the README's screenshot of the explain --html page: writes the page for PROMPT with the model in MODEL_DIR,
+opens it in headless Chromium (selenium), clicks a token and saves a PNG.
+
+    python scripts/screenshot_page.py "The cat sat on the mat" weights/124M docs/look-inside.png [--query 4] [--layer 5]
+
+Needs the test extra's selenium and Debian's browser: apt-get install chromium chromium-driver; pip install selenium.
+"""
+import argparse
+import shutil
+import tempfile
+from pathlib import Path
+
+from gpt2_numpy.checkpoint import load_params
+from gpt2_numpy.cli import prompt_ids
+from gpt2_numpy.explain.cli import token_text
+from gpt2_numpy.explain.page import page_html
+from gpt2_numpy.tokenizer import load_tokenizer
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("prompt")
+    parser.add_argument("model_dir", type=Path)
+    parser.add_argument("out", type=Path, help="the PNG to write")
+    parser.add_argument("--query", type=int, help="the token to click (default: the last)")
+    parser.add_argument("--layer", type=int, default=0)
+    parser.add_argument("--head", type=int, default=0)
+    parser.add_argument("--size", default="1200,900", help="the window's width,height in pixels")
+    args = parser.parse_args()
+    hparams, params = load_params(args.model_dir)
+    tokenizer = load_tokenizer(args.model_dir)
+    ids = prompt_ids(tokenizer, args.prompt, hparams["n_vocab"])
+    html = page_html(ids, params, hparams["n_head"], lambda token_id: token_text(tokenizer, token_id),
+                     f"GPT-2 {args.model_dir.name} on {len(ids)} tokens")
+    with tempfile.TemporaryDirectory() as folder:
+        page = Path(folder) / "page.html"
+        page.write_text(html, encoding="utf-8")
+        screenshot(page, args)
+    print(f"wrote {args.out}")
+
+
+def screenshot(page, args):  # -> None; opens the page offline, chooses layer, head and query, saves args.out
+    from selenium import webdriver
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    options = Options()
+    for argument in ["--headless=new", "--no-sandbox", "--disable-gpu", f"--window-size={args.size}",
+                     "--hide-scrollbars"]:
+        options.add_argument(argument)
+    options.binary_location = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver = webdriver.Chrome(options=options, service=Service(shutil.which("chromedriver")))
+    try:
+        driver.get(page.as_uri())
+        WebDriverWait(driver, 120).until(lambda d: d.execute_script("return document.body.dataset.ready"))
+        Select(driver.find_element("id", "layer")).select_by_value(str(args.layer))
+        Select(driver.find_element("id", "head")).select_by_value(str(args.head))
+        tokens = driver.find_elements("css selector", "[data-token-index]")
+        tokens[len(tokens) - 1 if args.query is None else args.query].click()
+        driver.save_screenshot(str(args.out))
+    finally:
+        driver.quit()
+
+
+if __name__ == "__main__":
+    main()
