@@ -466,7 +466,7 @@ def test_a_full_stdout_is_one_error_line(models_dir, module, args, unbuffered):
     assert len(re.findall("^error", result.stderr, re.MULTILINE)) == 1
 
 
-@pytest.mark.parametrize("module", ["generate", "score"])
+@pytest.mark.parametrize("module", ["generate", "score", "explain"])
 def test_a_closed_stdout_is_one_error_line_before_the_model_loads(models_dir, module):
     result = cli_with_streams(module, CLI_ARGS[module], models_dir, redirect="1>&-")
     assert result.returncode == 1

@@ -3,11 +3,10 @@
 stdout gets the walkthrough (the prompt's tokens, the shape of every step, one head's attention step by step, the
 next-token prediction) or, with --lens, the logit lens's table; --plot and --html write a picture and a page."""
 import functools
-import sys
 from pathlib import Path
 
 from gpt2_numpy.cli import add_model_args, load_model, prompt_ids, read_prompt, write_stdout
-from gpt2_numpy.errors import ArgumentParser, UsageError, log, plural, run_cli
+from gpt2_numpy.errors import ArgumentParser, UsageError, log, open_stdout, plural, run_cli
 from gpt2_numpy.explain.lens import lens_table
 from gpt2_numpy.explain.page import check_page_file, page_html, write_page
 from gpt2_numpy.explain.plot import PLOT_INSTALL, attention_figure, check_plot_file, save_figure
@@ -50,6 +49,7 @@ def parse_args(argv):  # -> argparse.Namespace
 
 def run(argv=None):  # -> exit status
     args = parse_args(argv)
+    open_stdout()  # a closed stdout is refused before the model loads
     text = read_prompt(args.prompt)
     # the output files first: a typo in a file name should not cost a model load
     if args.plot is not None:
@@ -91,5 +91,4 @@ def token_text(tokenizer, token_id):  # -> a token's text; a piece of a characte
 
 
 def main(argv=None):  # entry point: errors become one line on stderr and an exit status
-    sys.stdout.reconfigure(errors="replace")  # a terminal that cannot show a character gets "?", not a traceback
     run_cli(run, argv)
