@@ -477,7 +477,7 @@ def test_a_closed_stdout_is_one_error_line_before_the_model_loads(models_dir, mo
 @pytest.mark.parametrize("redirect", ["2>&-", "2>/dev/full"])
 def test_a_closed_or_full_stderr_leaves_stdout_to_the_output_alone(models_dir, module, redirect):
     expected = cli_with_streams(module, CLI_ARGS[module], models_dir)
-    assert expected.returncode == 0 and "loaded GPT-2" in expected.stderr
+    assert expected.returncode == 0 and "\nloaded " in expected.stderr  # stderr was written
     result = cli_with_streams(module, CLI_ARGS[module], models_dir, redirect=redirect)
     assert (result.returncode, result.stdout, result.stderr) == (0, expected.stdout, "")
 
