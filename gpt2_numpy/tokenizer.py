@@ -28,6 +28,8 @@ EOT_ID = 50256
 # then whitespace; `\s+(?!\S)` leaves a run's last space to start the next word, so " world" stays one token.
 WORD_PATTERN = regex.compile(r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""")
 FILE_NAMES = {"OpenAI": ("encoder.json", "vocab.bpe"), "Hugging Face": ("vocab.json", "merges.txt")}
+# OpenAI's encoder.json and vocab.bpe (MIT-licensed, 1.5 MB), shipped so the tokenizer works without a model folder
+PACKAGED_VOCABULARY = Path(__file__).resolve().parent / "data"
 CACHE_SIZE = 100_000  # words remembered between calls; most words of a text repeat, a few are new
 CACHED_WORD_CHARS = 64  # longer words are not remembered: rarely seen twice, and a 1 MB one would hold ~20 MB of ids
 
@@ -200,10 +202,11 @@ class StreamDecoder:
         return self._utf8.decode(b"", final=True)
 
 
-def load_tokenizer(model_dir):  # -> Tokenizer
-    """GPT-2's tokenizer from OpenAI's encoder.json + vocab.bpe or Hugging Face's vocab.json + merges.txt in model_dir;
-    TokenizerError names a missing or malformed file."""
-    model_dir = Path(model_dir)
+def load_tokenizer(model_dir=None):  # -> Tokenizer
+    """GPT-2's tokenizer from OpenAI's encoder.json + vocab.bpe or Hugging Face's vocab.json + merges.txt in model_dir,
+    or, without model_dir, from the copies of OpenAI's files that come with the package; TokenizerError names a
+    missing or malformed file."""
+    model_dir = PACKAGED_VOCABULARY if model_dir is None else Path(model_dir)
     for vocab_name, merges_name in FILE_NAMES.values():
         if is_file(model_dir / vocab_name):
             encoder = read_encoder(model_dir / vocab_name)

@@ -2,7 +2,7 @@
 
     python scripts/benchmark_tokenizer.py [MODEL_DIR] [--runs N] [--baseline OLD_TOKENIZER_PY]
 
-MODEL_DIR holds encoder.json + vocab.bpe (default: ../shared/gpt2-official/124M beside the repo).
+MODEL_DIR holds encoder.json + vocab.bpe (default: the package's copies of OpenAI's files, gpt2_numpy/data).
 
 English: 1 MB (1,000,000 characters) of English documentation shipped with CPython: the language reference, then
 stdlib docstrings, in tokens per second. "cold" encodes with a fresh tokenizer (empty word cache), as a program's first
@@ -31,7 +31,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # for gpt2_numpy and tests.text_samples when run from a checkout
 
-from gpt2_numpy.tokenizer import EOT, WORD_PATTERN, load_tokenizer  # noqa: E402
+from gpt2_numpy.tokenizer import EOT, PACKAGED_VOCABULARY, WORD_PATTERN, load_tokenizer  # noqa: E402
 from tests.text_samples import english_text, long_word  # noqa: E402
 
 LONG_PIECE_KINDS = ("letters", "digits", "CJK", "punctuation")  # keys of tests.text_samples.LONG_WORD_ALPHABETS
@@ -131,7 +131,7 @@ def optional(value, spec):  # -> value formatted, or "-" for None
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("model_dir", nargs="?", type=Path, default=REPO.parent / "shared" / "gpt2-official" / "124M")
+    parser.add_argument("model_dir", nargs="?", type=Path, default=PACKAGED_VOCABULARY)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--baseline", type=Path, help="another tokenizer.py to compare cold English encodes with")
     args = parser.parse_args()

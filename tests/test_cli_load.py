@@ -18,7 +18,7 @@ from gpt2_numpy import weights
 from gpt2_numpy.cli import load_model
 from gpt2_numpy.formats.tf_bundle import TensorBundle
 from gpt2_numpy.tokenizer import load_tokenizer
-from tests.conftest import FIXTURES, REPO, official_path, tiny_models_dir
+from tests.conftest import FIXTURES, REPO, tiny_models_dir
 from tests.http_server import FileServer, official_layout_files
 
 DATA = "model.ckpt.data-00000-of-00001"
@@ -72,7 +72,7 @@ def models_dir(tmp_path):  # -> a models dir whose 124M/ holds the tiny TF check
 @pytest.fixture
 def hf_greedy_text():  # -> Hugging Face's greedy continuation of PROMPT on the tiny weights, as text
     reference = np.load(FIXTURES / "reference_tiny.npz")
-    tokenizer = load_tokenizer(official_path("124M"))
+    tokenizer = load_tokenizer()
     assert tokenizer.encode(PROMPT) == reference["cli_prompt"].tolist()
     return tokenizer.decode(reference["cli_greedy_ids"])
 
