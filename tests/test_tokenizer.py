@@ -130,6 +130,21 @@ def test_long_words_match_tiktoken(tokenizer, reference, name):
     assert tokenizer.encode(word) == reference.encode_ordinary(word)
 
 
+BENCHMARK_PIECES = {  # scripts/benchmark_tokenizer.py's long pieces at its smaller size, and runs of one pair
+    **{f"random {kind}, 100 KB": partial(long_word, kind, 100_000, seed=0) for kind in ("letters", "digits")},
+    "a run of one digit, 100 KB": partial(str.__mul__, "7", 100_000),
+    "alternating letters, 100 KB": partial(str.__mul__, "ab", 50_000),
+}
+
+
+@pytest.mark.parametrize("name", BENCHMARK_PIECES)
+def test_benchmark_sized_pieces_match_tiktoken(tokenizer, reference, name):
+    # BPE's lists at a size where their memory layout matters (positions shared by before, after and the buckets)
+    word = BENCHMARK_PIECES[name]()
+    assert WORD_PATTERN.findall(word) == [word]
+    assert tokenizer.encode(word) == reference.encode_ordinary(word)
+
+
 class CountingDict(dict):
     """A dict that counts its get() calls."""
 
