@@ -5,13 +5,24 @@ from pathlib import Path
 
 import pytest
 
+from gpt2_numpy.tokenizer import PACKAGED_VOCABULARY
+
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures"
 OFFICIAL = REPO.parent / "shared" / "gpt2-official"  # read from there, never copied into the repo
+# except the tokenizer's two files: the package ships byte-identical copies (test_tokenizer checks), so tests that
+# need only them run on any clone
+PACKAGED = {f"124M/{name}": PACKAGED_VOCABULARY / name for name in ("encoder.json", "vocab.bpe")}
 
 
 def official_path(relative):
-    """Path to an official file under ../shared/gpt2-official; skips locally, but fails under CI=true, when absent."""
+    """Path to an official file: the packaged copy of encoder.json or vocab.bpe, else the file under
+    ../shared/gpt2-official, which skips locally, but fails under CI=true, when absent."""
+    return PACKAGED.get(relative) or shared_path(relative)
+
+
+def shared_path(relative):
+    """Path to a file under ../shared/gpt2-official; skips locally, but fails under CI=true, when absent."""
     path = OFFICIAL / relative
     if not path.exists():
         message = f"{path} is missing: place the official GPT-2 files in ../shared/gpt2-official/ beside the repo"

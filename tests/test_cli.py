@@ -50,7 +50,7 @@ def models_dir(tmp_path):  # -> a models dir whose 124M/ holds the tiny TF check
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    return load_tokenizer(official_path("124M"))
+    return load_tokenizer()
 
 
 @pytest.fixture(scope="module")

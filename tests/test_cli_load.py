@@ -88,7 +88,7 @@ def models_dir(tmp_path):  # -> a models dir whose 124M/ holds the tiny TF check
 @pytest.fixture
 def hf_greedy_text():  # -> Hugging Face's greedy continuation of PROMPT on the tiny weights, as text
     reference = np.load(FIXTURES / "reference_tiny.npz")
-    tokenizer = load_tokenizer(official_path("124M"))
+    tokenizer = load_tokenizer()
     assert tokenizer.encode(PROMPT) == reference["cli_prompt"].tolist()
     return tokenizer.decode(reference["cli_greedy_ids"])
 

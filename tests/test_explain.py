@@ -25,7 +25,7 @@ from gpt2_numpy.explain.plot import attention_figure
 from gpt2_numpy.model import block, gpt2
 from gpt2_numpy.random_params import random_params
 from gpt2_numpy.tokenizer import load_tokenizer
-from tests.conftest import FIXTURES, REPO, assert_one_error_line, official_path, tiny_models_dir
+from tests.conftest import FIXTURES, REPO, assert_one_error_line, tiny_models_dir
 
 CONFIGS = json.loads((FIXTURES / "configs.json").read_text())
 HF_TOLERANCE = 1e-5  # max |weights - HF's| in float32; measured 1.3e-6 (tiny) and 1.1e-6 (odd_heads)
@@ -257,7 +257,7 @@ def test_the_prediction_is_hugging_face_s_top_5(printed, tiny):
 
 
 def test_token_labels_show_whitespace_and_bytes_and_are_cut_to_width():
-    tokenizer = load_tokenizer(official_path("124M"))
+    tokenizer = load_tokenizer()
     assert token_label(tokenizer, 481) == "' will'"
     assert token_label(tokenizer, 198) == "'\\n'"  # a newline shows as \n, not as a line break
     assert token_label(tokenizer, 50256) == "'<|endoftext|>'"
@@ -269,7 +269,7 @@ def test_token_labels_show_whitespace_and_bytes_and_are_cut_to_width():
 
 
 def test_an_empty_prompt_explains_from_endoftext(monkeypatch, capsys):
-    tokenizer = load_tokenizer(official_path("124M"))
+    tokenizer = load_tokenizer()
     hparams = {"n_vocab": tokenizer.n_vocab, "n_ctx": 8, "n_embd": 16, "n_head": 2, "n_layer": 1}
     monkeypatch.setattr(explain_cli, "load_model", lambda args: (hparams, random_params(hparams, 0), tokenizer))
     assert run([""]) == 0
@@ -298,7 +298,7 @@ def test_the_figure_draws_each_head_with_the_future_left_empty(steps):
 
 def test_head_all_plots_every_head_of_the_layer_and_prints_head_0(tiny, monkeypatch, capsys, tmp_path):
     hparams, params, _ = tiny
-    tokenizer = load_tokenizer(official_path("124M"))
+    tokenizer = load_tokenizer()
     monkeypatch.setattr(explain_cli, "load_model", lambda args: (hparams, params, tokenizer))
     figures = []
     monkeypatch.setattr(explain_cli, "save_figure", lambda figure, path: figures.append((figure, path)))
@@ -447,7 +447,7 @@ def test_without_matplotlib_plot_names_the_install_command_and_the_rest_works(mo
 
 def test_a_prompt_with_dollar_signs_plots(monkeypatch, tmp_path):
     # matplotlib reads a label with two "$" as mathtext: '$$' failed to draw, "$x$" would show an italic x
-    tokenizer = load_tokenizer(official_path("124M"))
+    tokenizer = load_tokenizer()
     hparams = {"n_vocab": tokenizer.n_vocab, "n_ctx": 16, "n_embd": 16, "n_head": 2, "n_layer": 1}
     monkeypatch.setattr(explain_cli, "load_model", lambda args: (hparams, random_params(hparams, 0), tokenizer))
     prompt = "It costs $$5 or $x$ or a$b"

@@ -222,7 +222,7 @@ def hf_tensors(params):  # our params -> {Hugging Face's name: array}
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    return load_tokenizer(official_path("124M"))
+    return load_tokenizer()
 
 
 def assert_scores(output, log_probs, n_bytes):  # the JSON fields against the API's log-probs and their definitions

@@ -1,4 +1,7 @@
-"""The tokenizer against tiktoken's GPT-2 encoding built from OpenAI's official files, and tiktoken's known answers."""
+"""The tokenizer against tiktoken's GPT-2 encoding built from OpenAI's official files, and tiktoken's known answers.
+
+The files are the package's own copies (gpt2_numpy/data), so these tests run on any clone; tiktoken checks their
+sha256 against the values it pins, and one test compares them byte for byte with ../shared/gpt2-official/124M."""
 import json
 import shutil
 from functools import partial
@@ -10,8 +13,8 @@ import tiktoken.load
 
 from gpt2_numpy import tokenizer as tokenizer_module
 from gpt2_numpy.errors import TokenizerError
-from gpt2_numpy.tokenizer import EOT, EOT_ID, WORD_PATTERN, load_tokenizer
-from tests.conftest import official_path
+from gpt2_numpy.tokenizer import EOT, EOT_ID, PACKAGED_VOCABULARY, WORD_PATTERN, load_tokenizer
+from tests.conftest import shared_path
 from tests.text_samples import LONG_WORD_ALPHABETS, large_texts, long_word, sample_strings
 
 # the sha256 values tiktoken pins for its "gpt2" encoding: the reference is built from exactly OpenAI's files
@@ -22,13 +25,13 @@ N_STRINGS = 12_000
 
 
 @pytest.fixture(scope="module")
-def official():
-    return official_path("124M")
+def official():  # the folder of the package's copies of OpenAI's encoder.json and vocab.bpe
+    return PACKAGED_VOCABULARY
 
 
 @pytest.fixture(scope="module")
-def tokenizer(official):
-    return load_tokenizer(official)
+def tokenizer():
+    return load_tokenizer()  # no folder: the packaged files
 
 
 @pytest.fixture(scope="module")
@@ -124,6 +127,21 @@ LONG_WORDS = {
 def test_long_words_match_tiktoken(tokenizer, reference, name):
     word = LONG_WORDS[name]
     assert WORD_PATTERN.findall(word) == [word]  # one word, so BPE runs on all of it at once
+    assert tokenizer.encode(word) == reference.encode_ordinary(word)
+
+
+BENCHMARK_PIECES = {  # scripts/benchmark_tokenizer.py's long pieces at its smaller size, and runs of one pair
+    **{f"random {kind}, 100 KB": partial(long_word, kind, 100_000, seed=0) for kind in ("letters", "digits")},
+    "a run of one digit, 100 KB": partial(str.__mul__, "7", 100_000),
+    "alternating letters, 100 KB": partial(str.__mul__, "ab", 50_000),
+}
+
+
+@pytest.mark.parametrize("name", BENCHMARK_PIECES)
+def test_benchmark_sized_pieces_match_tiktoken(tokenizer, reference, name):
+    # BPE's lists at a size where their memory layout matters (positions shared by before, after and the buckets)
+    word = BENCHMARK_PIECES[name]()
+    assert WORD_PATTERN.findall(word) == [word]
     assert tokenizer.encode(word) == reference.encode_ordinary(word)
 
 
@@ -316,3 +334,18 @@ def test_long_words_are_encoded_but_not_remembered(official, reference):
     assert tokenizer.encode("hello hello") == reference.encode_ordinary("hello hello")
     remembered = set(tokenizer._cache)
     assert long_word not in remembered and {"hello", " hello"} <= remembered
+
+
+@pytest.mark.parametrize("name", ["encoder.json", "vocab.bpe"])
+def test_packaged_files_are_the_official_ones(name):
+    assert (PACKAGED_VOCABULARY / name).read_bytes() == shared_path(f"124M/{name}").read_bytes()
+
+
+def test_a_model_folder_uses_its_own_files(official, tmp_path):
+    # a folder's files win over the packaged ones: here a vocabulary with the ids of "hello" and " world" swapped
+    encoder = json.loads((official / "encoder.json").read_text(encoding="utf-8"))
+    encoder["hello"], encoder["Ġworld"] = encoder["Ġworld"], encoder["hello"]
+    swapped = json.dumps(encoder).encode("utf-8")
+    assert load_tokenizer(write_official_copy(official, tmp_path, **{"encoder.json": swapped})).encode(
+        "hello world") == [995, 31373]
+    assert load_tokenizer().encode("hello world") == [31373, 995]
