@@ -1,6 +1,8 @@
 """Shared test helpers: where the official GPT-2 files live, and the rule that CI never skips them."""
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -52,3 +54,16 @@ def assert_one_error_line(result, fragment):  # a CLI's bad-input contract: exit
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and fragment in errors[0], result.stderr
     assert result.stderr.splitlines()[-1] == errors[0]
+
+
+UNREACHABLE = "http://127.0.0.1:9"  # the discard port: nothing listens, so no test can reach the internet by mistake
+
+
+def run_explain(*args, models_dir, code=None):  # -> CompletedProcess, str output; code: run instead of -m
+    env = {**os.environ, "GPT2_NUMPY_BASE_URL": UNREACHABLE, "PYTHONPATH": str(REPO)}
+    env.pop("GPT2_NUMPY_WEIGHTS", None)
+    start = ["-c", code] if code else ["-m", "gpt2_numpy.explain"]
+    command = [sys.executable, *start, *args, "--models-dir", str(models_dir)]
+    result = subprocess.run(command, capture_output=True, env=env, timeout=120)
+    assert "Traceback" not in result.stderr.decode("utf-8", "replace")
+    return subprocess.CompletedProcess(command, result.returncode, result.stdout.decode(), result.stderr.decode())

@@ -25,13 +25,12 @@ from gpt2_numpy.explain.plot import attention_figure
 from gpt2_numpy.model import block, gpt2
 from gpt2_numpy.random_params import random_params
 from gpt2_numpy.tokenizer import load_tokenizer
-from tests.conftest import FIXTURES, REPO, assert_one_error_line, tiny_models_dir
+from tests.conftest import FIXTURES, assert_one_error_line, run_explain, tiny_models_dir
 
 CONFIGS = json.loads((FIXTURES / "configs.json").read_text())
 HF_TOLERANCE = 1e-5  # max |weights - HF's| in float32; measured 1.3e-6 (tiny) and 1.1e-6 (odd_heads)
 LAYER, HEAD = 1, 2  # not the first block nor the first head: an index mix-up shows
 PROMPT = "I will go to the"  # [40, 481, 467, 284, 262]: every id fits the tiny model's 512-token vocabulary
-UNREACHABLE = "http://127.0.0.1:9"  # the discard port: no test can reach the internet by mistake
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
@@ -337,18 +336,10 @@ def models_dir(tmp_path_factory):  # -> a models dir whose 124M/ holds the tiny 
     return tiny_models_dir(tmp_path_factory.mktemp("explain"))
 
 
-def cli(*args, models_dir, code=None):  # -> CompletedProcess with str output; code: run instead of -m (with args)
-    env = {**os.environ, "GPT2_NUMPY_BASE_URL": UNREACHABLE, "PYTHONPATH": str(REPO)}
-    env.pop("GPT2_NUMPY_WEIGHTS", None)
-    start = ["-c", code] if code else ["-m", "gpt2_numpy.explain"]
-    command = [sys.executable, *start, *args, "--models-dir", str(models_dir)]
-    result = subprocess.run(command, capture_output=True, env=env, timeout=120)
-    assert "Traceback" not in result.stderr.decode("utf-8", "replace")
-    return subprocess.CompletedProcess(command, result.returncode, result.stdout.decode(), result.stderr.decode())
 
 
 def test_the_command_prints_every_section_for_the_chosen_head(models_dir):
-    result = cli(PROMPT, "--layer", "1", "--head", "3", models_dir=models_dir)
+    result = run_explain(PROMPT, "--layer", "1", "--head", "3", models_dir=models_dir)
     assert result.returncode == 0, result.stderr
     tokens = [line.split() for line in section(result.stdout, 1)[2:]]
     assert [int(row[1]) for row in tokens] == [40, 481, 467, 284, 262]
@@ -372,7 +363,7 @@ def test_plot_writes_a_png_of_every_head_and_an_svg_of_one(models_dir, tmp_path)
     import matplotlib.image
 
     png, svg = tmp_path / "heads.png", tmp_path / "head.svg"
-    result = cli(PROMPT, "--head", "all", "--plot", str(png), models_dir=models_dir)
+    result = run_explain(PROMPT, "--head", "all", "--plot", str(png), models_dir=models_dir)
     assert result.returncode == 0, result.stderr
     assert "layer 0, head 0" in section(result.stdout, 3)[0]  # all heads plotted, head 0 printed
     data = png.read_bytes()
@@ -381,7 +372,7 @@ def test_plot_writes_a_png_of_every_head_and_an_svg_of_one(models_dir, tmp_path)
     pixels = matplotlib.image.imread(png)
     assert pixels.shape[:2] == (height, width)
     assert len(np.unique(pixels.reshape(-1, pixels.shape[-1]), axis=0)) > 10  # a picture, not one colour
-    result = cli(PROMPT, "--layer", "1", "--head", "2", "--plot", str(svg), models_dir=models_dir)
+    result = run_explain(PROMPT, "--layer", "1", "--head", "2", "--plot", str(svg), models_dir=models_dir)
     assert result.returncode == 0, result.stderr
     root = ElementTree.parse(svg).getroot()
     assert root.tag == "{http://www.w3.org/2000/svg}svg"
@@ -405,17 +396,17 @@ def test_plot_writes_a_png_of_every_head_and_an_svg_of_one(models_dir, tmp_path)
 )
 def test_bad_arguments_are_one_error_line_with_exit_2(models_dir, tmp_path, args, fragment):
     args = [arg.format(tmp=tmp_path) for arg in args]
-    assert_one_error_line(cli(PROMPT, *args, models_dir=models_dir), fragment.format(tmp=tmp_path))
+    assert_one_error_line(run_explain(PROMPT, *args, models_dir=models_dir), fragment.format(tmp=tmp_path))
     assert list(tmp_path.iterdir()) == []  # no plot, not even a part of one
 
 
 def test_a_prompt_longer_than_the_context_is_one_error_line(models_dir):
-    assert_one_error_line(cli(" the" * 65, models_dir=models_dir),
+    assert_one_error_line(run_explain(" the" * 65, models_dir=models_dir),
                           "the prompt's 65 tokens exceed the model's context of 64 tokens: shorten it")
 
 
 def test_a_prompt_that_fills_the_context_exactly_is_explained(models_dir):
-    result = cli(" the" * 64, models_dir=models_dir)
+    result = run_explain(" the" * 64, models_dir=models_dir)
     assert result.returncode == 0, result.stderr
     assert "1. Tokens: the prompt is 64 tokens" in result.stdout
 
@@ -435,10 +426,10 @@ main(sys.argv[1:])
 
 
 def test_without_matplotlib_plot_names_the_install_command_and_the_rest_works(models_dir, tmp_path):
-    result = cli(PROMPT, "--plot", str(tmp_path / "a.png"), models_dir=models_dir, code=HIDE_MATPLOTLIB)
+    result = run_explain(PROMPT, "--plot", str(tmp_path / "a.png"), models_dir=models_dir, code=HIDE_MATPLOTLIB)
     assert_one_error_line(result, '--plot needs matplotlib, an optional extra: pip install -e ".[plot]"')
     assert list(tmp_path.iterdir()) == []
-    result = cli(PROMPT, models_dir=models_dir, code=HIDE_MATPLOTLIB)
+    result = run_explain(PROMPT, models_dir=models_dir, code=HIDE_MATPLOTLIB)
     assert result.returncode == 0 and "4. The prediction" in result.stdout
 
 
@@ -464,7 +455,7 @@ def test_a_prompt_with_dollar_signs_plots(monkeypatch, tmp_path):
 
 def test_a_long_file_name_that_the_folder_allows_is_written(models_dir, tmp_path):
     target = tmp_path / ("a" * 250 + ".png")  # 254 bytes: a valid name, with no room for a longer temporary one
-    result = cli(PROMPT, "--plot", str(target), models_dir=models_dir)
+    result = run_explain(PROMPT, "--plot", str(target), models_dir=models_dir)
     assert result.returncode == 0, result.stderr
     assert png_size(target.read_bytes())[0] >= 400
     assert [path.name for path in tmp_path.iterdir()] == [target.name]  # no temporary file left

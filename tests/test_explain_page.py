@@ -7,8 +7,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 import zlib
 
 import numpy as np
@@ -17,12 +15,11 @@ import pytest
 from gpt2_numpy.explain import logit_lens, trace
 from gpt2_numpy.explain.page import WEIGHT_SCALE, page_html
 from gpt2_numpy.random_params import random_params
-from tests.conftest import FIXTURES, REPO, assert_one_error_line, tiny_models_dir
+from tests.conftest import FIXTURES, assert_one_error_line, run_explain, tiny_models_dir
 
 INSTALL = "apt-get install chromium chromium-driver; pip install selenium"
 SHOWN_TOLERANCE = 0.5 / WEIGHT_SCALE + 1e-6  # weights are shown rounded to 3 decimals
 PROMPT = "I will go to it, and he is in the"
-UNREACHABLE = "http://127.0.0.1:9"
 # tokens whose text would break a page that pasted it in as HTML, or end the script holding the data
 TRICKY = {0: "</script><b>bold?</b>", 1: "a & b &amp;", 2: "\n", 3: ' "quoted" ', 4: "\\xe2", 5: "<!--"}
 
@@ -313,18 +310,11 @@ def models_dir(tmp_path_factory):
     return tiny_models_dir(tmp_path_factory.mktemp("html"))
 
 
-def cli(*args, models_dir):  # -> CompletedProcess with str output
-    env = {**os.environ, "GPT2_NUMPY_BASE_URL": UNREACHABLE, "PYTHONPATH": str(REPO)}
-    env.pop("GPT2_NUMPY_WEIGHTS", None)
-    command = [sys.executable, "-m", "gpt2_numpy.explain", *args, "--models-dir", str(models_dir)]
-    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
-    assert "Traceback" not in result.stderr
-    return result
 
 
 def test_html_writes_the_page_and_nothing_else(models_dir, tmp_path):
     target = tmp_path / "page.htm"
-    result = cli(PROMPT, "--html", str(target), models_dir=models_dir)
+    result = run_explain(PROMPT, "--html", str(target), models_dir=models_dir)
     assert result.returncode == 0, result.stderr
     assert f"wrote {target}" in result.stderr
     data = page_data(target)
@@ -346,7 +336,7 @@ def current_umask():
     ("", "--html {tmp} is a folder: name a .html or .htm file"),
 ])
 def test_bad_html_names_are_one_error_line_with_exit_2(models_dir, tmp_path, name, fragment):
-    result = cli(PROMPT, "--html", str(tmp_path / name) if name else str(tmp_path), models_dir=models_dir)
+    result = run_explain(PROMPT, "--html", str(tmp_path / name) if name else str(tmp_path), models_dir=models_dir)
     assert_one_error_line(result, fragment.format(tmp=tmp_path))
     assert "loaded" not in result.stderr  # refused before the model loads
     assert list(tmp_path.iterdir()) == []

@@ -2,9 +2,6 @@
 and on ln_f, output_attentions with eager attention; scripts/make_explain_reference.py) on configs the model's tests
 were not written against, against the textbook model.py bit for bit, and the --lens table end to end."""
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -14,14 +11,13 @@ from gpt2_numpy.explain import logit_lens, trace
 from gpt2_numpy.explain import lens as lens_module, token_label
 from gpt2_numpy.explain.stepwise import fit
 from gpt2_numpy.random_params import random_params
-from tests.conftest import FIXTURES, REPO, tiny_models_dir
+from tests.conftest import FIXTURES, run_explain, tiny_models_dir
 
 TRACE_CONFIGS = ["five_heads", "three_heads", "one_layer"]  # 5 heads of 8; 3 heads of 16; 7 heads of 4 on one layer
 HF_TOLERANCE = 2e-5  # max |ours - HF's| in float32; measured at most 8.7e-6 (the logits of three_heads)
 # 11 tokens, every id below the tiny model's vocabulary of 512; a repeated token makes the embedding's row (the tied
 # head reads a token back as itself) predict the next token, so some cells are marked
 PROMPT = "I will go to it, and he is is it it"
-UNREACHABLE = "http://127.0.0.1:9"
 
 
 def load(name):  # -> hparams, params, HF's arrays (reference_trace_<name>.npz)
@@ -150,13 +146,6 @@ def models_dir(tmp_path_factory):
     return tiny_models_dir(tmp_path_factory.mktemp("lens"))
 
 
-def cli(*args, models_dir):  # -> CompletedProcess with str output
-    env = {**os.environ, "GPT2_NUMPY_BASE_URL": UNREACHABLE, "PYTHONPATH": str(REPO)}
-    env.pop("GPT2_NUMPY_WEIGHTS", None)
-    command = [sys.executable, "-m", "gpt2_numpy.explain", *args, "--models-dir", str(models_dir)]
-    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
-    assert "Traceback" not in result.stderr
-    return result
 
 
 def table_rows(stdout):  # -> {row name: [cell text, ...]} of the printed table, cells cut at their fixed width
@@ -172,7 +161,7 @@ def table_rows(stdout):  # -> {row name: [cell text, ...]} of the printed table,
 def test_lens_prints_a_row_per_layer_and_the_last_positions_of_a_long_prompt(models_dir):
     from gpt2_numpy.tokenizer import load_tokenizer
 
-    result = cli(PROMPT, "--lens", models_dir=models_dir)
+    result = run_explain(PROMPT, "--lens", models_dir=models_dir)
     assert result.returncode == 0, result.stderr
     tokenizer = load_tokenizer(models_dir / "124M")
     ids = tokenizer.encode(PROMPT)
@@ -200,7 +189,7 @@ def test_lens_prints_a_row_per_layer_and_the_last_positions_of_a_long_prompt(mod
 
 
 def test_lens_of_a_short_prompt_shows_every_position(models_dir):
-    result = cli("I will go", "--lens", models_dir=models_dir)
+    result = run_explain("I will go", "--lens", models_dir=models_dir)
     assert result.returncode == 0, result.stderr
     assert "showing the last" not in result.stdout
     assert table_rows(result.stdout)["position"] == ["0", "1", "2"]
