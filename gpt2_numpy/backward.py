@@ -1,0 +1,155 @@
+"""GPT-2's backward pass, one function per forward function of model.py, read beside it.
+
+Each `*_backward(d_out, ...)` takes the gradient of the loss with respect to a forward function's output and returns
+the gradient with respect to its inputs (and its parameters, as a dict named like the params). The training forward
+is model.py's functions composed as `gpt2` composes them; the `*_forward` functions below only keep what the backward
+needs. `loss_and_grads` runs both: the mean cross-entropy of next-token prediction and its gradient for every param.
+Float32 throughout, as the forward; a leading batch axis works too ("..." in the shapes).
+"""
+import math
+
+import numpy as np
+
+from gpt2_numpy.model import attention, attention_scores, causal_mask, gelu, layer_norm, linear, merge_heads, softmax
+from gpt2_numpy.model import split_heads
+
+GELU_C = math.sqrt(2 / math.pi)  # gelu(x) = ½x(1 + tanh(GELU_C (x + 0.044715x³)))
+
+
+# --- the backward of each forward function ---
+
+
+def linear_backward(d_out, x, w):  # [..., n_out], [..., n_in], [n_in, n_out] -> [..., n_in], {"w", "b"}
+    # y = x w + b: dx = dy wᵀ, dw = xᵀ dy and db = Σ dy, both summed over every position
+    rows_x, rows_d = x.reshape(-1, x.shape[-1]), d_out.reshape(-1, d_out.shape[-1])  # every position: one matmul
+    return d_out @ w.T, {"w": rows_x.T @ rows_d, "b": rows_d.sum(axis=0)}
+
+
+def gelu_backward(d_out, x):  # [...], [...] -> [...]
+    # y = ½x(1 + tanh u), u = c(x + 0.044715x³): dy/dx = ½(1 + tanh u) + ½x(1 - tanh²u) c(1 + 3·0.044715x²)
+    tanh_u = np.tanh(GELU_C * (x + 0.044715 * x**3))
+    return d_out * (0.5 * (1 + tanh_u) + 0.5 * x * (1 - tanh_u**2) * GELU_C * (1 + 3 * 0.044715 * x**2))
+
+
+def layer_norm_backward(d_out, x, g, b, eps=1e-5):  # [..., n], [..., n], [n], [n] -> [..., n], {"g", "b"}
+    # y = g x̂ + b, x̂ = (x - μ)/σ: dx = (ĝ - mean(ĝ) - x̂ mean(ĝ x̂))/σ with ĝ = g dy; dg = Σ dy x̂, db = Σ dy
+    x_hat = layer_norm(x, 1, 0, eps)  # x̂: model.py's formula with g = 1, b = 0
+    inv_sigma = 1 / np.sqrt(np.var(x, axis=-1, keepdims=True) + eps)
+    g_dy = g * d_out
+    d_x = inv_sigma * (g_dy - g_dy.mean(axis=-1, keepdims=True) - x_hat * (g_dy * x_hat).mean(axis=-1, keepdims=True))
+    rows_d, rows_x_hat = d_out.reshape(-1, x.shape[-1]), x_hat.reshape(-1, x.shape[-1])
+    return d_x, {"g": (rows_d * rows_x_hat).sum(axis=0), "b": rows_d.sum(axis=0)}
+
+
+def softmax_backward(d_out, y):  # [..., n], [..., n] (the softmax's output) -> [..., n]
+    # y = softmax(x): dx = y ⊙ (dy - Σ dy ⊙ y), the Jacobian diag(y) - y yᵀ applied to dy
+    return y * (d_out - (d_out * y).sum(axis=-1, keepdims=True))
+
+
+def attention_backward(d_out, q, k, v, mask):  # [..., n_head, n_q, d_head], q, k, v, [n_q, n_k] -> dq, dk, dv
+    # out = w v, w = softmax(q kᵀ/√d + mask): dv = wᵀ dout, dw = dout vᵀ, ds = softmax'(dw), dq = ds k/√d, dk = dsᵀ q/√d
+    weights = softmax(attention_scores(q, k) + mask)  # recomputed (as FlashAttention does): forward = attention()
+    d_v = np.einsum("...qk,...qd->...kd", weights, d_out)
+    d_scores = softmax_backward(np.einsum("...qd,...kd->...qk", d_out, v), weights) / math.sqrt(q.shape[-1])
+    return np.einsum("...qk,...kd->...qd", d_scores, k), np.einsum("...qk,...qd->...kd", d_scores, q), d_v
+
+
+def mha_backward(d_out, cache, c_attn, c_proj, n_head):  # [..., n_seq, n_embd], mha_forward's cache -> dx, grads
+    x, q, k, v, heads = cache
+    d_heads, g_proj = linear_backward(d_out, heads, c_proj["w"])
+    # split_heads and merge_heads are each other's inverse, so each one's backward is the other
+    d_q, d_k, d_v = attention_backward(split_heads(d_heads, n_head), q, k, v, causal_mask(x.shape[-2]))
+    d_qkv = np.concatenate([merge_heads(d_q), merge_heads(d_k), merge_heads(d_v)], axis=-1)  # the backward of split
+    d_x, g_attn = linear_backward(d_qkv, x, c_attn["w"])
+    return d_x, {"c_attn": g_attn, "c_proj": g_proj}
+
+
+def ffn_backward(d_out, cache, c_fc, c_proj):  # [..., n_seq, n_embd], ffn_forward's cache -> dx, grads
+    x, h, a = cache
+    d_a, g_proj = linear_backward(d_out, a, c_proj["w"])
+    d_x, g_fc = linear_backward(gelu_backward(d_a, h), x, c_fc["w"])
+    return d_x, {"c_fc": g_fc, "c_proj": g_proj}
+
+
+def block_backward(d_out, cache, ln_1, attn, ln_2, mlp, n_head):  # [..., n_seq, n_embd], block_forward's cache
+    x, x_mid, attn_cache, ffn_cache = cache
+    # out = x_mid + ffn(ln_2(x_mid)), x_mid = x + mha(ln_1(x)): each residual passes its gradient through unchanged
+    d_ln_2, g_mlp = ffn_backward(d_out, ffn_cache, **mlp)
+    d_mid, g_ln_2 = layer_norm_backward(d_ln_2, x_mid, **ln_2)
+    d_mid += d_out
+    d_ln_1, g_attn = mha_backward(d_mid, attn_cache, **attn, n_head=n_head)
+    d_x, g_ln_1 = layer_norm_backward(d_ln_1, x, **ln_1)
+    d_x += d_mid
+    return d_x, {"ln_1": g_ln_1, "attn": g_attn, "ln_2": g_ln_2, "mlp": g_mlp}
+
+
+def lm_head_backward(d_logits, x, wte):  # [..., n_seq, n_vocab], [..., n_seq, n_embd], [n_vocab, n_embd]
+    # logits = x wteᵀ: dx = dlogits wte, dwte = dlogitsᵀ x (the tied head's share of wte's gradient)
+    rows_d, rows_x = d_logits.reshape(-1, d_logits.shape[-1]), x.reshape(-1, x.shape[-1])
+    return d_logits @ wte, rows_d.T @ rows_x
+
+
+def embedding_backward(d_x, inputs, n_vocab, n_ctx):  # [..., n_seq, n_embd], int [..., n_seq] -> dwte, dwpe
+    # x = wte[inputs] + wpe[positions]: each row's gradient goes back to the rows it was read from, summed over repeats
+    d_wte = np.zeros((n_vocab, d_x.shape[-1]), np.float32)
+    np.add.at(d_wte, inputs.reshape(-1), d_x.reshape(-1, d_x.shape[-1]))
+    d_wpe = np.zeros((n_ctx, d_x.shape[-1]), np.float32)
+    d_wpe[: d_x.shape[-2]] = d_x.reshape(-1, *d_x.shape[-2:]).sum(axis=0)
+    return d_wte, d_wpe
+
+
+def cross_entropy(logits, targets):  # [..., n_vocab], int [...] -> mean loss (float), dlogits [..., n_vocab]
+    # loss = mean(log Σ exp(logits) - logits[target]): dlogits = (softmax(logits) - onehot(target)) / n_positions
+    shifted = logits - logits.max(axis=-1, keepdims=True)  # the same loss, and exp cannot overflow
+    log_z = np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+    target_logits = np.take_along_axis(shifted, targets[..., None], axis=-1)
+    loss = float((log_z - target_logits).mean(dtype=np.float64))
+    d_logits = softmax(logits)
+    rows = d_logits.reshape(-1, logits.shape[-1])  # a view: subtracting the one-hot writes into d_logits
+    rows[np.arange(len(rows)), targets.reshape(-1)] -= 1
+    return loss, d_logits / targets.size
+
+
+# --- the training forward: model.py's functions, keeping what the backward needs ---
+
+
+def mha_forward(x, c_attn, c_proj, n_head):  # model.mha -> [..., n_seq, n_embd], cache
+    q, k, v = (split_heads(a, n_head) for a in np.split(linear(x, **c_attn), 3, axis=-1))
+    heads = merge_heads(attention(q, k, v, causal_mask(x.shape[-2])))
+    return linear(heads, **c_proj), (x, q, k, v, heads)
+
+
+def ffn_forward(x, c_fc, c_proj):  # model.ffn -> [..., n_seq, n_embd], cache
+    h = linear(x, **c_fc)
+    a = gelu(h)
+    return linear(a, **c_proj), (x, h, a)
+
+
+def block_forward(x, ln_1, attn, ln_2, mlp, n_head):  # model.block -> [..., n_seq, n_embd], cache
+    attn_out, attn_cache = mha_forward(layer_norm(x, **ln_1), **attn, n_head=n_head)
+    x_mid = x + attn_out
+    ffn_out, ffn_cache = ffn_forward(layer_norm(x_mid, **ln_2), **mlp)
+    return x_mid + ffn_out, (x, x_mid, attn_cache, ffn_cache)
+
+
+def loss_and_grads(inputs, targets, params, n_head):  # int [..., n_seq] x2 -> (mean cross-entropy, grads like params)
+    """The mean next-token cross-entropy of `targets` given `inputs`, and its gradient for every parameter."""
+    inputs, targets = np.asarray(inputs), np.asarray(targets)
+    wte, wpe, ln_f = params["wte"], params["wpe"], params["ln_f"]
+    x = wte[inputs] + wpe[np.arange(inputs.shape[-1])]  # as model.gpt2
+    caches = []
+    for block_params in params["blocks"]:
+        x, cache = block_forward(x, **block_params, n_head=n_head)
+        caches.append(cache)
+    x_f = layer_norm(x, **ln_f)
+    loss, d_logits = cross_entropy(x_f @ wte.T, targets)
+
+    d_x_f, d_wte_head = lm_head_backward(d_logits, x_f, wte)
+    d_x, g_ln_f = layer_norm_backward(d_x_f, x, **ln_f)
+    block_grads = []
+    for block_params, cache in zip(reversed(params["blocks"]), reversed(caches)):
+        d_x, block_grad = block_backward(d_x, cache, **block_params, n_head=n_head)
+        block_grads.append(block_grad)
+    d_wte, d_wpe = embedding_backward(d_x, inputs, wte.shape[0], wpe.shape[0])
+    d_wte += d_wte_head  # the tied weights: the embedding's gradient plus the output head's
+    return loss, {"wte": d_wte, "wpe": d_wpe, "blocks": block_grads[::-1], "ln_f": g_ln_f}
