@@ -91,9 +91,9 @@ def lm_head_backward(d_logits, x, wte):  # [..., n_seq, n_vocab], [..., n_seq, n
 
 def embedding_backward(d_x, inputs, n_vocab, n_ctx):  # [..., n_seq, n_embd], int [..., n_seq] -> dwte, dwpe
     # x = wte[inputs] + wpe[positions]: each row's gradient goes back to the rows it was read from, summed over repeats
-    d_wte = np.zeros((n_vocab, d_x.shape[-1]), np.float32)
+    d_wte = np.zeros((n_vocab, d_x.shape[-1]), d_x.dtype)
     np.add.at(d_wte, inputs.reshape(-1), d_x.reshape(-1, d_x.shape[-1]))
-    d_wpe = np.zeros((n_ctx, d_x.shape[-1]), np.float32)
+    d_wpe = np.zeros((n_ctx, d_x.shape[-1]), d_x.dtype)
     d_wpe[: d_x.shape[-2]] = d_x.reshape(-1, *d_x.shape[-2:]).sum(axis=0)
     return d_wte, d_wpe
 
