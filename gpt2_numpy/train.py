@@ -379,11 +379,12 @@ def run(argv=None):  # -> exit status
     log(f"{len(train_ids):,} training tokens, {len(val_ids):,} held out")
     try:
         out.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise UsageError(f"cannot create --out {out} ({error.strerror}): choose another folder") from None
-    if tokenizer_dir != out:
-        save_model(out, hparams, params, tokenizer_dir, metadata={"step": "0"})  # the folder is whole from the start
-    return train(out, hparams, writable(params), state, step, settings, train_ids, val_ids)
+        if tokenizer_dir != out:
+            save_model(out, hparams, params, tokenizer_dir, metadata={"step": "0"})  # whole from the start
+        return train(out, hparams, writable(params), state, step, settings, train_ids, val_ids)
+    except OSError as error:  # every read is done by now: this is --out's disk (full, read-only, gone)
+        raise UsageError(f"cannot write {error.filename or out} ({error.strerror or error}): free some disk space or "
+                         "choose another --out; the last save stays as it was") from None
 
 
 def train(out, hparams, params, state, step, settings, train_ids, val_ids):  # -> exit status
@@ -395,7 +396,8 @@ def train(out, hparams, params, state, step, settings, train_ids, val_ids):  # -
     validation = val_windows(val_ids, settings["seq_len"], settings["eval_batches"] * settings["batch_size"])
     steps, n_head = settings["steps"], hparams["n_head"]
     if step >= steps:
-        log(f"{out} is already at step {step}, not before --steps {steps}: nothing to do")
+        log(f"{out} holds the model at step {step}; --steps {steps} asks for no more" if step else
+            f"{out} holds the initial model (--steps 0)")
         return 0
     log_file, log_writer = open_log(out, step)
     tokens_per_step = settings["batch_size"] * settings["seq_len"]
