@@ -2,7 +2,7 @@
 
 Each `*_backward(d_out, ...)` takes the gradient of the loss with respect to a forward function's output and returns
 the gradient with respect to its inputs (and its parameters, as a dict named like the params). The training forward
-is model.py's functions composed as `gpt2` composes them; the `*_forward` functions below only keep what the backward
+is model.py's functions composed as `gpt2` composes them; the `*_forward` functions below also keep what the backward
 needs. `loss_and_grads` runs both: the mean cross-entropy of next-token prediction and its gradient for every param.
 Float32 throughout, as the forward; a leading batch axis works too ("..." in the shapes).
 """
@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from gpt2_numpy.model import attention, attention_scores, causal_mask, gelu, layer_norm, linear, merge_heads, softmax
+from gpt2_numpy.model import attention_scores, causal_mask, gelu, layer_norm, linear, merge_heads, softmax
 from gpt2_numpy.model import split_heads
 
 GELU_C = math.sqrt(2 / math.pi)  # gelu(x) = ½x(1 + tanh(GELU_C (x + 0.044715x³)))
@@ -52,12 +52,11 @@ def softmax_backward(d_out, y):  # [..., n], [..., n] (the softmax's output) -> 
     return y * (d_out - (d_out * y).sum(axis=-1, keepdims=True))
 
 
-def attention_backward(d_out, q, k, v, mask):  # [..., n_head, n_q, d_head], q, k, v, [n_q, n_k] -> dq, dk, dv
+def attention_backward(d_out, q, k, v, weights):  # [..., n_head, n_q, d_head], q, k, v, [..., n_head, n_q, n_k]
     # out = w v, w = softmax(q kᵀ/√d + mask): dv = wᵀ dout, dw = dout vᵀ, ds = softmax'(dw), dq = ds k/√d, dk = dsᵀ q/√d
-    weights = softmax(attention_scores(q, k) + mask)  # recomputed (as FlashAttention does): forward = attention()
     d_v = einsum("...qk,...qd->...kd", weights, d_out)
     d_scores = softmax_backward(einsum("...qd,...kd->...qk", d_out, v), weights) / math.sqrt(q.shape[-1])
-    return einsum("...qk,...kd->...qd", d_scores, k), einsum("...qk,...qd->...kd", d_scores, q), d_v
+    return einsum("...qk,...kd->...qd", d_scores, k), einsum("...qk,...qd->...kd", d_scores, q), d_v  # the mask: none
 
 
 def einsum(subscripts, a, b):  # np.einsum, every head at once
@@ -66,10 +65,10 @@ def einsum(subscripts, a, b):  # np.einsum, every head at once
 
 
 def mha_backward(d_out, cache, c_attn, c_proj, n_head):  # [..., n_seq, n_embd], mha_forward's cache -> dx, grads
-    x, q, k, v, heads = cache
+    x, q, k, v, weights, heads = cache
     d_heads, g_proj = linear_backward(d_out, heads, c_proj["w"])
     # split_heads and merge_heads are each other's inverse, so each one's backward is the other
-    d_q, d_k, d_v = attention_backward(split_heads(d_heads, n_head), q, k, v, causal_mask(x.shape[-2]))
+    d_q, d_k, d_v = attention_backward(split_heads(d_heads, n_head), q, k, v, weights)
     d_qkv = np.concatenate([merge_heads(d_q), merge_heads(d_k), merge_heads(d_v)], axis=-1)  # the backward of split
     d_x, g_attn = linear_backward(d_qkv, x, c_attn["w"])
     return d_x, {"c_attn": g_attn, "c_proj": g_proj}
@@ -100,10 +99,10 @@ def lm_head_backward(d_logits, x, wte):  # [..., n_seq, n_vocab], [..., n_seq, n
     return (rows_d @ wte).reshape(*x.shape), rows_d.T @ rows(x)
 
 
-def embedding_backward(d_x, inputs, n_vocab, n_ctx):  # [..., n_seq, n_embd], int [..., n_seq] -> dwte, dwpe
+def embedding_backward(d_x, inputs, d_wte, n_ctx):  # [..., n_seq, n_embd], int [..., n_seq], [n_vocab, n_embd]
     # x = wte[inputs] + wpe[positions]: each row's gradient goes back to the rows it was read from, summed over repeats
-    d_wte = np.zeros((n_vocab, d_x.shape[-1]), d_x.dtype)
-    np.add.at(d_wte, inputs.reshape(-1), rows(d_x))
+    # -> dwte, dwpe. wte is tied to the output head: its share comes in as d_wte, and the embedding's is added to it
+    np.add.at(d_wte, inputs.reshape(-1), rows(d_x))  # in place: a fresh [n_vocab, n_embd] would cost 150 MB and a pass
     d_wpe = np.zeros((n_ctx, d_x.shape[-1]), d_x.dtype)
     d_wpe[: d_x.shape[-2]] = d_x.reshape(-1, *d_x.shape[-2:]).sum(axis=0)
     return d_wte, d_wpe
@@ -131,10 +130,18 @@ def linear_rows(x, w, b):  # model.linear -> [..., n_out]
     return linear(rows(x), w, b).reshape(*x.shape[:-1], -1)  # one BLAS call for every position: see rows()
 
 
+def attention_forward(q, k, v, mask):  # model.attention -> [..., n_head, n_q, d_head], weights [..., n_head, n_q, n_k]
+    # model.attention's two lines, keeping the weights for the backward (recomputing them there would cost another
+    # q kᵀ and softmax per layer), its weighted sum as the batched matmul of einsum()
+    weights = softmax(attention_scores(q, k) + mask)
+    return einsum("...qk,...kd->...qd", weights, v), weights
+
+
 def mha_forward(x, c_attn, c_proj, n_head):  # model.mha -> [..., n_seq, n_embd], cache
     q, k, v = (split_heads(a, n_head) for a in np.split(linear_rows(x, **c_attn), 3, axis=-1))
-    heads = merge_heads(attention(q, k, v, causal_mask(x.shape[-2])))
-    return linear_rows(heads, **c_proj), (x, q, k, v, heads)
+    out, weights = attention_forward(q, k, v, causal_mask(x.shape[-2]))
+    heads = merge_heads(out)
+    return linear_rows(heads, **c_proj), (x, q, k, v, weights, heads)
 
 
 def ffn_forward(x, c_fc, c_proj):  # model.ffn -> [..., n_seq, n_embd], cache
@@ -168,6 +175,5 @@ def loss_and_grads(inputs, targets, params, n_head):  # int [..., n_seq] x2 -> (
     for block_params, cache in zip(reversed(params["blocks"]), reversed(caches)):
         d_x, block_grad = block_backward(d_x, cache, **block_params, n_head=n_head)
         block_grads.append(block_grad)
-    d_wte, d_wpe = embedding_backward(d_x, inputs, wte.shape[0], wpe.shape[0])
-    d_wte += d_wte_head  # the tied weights: the embedding's gradient plus the output head's
+    d_wte, d_wpe = embedding_backward(d_x, inputs, d_wte_head, wpe.shape[0])  # the embedding's share + the head's
     return loss, {"wte": d_wte, "wpe": d_wpe, "blocks": block_grads[::-1], "ln_f": g_ln_f}

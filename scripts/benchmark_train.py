@@ -22,6 +22,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "scripts")]
 
+from benchmark import blas_threads, row  # noqa: E402
 from gpt2_numpy import backward, optim  # noqa: E402
 from gpt2_numpy.random_params import random_params  # noqa: E402
 
@@ -33,15 +34,6 @@ CONFIGS = {  # name -> hparams, (batch, n_seq)
         {"n_vocab": 50257, "n_ctx": 1024, "n_embd": 768, "n_head": 12, "n_layer": 12}, (4, 256)),
 }
 LR = 1e-4
-
-
-def blas_threads():  # the threads NumPy's BLAS uses: OpenBLAS honours these variables, else it takes every core
-    import os
-
-    for variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
-        if os.environ.get(variable):
-            return int(os.environ[variable])
-    return os.cpu_count()
 
 
 def batch(hparams, shape):  # -> fixed pseudo-random inputs and targets
@@ -155,17 +147,13 @@ def peak_rss_mb(config, engine):
     return int(out.stdout.split()[-1]) / 1e6
 
 
-def row(metric, better, values):
-    return {"metric": metric, "better": better, **values}
-
-
-def train_rows(repeats, compare_torch):  # -> the table rows, and the breakdown lines
+def train_rows(repeats, compare_torch, theirs=TORCH):  # -> the table rows (torch's values under theirs), breakdown
     rows, parts = [], {}
     for config, (hparams, shape) in CONFIGS.items():
         inputs, targets = batch(hparams, shape)
         steps = {OURS: our_step(hparams, random_params(hparams, seed=0), inputs, targets)}
         if compare_torch:
-            steps[TORCH] = torch_step(hparams, random_params(hparams, seed=0), inputs, targets)
+            steps[theirs] = torch_step(hparams, random_params(hparams, seed=0), inputs, targets)
         seconds = interleaved_seconds(steps, repeats)
         rows.append(row(f"train step, {config} (s)", "lower", seconds))
         rows.append(row(f"train tokens/s, {config}", "higher",
@@ -174,7 +162,7 @@ def train_rows(repeats, compare_torch):  # -> the table rows, and the breakdown 
     config_124m = list(CONFIGS)[1]
     memory = {OURS: peak_rss_mb(config_124m, "ours")}
     if compare_torch:
-        memory[TORCH] = peak_rss_mb(config_124m, "torch")
+        memory[theirs] = peak_rss_mb(config_124m, "torch")
     rows.append(row(f"peak RSS of a train step, {config_124m} (MB, fresh process)", "lower", memory))
     return rows, breakdown_lines(parts)
 
