@@ -65,6 +65,7 @@ def einsum(subscripts, a, b):  # np.einsum, every head at once
 
 
 def mha_backward(d_out, cache, c_attn, c_proj, n_head):  # [..., n_seq, n_embd], mha_forward's cache -> dx, grads
+    # y = c_proj(merge(attention(split(c_attn(x))))): the chain rule, from c_proj back to c_attn
     x, q, k, v, weights, heads = cache
     d_heads, g_proj = linear_backward(d_out, heads, c_proj["w"])
     # split_heads and merge_heads are each other's inverse, so each one's backward is the other
@@ -75,6 +76,7 @@ def mha_backward(d_out, cache, c_attn, c_proj, n_head):  # [..., n_seq, n_embd],
 
 
 def ffn_backward(d_out, cache, c_fc, c_proj):  # [..., n_seq, n_embd], ffn_forward's cache -> dx, grads
+    # y = c_proj(gelu(c_fc(x))): the chain rule, from c_proj back to c_fc
     x, h, a = cache
     d_a, g_proj = linear_backward(d_out, a, c_proj["w"])
     d_x, g_fc = linear_backward(gelu_backward(d_a, h), x, c_fc["w"])

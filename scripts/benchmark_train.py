@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "scripts")]
 
 from benchmark import blas_threads, row  # noqa: E402
-from gpt2_numpy import backward, optim  # noqa: E402
+from gpt2_numpy import backward, keep_freed_memory, optim  # noqa: E402
 from gpt2_numpy.random_params import random_params  # noqa: E402
 
 OURS, TORCH = "gpt2_numpy", "torch"
@@ -87,8 +87,8 @@ def interleaved_seconds(steps, repeats):  # {name: step} -> {name: median second
 # --- where our time goes ---
 
 TIMED = {  # module -> the functions a step calls through its globals, each timed without its timed callees
-    backward: ["linear", "linear_backward", "attention", "attention_backward", "gelu", "gelu_backward", "layer_norm",
-               "layer_norm_backward", "cross_entropy", "lm_head_backward", "embedding_backward"],
+    backward: ["linear", "linear_backward", "attention_forward", "attention_backward", "gelu", "gelu_backward",
+               "layer_norm", "layer_norm_backward", "cross_entropy", "lm_head_backward", "embedding_backward"],
     optim: ["clip_grads", "adamw_step"],
 }
 
@@ -130,6 +130,7 @@ PEAK_RSS = """
 import sys
 sys.path[:0] = [sys.argv[1], sys.argv[1] + "/scripts"]
 import benchmark_train as b
+b.keep_freed_memory()  # as the CLIs do
 hparams, shape = b.CONFIGS[sys.argv[2]]
 params = b.random_params(hparams, seed=0)
 step = (b.our_step if sys.argv[3] == "ours" else b.torch_step)(hparams, params, *b.batch(hparams, shape))
@@ -192,6 +193,7 @@ def main(argv=None):
     parser.add_argument("--compare-torch", action="store_true", help="also run torch on the same weights, in turns")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
+    keep_freed_memory()  # as the CLIs and scripts/benchmark.py do
     rows, breakdown = train_rows(args.repeats, args.compare_torch)
     print(f"BLAS threads {blas_threads()}, numpy {np.__version__}\n")
     print("\n".join(table(rows, [OURS, TORCH] if args.compare_torch else [OURS]) + [""] + breakdown))
