@@ -51,7 +51,7 @@ def add_model_args(parser):  # -> None; adds --model, --model-size, --models-dir
 
 
 def load_model(args):  # -> hparams, params, tokenizer of the model add_model_args's flags name, verified before use
-    if args.model is not None:
+    if getattr(args, "model", None) is not None:  # callers may build args without --model
         return load_folder(args.model)
     size, models_dir, source = args.model_size, args.models_dir, args.source
     check_models_dir(models_dir_path(models_dir))

@@ -402,7 +402,8 @@ def train(out, hparams, params, state, step, settings, train_ids, val_ids):  # -
     log_file, log_writer = open_log(out, step)
     tokens_per_step = settings["batch_size"] * settings["seq_len"]
     if step == 0:
-        log_writer.writerow({"step": 0, "val_loss": eval_loss(validation, params, n_head), "tokens": 0, "seconds": 0})
+        log_writer.writerow({"step": 0, "val_loss": f"{eval_loss(validation, params, n_head):.6f}", "tokens": 0,
+                             "seconds": 0})
 
     # the seconds column counts this run's time on from the saved run's
     started = time.perf_counter() - (0.0 if state is None else float(state["seconds"]))

@@ -24,7 +24,7 @@ python -m gpt2_numpy.train --data ../shared/corpus/shakespeare-plays.txt --out "
 python scripts/plot_loss.py "$OUT/log.csv" docs/train-loss.png
 python -m gpt2_numpy.generate --model "$OUT" "ROMEO." --n-tokens 80 --temperature 0.8 --top-k 40 --seed 0 \
   | tee docs/train-sample.txt
-# score every head on the prompt; the best previous-token head is drawn for both models
+# score every head on the prompt; the one whose pattern is most pronounced is drawn for both models
 read -r LAYER HEAD < <(python scripts/attention_heads.py "$OUT" "$PROMPT" | tee /dev/stderr | tail -1)
 for model in "$OUT" "$OUT-init"; do
   name=$([ "$model" = "$OUT" ] && echo trained || echo init)

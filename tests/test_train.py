@@ -122,10 +122,12 @@ def test_head_scores_find_a_previous_token_head():
     previous = np.eye(n, k=-1)
     previous[0, 0] = 1  # each query attends to the key before it (query 0, which has none, to itself)
     uniform = np.tril(np.ones((n, n))) / np.arange(1, n + 1)[:, None]
-    scores = head_scores(np.stack([uniform, previous]))
+    punct = np.array([False, False, True, False, False, False])  # key 2 is, say, a comma
+    scores = head_scores(np.stack([uniform, previous]), punct)
     assert scores["previous"] == pytest.approx([np.mean(1 / np.arange(2, n + 1)), 1])
     assert scores["first"] == pytest.approx([np.mean(1 / np.arange(2, n + 1)), 1 / (n - 1)])  # query 1's previous
     assert scores["self"][1] == 0
+    assert scores["punct"] == pytest.approx([np.mean([0, 1 / 3, 1 / 4, 1 / 5, 1 / 6]), 1 / (n - 1)])  # query 3's
 
 
 def test_atomic_write_leaves_the_old_file_when_writing_fails(tmp_path):
@@ -274,6 +276,16 @@ def test_bad_input_is_one_error_line(tmp_path, data, models_dir, case, fragment)
     result = train(paths.get(case, data), out, models_dir, *args)
     assert_one_error_line(result, fragment)
     assert not out.exists() or out == data  # nothing written
+
+
+def test_model_flag_loads_openais_layout_too(tmp_path):
+    folder = tiny_models_dir(tmp_path) / "124M"  # the tiny weights as a TF checkpoint, with OpenAI's vocabulary files
+    reference = np.load(FIXTURES / "reference_tiny.npz")
+    expected = load_tokenizer(folder).decode(reference["cli_greedy_ids"])
+    result = run_cli("gpt2_numpy.generate", PROMPT, "--n-tokens", len(reference["cli_greedy_ids"]), "--model", folder)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == expected + "\n"
+    assert not (folder / ".verified.json").exists()  # a folder given by --model is used as it is, never recorded in
 
 
 def test_model_flag_refuses_a_missing_folder(tmp_path):
