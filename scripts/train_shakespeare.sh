@@ -6,7 +6,7 @@
 #   scripts/train_shakespeare.sh [OUT]    (OUT: the model folder, default ../demo-model, outside the repo: the
 #                                          weights are too big to commit)
 # Needs ../shared/corpus/shakespeare-plays.txt, GPT-2's tokenizer in ../shared/gpt2-official/124M/ (or set
-# MODELS_DIR to a models dir with one), and matplotlib for the pictures. Writes docs/train-*.
+# MODELS_DIR to a models dir with one), and matplotlib for the pictures. Writes docs/train-*.png and OUT/sample.txt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -23,7 +23,7 @@ python -m gpt2_numpy.train --data ../shared/corpus/shakespeare-plays.txt --out "
   --eval-every 20 --eval-batches 2 --save-every 60 --seed 0
 python scripts/plot_loss.py "$OUT/log.csv" docs/train-loss.png
 python -m gpt2_numpy.generate --model "$OUT" "ROMEO." --n-tokens 80 --temperature 0.8 --top-k 40 --seed 0 \
-  | tee docs/train-sample.txt
+  | tee "$OUT/sample.txt"
 # score every head on the prompt; the one whose pattern is most pronounced is drawn for both models
 read -r LAYER HEAD < <(python scripts/attention_heads.py "$OUT" "$PROMPT" | tee /dev/stderr | tail -1)
 for model in "$OUT" "$OUT-init"; do
