@@ -47,9 +47,10 @@ LOG = "log.csv"
 LOG_FIELDS = ("step", "train_loss", "val_loss", "lr", "grad_norm", "tokens", "seconds")
 GPT2_VOCAB = 50257  # a model trained from scratch uses GPT-2's tokenizer, so its vocabulary
 SHAPE_DEFAULTS = {"n_layer": 4, "n_head": 4, "n_embd": 256, "n_ctx": 256}
+# every params key, in the order loss_and_grads lists the grads' keys (see writable)
+KEY_ORDER = ("wte", "wpe", "blocks", "ln_f", "ln_1", "attn", "ln_2", "mlp", "c_attn", "c_fc", "c_proj", "g", "w", "b")
 # settings a resumed run keeps (changing one would make it a different run); --steps, --eval-every, --save-every may
 # change
-KEY_ORDER = ("wte", "wpe", "blocks", "ln_f", "ln_1", "attn", "ln_2", "mlp", "c_attn", "c_fc", "c_proj", "g", "w", "b")
 KEPT = ("batch_size", "seq_len", "val_fraction", "seed", "lr", "warmup", "schedule", "eval_batches")
 
 
