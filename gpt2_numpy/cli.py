@@ -3,6 +3,7 @@ prompt and its ids, and writing to stdout. No CLI imports another; they all impo
 import argparse
 import sys
 import time
+from pathlib import Path
 
 from gpt2_numpy.allocator import keep_freed_memory
 from gpt2_numpy.checkpoint import load_params
@@ -44,7 +45,10 @@ def read_prompt(argument):  # -> prompt text; "-" reads stdin
     return text
 
 
-def add_model_args(parser):  # -> None; adds --model-size, --models-dir and --source to an argparse parser
+def add_model_args(parser):  # -> None; adds --model, --model-size, --models-dir and --source to an argparse parser
+    parser.add_argument("--model", metavar="DIR", type=Path,
+                        help="load the model in this folder (OpenAI's or Hugging Face's layout, e.g. one written by "
+                        "gpt2_numpy.train) instead of --model-size/--models-dir/--source")
     parser.add_argument("--model-size", choices=MODEL_SIZES, default="124M", help="which GPT-2 (124M)")
     parser.add_argument("--models-dir", metavar="DIR", help="folder of <size>/ folders ($GPT2_NUMPY_WEIGHTS, weights)")
     parser.add_argument("--source", choices=SOURCES, default="openai",
@@ -53,6 +57,8 @@ def add_model_args(parser):  # -> None; adds --model-size, --models-dir and --so
 
 
 def load_model(args):  # -> hparams, params, tokenizer of the model add_model_args's flags name, verified before use
+    if getattr(args, "model", None) is not None:  # callers may build args without --model
+        return load_folder(args.model)
     size, models_dir, source = args.model_size, args.models_dir, args.source
     check_models_dir(models_dir_path(models_dir))
     # missing files are downloaded; files never verified are verified once (a damaged file placed by hand is refused
@@ -72,6 +78,24 @@ def loaded_name(size, hparams):  # -> "GPT-2 124M", or what a size's folder hold
     shape = ", ".join(f"{key} {value}" for key, value in hparams.items())
     other = next((f"GPT-2 {name}'s shape, " for name, official in OFFICIAL_HPARAMS.items() if official == hparams), "")
     return f"a GPT-2 of {other}{shape} (not the {size} that --model-size asked for)"
+
+
+def load_folder(model_dir):  # -> hparams, params, tokenizer of the model in a folder given by --model, used as it is
+    # nothing is downloaded or recorded in the user's folder; the loaders check every file's structure and shape
+    if not model_dir.is_dir():
+        problem = "is a file" if model_dir.exists() else "does not exist"
+        raise UsageError(f"--model {model_dir} {problem}: pass a model folder (model.safetensors + config.json + "
+                         "vocab.json + merges.txt, or OpenAI's checkpoint files)")
+    keep_freed_memory()
+    start = time.perf_counter()
+    hparams, params = load_params(model_dir)
+    tokenizer = load_tokenizer(model_dir)
+    if tokenizer.n_vocab < hparams["n_vocab"]:  # the model could choose ids the tokenizer cannot print
+        raise UsageError(f"--model {model_dir}: the model has {hparams['n_vocab']:,} tokens but its vocabulary files "
+                         f"only {tokenizer.n_vocab:,}: put the model's own vocabulary files beside it")
+    log(f"loaded the GPT-2 ({hparams['n_layer']} layers, {hparams['n_embd']} wide) in {model_dir} in "
+        f"{time.perf_counter() - start:.1f} s")
+    return hparams, params, tokenizer
 
 
 def check_models_dir(models_root):  # -> None, or UsageError when the models dir is a file or cannot be read

@@ -526,7 +526,13 @@ def bandwidth_gbs():  # one row times 256 MB of weight matrices: memory-bound, a
 
 
 PARTS = ("prefill", "decode", "batched generate", "score", "einsum", "allocator", "load", "peak memory", "CRC32C",
-         "tokenizer", "breakdown")
+         "tokenizer", "breakdown", "training")
+
+
+def training_rows(repeats, compare):  # the training rows live in benchmark_train.py, which has their breakdown too
+    from benchmark_train import train_rows  # here, not at the top: benchmark_train imports this module
+
+    return train_rows(repeats, compare, theirs=HF)[0]
 
 
 def main(argv=None):
@@ -570,6 +576,7 @@ def main(argv=None):
             "CRC32C": lambda: [crc_row(tf_dir and tf_dir / "model.ckpt.data-00000-of-00001", args.repeats)],
             "tokenizer": lambda: tokenizer_rows(vocab_dir, args.repeats) if vocab_dir else [],
             "breakdown": lambda: breakdown_lines(engines, sgemm_gflops(), bandwidth_gbs(), exp_ns()),
+            "training": lambda: training_rows(args.repeats, compare=bool(hf_dir)),
         }
         jobs = {name: job for name, job in jobs.items() if name in (args.only or PARTS)}
         results = {"breakdown": []}

@@ -4,6 +4,7 @@ Layout: a little-endian u64 header size N, N bytes of JSON (maybe space-padded) 
 shape and data_offsets [begin, end) relative to the byte buffer that follows, plus an optional "__metadata__" map.
 The tensors must tile that buffer exactly: no holes, no overlaps, each span as long as its shape and dtype demand.
 """
+import json
 import math
 from dataclasses import dataclass
 
@@ -96,3 +97,26 @@ def check_tiling(path, specs, buffer_size):  # the tensors must cover the data b
         problem = "the file is truncated" if position > buffer_size else "there are unused bytes at the end"
         raise corrupt(path, f"the tensors need {position:,} data bytes but the file holds {buffer_size:,} "
                       f"after its header: {problem}")
+
+
+def write_safetensors(file, tensors, metadata=None):  # {name: float32 array}, {str: str} -> None, into a binary file
+    """Write float32 tensors in safetensors layout, in the given order; the header is space-padded to a multiple of 8
+    bytes, as Hugging Face's writer does, so every tensor starts 8-byte aligned."""
+    arrays = {name: np.ascontiguousarray(array, dtype="<f4") for name, array in tensors.items()}
+    header, position = {}, 0
+    if metadata:
+        header["__metadata__"] = metadata
+    for name, array in arrays.items():
+        header[name] = {"dtype": "F32", "shape": list(array.shape), "data_offsets": [position, position + array.nbytes]}
+        position += array.nbytes
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    file.write(len(text).to_bytes(8, "little") + text)
+    for array in arrays.values():
+        file.write(memoryview(array).cast("B"))  # the array's own bytes, not a copy
+
+
+def read_metadata(path):  # -> the header's "__metadata__" map ({} if none), after checking the whole file
+    buffer = map_file(path)
+    read_safetensors(path)  # every check the reader makes; the header is then known to be sound
+    return parse_json(bytes(buffer[8 : 8 + int.from_bytes(buffer[:8], "little")])).get("__metadata__", {})

@@ -1,0 +1,71 @@
+"""AdamW, global gradient-norm clipping and the learning-rate schedule, as nanoGPT and llm.c train GPT-2.
+
+Params, grads and the optimizer's moments are nested dicts (and the list of blocks) of float32 arrays in the params
+layout. The state is `{"step": int, "m": moments like params, "v": like params}`: saved and loaded as it is, a run
+resumes exactly.
+"""
+import math
+
+import numpy as np
+
+from gpt2_numpy.checkpoint import flatten
+
+BETAS, EPS, WEIGHT_DECAY, CLIP = (0.9, 0.95), 1e-8, 0.1, 1.0
+MIN_LR_RATIO = 0.1  # the cosine decays to 10% of the peak rate
+
+
+def zeros_like(tree):  # nested params -> the same structure, all zeros
+    if isinstance(tree, dict):
+        return {key: zeros_like(value) for key, value in tree.items()}
+    if isinstance(tree, list):
+        return [zeros_like(value) for value in tree]
+    return np.zeros_like(tree)
+
+
+def adamw_state(params):  # -> a fresh state: no steps taken, both moments zero
+    return {"step": 0, "m": zeros_like(params), "v": zeros_like(params)}
+
+
+def global_norm(grads):  # -> √(Σ g²) over every gradient, as one vector
+    return math.sqrt(sum(float(np.vdot(g, g)) for _, g in flatten(grads)))  # vdot: the sum of squares, no temporary
+
+
+def clip_grads(grads, max_norm=CLIP):  # scales grads in place so their global norm is at most max_norm -> the norm
+    norm = global_norm(grads)
+    scale = max_norm / (norm + 1e-6)  # as torch's clip_grad_norm_: the 1e-6 keeps a zero norm finite
+    if scale < 1:
+        for _, g in flatten(grads):
+            g *= np.float32(scale)
+    return norm
+
+
+def learning_rate(step, peak, warmup, total, schedule="cosine"):  # step 0, 1, ... -> the rate for that step
+    """Linear warmup over `warmup` steps, then the peak ("constant") or a cosine down to 10% of it at step `total`."""
+    if step < warmup:
+        return peak * (step + 1) / warmup  # linear warmup, reaching the peak at the last warmup step
+    if schedule == "constant":
+        return peak
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))  # 0 after warmup -> 1 at the end
+    min_lr = MIN_LR_RATIO * peak
+    return min_lr + 0.5 * (1 + math.cos(math.pi * progress)) * (peak - min_lr)  # cosine from the peak to min_lr
+
+
+def adamw_step(params, grads, state, lr, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY):  # updates in place
+    """One AdamW step on every parameter; weight decay applies to the 2-D tensors only, not biases or norm params."""
+    beta1, beta2 = betas
+    state["step"] += 1
+    t = state["step"]
+    # the bias corrections of m̂ = m/(1-β₁ᵗ), v̂ = v/(1-β₂ᵗ), folded into the step size and eps as torch does:
+    # lr m̂/(√v̂ + eps) = (lr/(1-β₁ᵗ)) m / (√v/√(1-β₂ᵗ) + eps)
+    step_size, sqrt_c2 = lr / (1 - beta1**t), math.sqrt(1 - beta2**t)
+    moments = zip(flatten(params), flatten(grads), flatten(state["m"]), flatten(state["v"]))
+    for (_, p), (_, g), (_, m), (_, v) in moments:
+        # in place throughout: the 124M model's params, moments and grads are 500 MB each
+        if p.ndim >= 2:  # the matrices and embeddings; decoupled from the gradient: p ← p - lr λ p
+            p *= np.float32(1 - lr * weight_decay)
+        m *= np.float32(beta1)  # m ← β₁ m + (1-β₁) g
+        m += np.float32(1 - beta1) * g
+        v *= np.float32(beta2)  # v ← β₂ v + (1-β₂) g²
+        v += np.float32(1 - beta2) * g * g
+        p -= np.float32(step_size) * m / (np.sqrt(v) / np.float32(sqrt_c2) + np.float32(eps))
+    return state

@@ -1,0 +1,87 @@
+"""Writing a model folder in Hugging Face's layout, which `transformers.GPT2LMHeadModel.from_pretrained(folder)` and our
+own loader (gpt2_numpy.checkpoint) both read:
+
+    model.safetensors   float32 tensors under Hugging Face's names ("transformer.h.3.mlp.c_fc.weight"); no lm_head,
+                        which GPT-2 ties to wte
+    config.json         GPT2Config's fields: the sizes, and GPT-2's fixed choices (tanh GELU, eps 1e-5, tied head)
+    vocab.json, merges.txt   the tokenizer (OpenAI's encoder.json and vocab.bpe hold the same text under other names)
+
+Every file is written under a temporary name and then renamed over the old one, so a crash or Ctrl-C midway leaves
+either the old file or the new one, never half of one.
+"""
+import json
+import os
+from contextlib import suppress
+from pathlib import Path
+
+from gpt2_numpy.checkpoint import flatten
+from gpt2_numpy.errors import TokenizerError
+from gpt2_numpy.formats.safetensors import write_safetensors
+from gpt2_numpy.tokenizer import EOT_ID, FILE_NAMES
+
+LEAF_NAMES = {"w": "weight", "g": "weight", "b": "bias"}  # ours -> Hugging Face's (a norm's gain is its weight)
+
+
+def save_model(folder, hparams, params, tokenizer_dir, metadata=None):  # -> None: folder holds a complete model
+    """Write params and hparams as model.safetensors + config.json, and copy the tokenizer files from tokenizer_dir
+    (either layout) as vocab.json + merges.txt. metadata ({str: str}) goes into the safetensors header."""
+    folder = Path(folder)
+    copy_tokenizer(tokenizer_dir, folder)
+    tensors = {hf_name(key): array for key, array in flatten(params)}
+    atomic_write(folder / "config.json", lambda file: file.write(json.dumps(hf_config(hparams), indent=2).encode()))
+    # "format": "pt" tells transformers which framework's layout the tensors follow; it refuses files without it
+    atomic_write(folder / "model.safetensors", lambda file: write_safetensors(file, tensors, {"format": "pt",
+                                                                                             **(metadata or {})}))
+
+
+def hf_name(key):  # our key path, e.g. ("blocks", 3, "mlp", "c_fc", "w") -> "transformer.h.3.mlp.c_fc.weight"
+    if key in (("wte",), ("wpe",)):
+        return f"transformer.{key[0]}.weight"
+    *module, leaf = key
+    if module[0] == "blocks":
+        module = ["h", *module[1:]]
+    return "transformer." + ".".join(map(str, module)) + "." + LEAF_NAMES[leaf]
+
+
+def hf_config(hparams):  # -> GPT2Config's fields for a GPT-2 of these sizes
+    return {
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        "vocab_size": hparams["n_vocab"],
+        "n_positions": hparams["n_ctx"],
+        "n_embd": hparams["n_embd"],
+        "n_layer": hparams["n_layer"],
+        "n_head": hparams["n_head"],
+        "activation_function": "gelu_new",  # transformers' name for GPT-2's tanh approximation
+        "layer_norm_epsilon": 1e-5,
+        "initializer_range": 0.02,
+        "tie_word_embeddings": True,
+        "bos_token_id": EOT_ID,
+        "eos_token_id": EOT_ID,
+    }
+
+
+def copy_tokenizer(source_dir, folder):  # -> None: folder holds vocab.json + merges.txt, from either layout
+    source_dir, folder = Path(source_dir), Path(folder)
+    hf_names = FILE_NAMES["Hugging Face"]
+    for names in FILE_NAMES.values():
+        if (source_dir / names[0]).is_file():
+            for name, hf in zip(names, hf_names):
+                data = (source_dir / name).read_bytes()  # 1.5 MB in all
+                atomic_write(folder / hf, lambda file: file.write(data))
+            return
+    raise TokenizerError(f"no vocabulary in {source_dir}: expected {' or '.join(map(' + '.join, FILE_NAMES.values()))}")
+
+
+def atomic_write(path, write):  # write(binary file) -> None; path then holds exactly what write wrote, or is unchanged
+    path = Path(path)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # hidden, and no two processes share one
+    try:
+        with temporary.open("wb") as file:
+            write(file)
+            file.flush()
+            os.fsync(file.fileno())  # the bytes reach the disk before the rename makes them the file
+        os.replace(temporary, path)
+    finally:
+        with suppress(FileNotFoundError):
+            temporary.unlink()

@@ -1,0 +1,203 @@
+"""Training speed and memory: one step (loss and gradients, then clipping and AdamW) of gpt2_numpy against torch.
+
+    python scripts/benchmark_train.py                  # our numbers only
+    python scripts/benchmark_train.py --compare-torch  # also torch autograd on HF's GPT2LMHeadModel, in turns
+
+Two configs: a small one (4 layers, 256 wide, 8 heads, 8 x 128 tokens) and the 124M shape (4 x 256 tokens), both with
+GPT-2's 50,257-token vocabulary and seeded random weights. torch runs HF's GPT2LMHeadModel (its default sdpa attention,
+dropout off), `cross_entropy` on the logits, `clip_grad_norm_` and `torch.optim.AdamW` with the same decay groups, on
+as many threads as NumPy's BLAS uses. The engines take turns, step by step; each time is the median of `--repeats`
+steps after a warm-up. The peak memory of the 124M step is each engine's in a fresh process (VmHWM). Where our time
+goes: one more step with the backward's functions wrapped in stopwatches (exclusive times: a part's callees are not in
+it). scripts/benchmark.py runs these rows as its "training" part.
+"""
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "scripts")]
+
+from benchmark import blas_threads, row  # noqa: E402
+from gpt2_numpy import backward, keep_freed_memory, optim  # noqa: E402
+from gpt2_numpy.random_params import random_params  # noqa: E402
+
+OURS, TORCH = "gpt2_numpy", "torch"
+CONFIGS = {  # name -> hparams, (batch, n_seq)
+    "4 layers x 256 wide, 8 x 128 tokens": (
+        {"n_vocab": 50257, "n_ctx": 1024, "n_embd": 256, "n_head": 8, "n_layer": 4}, (8, 128)),
+    "124M shape, 4 x 256 tokens": (
+        {"n_vocab": 50257, "n_ctx": 1024, "n_embd": 768, "n_head": 12, "n_layer": 12}, (4, 256)),
+}
+LR = 1e-4
+
+
+def batch(hparams, shape):  # -> fixed pseudo-random inputs and targets
+    rng = np.random.default_rng(0)
+    return rng.integers(0, hparams["n_vocab"], shape), rng.integers(0, hparams["n_vocab"], shape)
+
+
+def our_step(hparams, params, inputs, targets):  # -> step(): one training step of ours, updating params in place
+    state = optim.adamw_state(params)
+
+    def step():
+        _, grads = backward.loss_and_grads(inputs, targets, params, hparams["n_head"])
+        optim.clip_grads(grads)
+        optim.adamw_step(params, grads, state, LR)
+    return step
+
+
+def torch_step(hparams, params, inputs, targets):  # -> step(): the same step in torch, on HF's GPT2LMHeadModel
+    import torch
+    from make_reference import hf_model
+
+    torch.set_num_threads(blas_threads())
+    model = hf_model(hparams, params, attn_implementation="sdpa").train()  # HF's default attention; dropout is 0
+    weights = list(model.parameters())  # the tied wte once
+    optimizer = torch.optim.AdamW([{"params": [w for w in weights if w.ndim >= 2], "weight_decay": optim.WEIGHT_DECAY},
+                                   {"params": [w for w in weights if w.ndim < 2], "weight_decay": 0.0}],
+                                  lr=LR, betas=optim.BETAS, eps=optim.EPS)
+    inputs, targets = torch.from_numpy(inputs), torch.from_numpy(targets)
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        logits = model(inputs).logits
+        torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)).backward()
+        torch.nn.utils.clip_grad_norm_(weights, optim.CLIP)
+        optimizer.step()
+    return step
+
+
+def interleaved_seconds(steps, repeats):  # {name: step} -> {name: median seconds}, the engines taking turns
+    for step in steps.values():
+        step()  # warm-up
+    times = {name: [] for name in steps}
+    for _ in range(repeats):
+        for name, step in steps.items():
+            start = time.perf_counter()
+            step()
+            times[name].append(time.perf_counter() - start)
+    return {name: float(np.median(t)) for name, t in times.items()}
+
+
+# --- where our time goes ---
+
+TIMED = {  # module -> the functions a step calls through its globals, each timed without its timed callees
+    backward: ["linear", "linear_backward", "attention_forward", "attention_backward", "gelu", "gelu_backward",
+               "layer_norm", "layer_norm_backward", "cross_entropy", "lm_head_backward", "embedding_backward"],
+    optim: ["clip_grads", "adamw_step"],
+}
+
+
+def our_parts(step):  # -> {function: exclusive seconds, "total": seconds} of one step()
+    seconds, stack = {}, []  # stack: the time spent in callees of each running timed call
+
+    def stopwatch(name, function):
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            stack.append(0.0)
+            try:
+                return function(*args, **kwargs)
+            finally:
+                elapsed = time.perf_counter() - start
+                seconds[name] = seconds.get(name, 0.0) + elapsed - stack.pop()
+                if stack:
+                    stack[-1] += elapsed
+        return timed
+
+    originals = [(module, name, getattr(module, name)) for module, names in TIMED.items() for name in names]
+    for module, name, function in originals:
+        setattr(module, name, stopwatch(name, function))
+    try:
+        start = time.perf_counter()
+        step()
+        seconds["total"] = time.perf_counter() - start
+    finally:
+        for module, name, function in originals:
+            setattr(module, name, function)
+    seconds["rest (lm head forward matmul, head splits and merges, residual adds, Python)"] = (
+        seconds["total"] - sum(value for name, value in seconds.items() if name != "total"))
+    return seconds
+
+
+# --- peak memory, each engine in a fresh process ---
+
+PEAK_RSS = """
+import sys
+sys.path[:0] = [sys.argv[1], sys.argv[1] + "/scripts"]
+import benchmark_train as b
+b.keep_freed_memory()  # as the CLIs do
+hparams, shape = b.CONFIGS[sys.argv[2]]
+params = b.random_params(hparams, seed=0)
+step = (b.our_step if sys.argv[3] == "ours" else b.torch_step)(hparams, params, *b.batch(hparams, shape))
+del params  # the step holds them
+step()
+step()  # the second step: the optimizer's moments exist now
+with open("/proc/self/status") as status:  # VmHWM: this process's peak resident memory
+    print(next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM:")))
+"""
+
+
+def peak_rss_mb(config, engine):
+    out = subprocess.run([sys.executable, "-c", PEAK_RSS, str(REPO), config, engine], capture_output=True, text=True,
+                         check=True)
+    return int(out.stdout.split()[-1]) / 1e6
+
+
+def train_rows(repeats, compare_torch, theirs=TORCH):  # -> the table rows (torch's values under theirs), breakdown
+    rows, parts = [], {}
+    for config, (hparams, shape) in CONFIGS.items():
+        inputs, targets = batch(hparams, shape)
+        steps = {OURS: our_step(hparams, random_params(hparams, seed=0), inputs, targets)}
+        if compare_torch:
+            steps[theirs] = torch_step(hparams, random_params(hparams, seed=0), inputs, targets)
+        seconds = interleaved_seconds(steps, repeats)
+        rows.append(row(f"train step, {config} (s)", "lower", seconds))
+        rows.append(row(f"train tokens/s, {config}", "higher",
+                        {name: inputs.size / value for name, value in seconds.items()}))
+        parts[config] = our_parts(steps[OURS])
+    config_124m = list(CONFIGS)[1]
+    memory = {OURS: peak_rss_mb(config_124m, "ours")}
+    if compare_torch:
+        memory[theirs] = peak_rss_mb(config_124m, "torch")
+    rows.append(row(f"peak RSS of a train step, {config_124m} (MB, fresh process)", "lower", memory))
+    return rows, breakdown_lines(parts)
+
+
+def breakdown_lines(parts):
+    names = sorted({name for seconds in parts.values() for name in seconds} - {"total"},
+                   key=lambda name: -max(seconds.get(name, 0) for seconds in parts.values()))
+    lines = ["| our step's part (ms, exclusive) | " + " | ".join(parts) + " |", "|---|" + "---|" * len(parts)]
+    for name in [*names, "total"]:
+        lines.append(f"| {name} | " + " | ".join(f"{s.get(name, 0) * 1e3:,.0f}" for s in parts.values()) + " |")
+    return lines
+
+
+def table(rows, names):
+    lines = ["| metric | " + " | ".join(names) + (" | ours / torch |" if len(names) == 2 else " |"),
+             "|---|" + "---|" * (len(names) + (len(names) == 2))]
+    for r in rows:
+        cells = [f"{r[name]:,.3g}" for name in names]
+        if len(names) == 2:
+            cells.append(f"{r[OURS] / r[TORCH]:.2f}×")
+        lines.append(f"| {r['metric']} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--compare-torch", action="store_true", help="also run torch on the same weights, in turns")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args(argv)
+    keep_freed_memory()  # as the CLIs and scripts/benchmark.py do
+    rows, breakdown = train_rows(args.repeats, args.compare_torch)
+    print(f"BLAS threads {blas_threads()}, numpy {np.__version__}\n")
+    print("\n".join(table(rows, [OURS, TORCH] if args.compare_torch else [OURS]) + [""] + breakdown))
+
+
+if __name__ == "__main__":
+    main()

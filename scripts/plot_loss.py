@@ -1,0 +1,33 @@
+"""Plot a training run's loss curve from the log.csv that `python -m gpt2_numpy.train` writes in its --out folder.
+
+    python scripts/plot_loss.py OUT/log.csv loss.png
+"""
+import csv
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display needed
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def main(log_path, png_path):
+    with open(log_path, newline="") as file:
+        rows = list(csv.DictReader(file))
+    train = [(int(row["tokens"]), float(row["train_loss"])) for row in rows if row["train_loss"]]
+    val = [(int(row["tokens"]), float(row["val_loss"])) for row in rows if row["val_loss"]]
+    figure, axes = plt.subplots(figsize=(7, 4), dpi=120)
+    axes.plot(*zip(*train), lw=0.8, alpha=0.6, label="training batch")
+    axes.plot(*zip(*val), "o-", ms=3, label="held-out text")
+    axes.set_xlabel("tokens seen")
+    axes.set_ylabel("cross-entropy (nats per token)")
+    axes.set_title(f"{len(train)} steps; final held-out loss {val[-1][1]:.2f}")
+    axes.grid(alpha=0.3)
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(png_path)
+    print(f"wrote {png_path}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

@@ -1,0 +1,120 @@
+"""The backward pass against torch autograd on HF's GPT2LMHeadModel (fixtures from scripts/make_grad_reference.py),
+and against float64 finite differences of model.py's forward, which need no reference at all."""
+import json
+
+import numpy as np
+import pytest
+
+from gpt2_numpy import model
+from gpt2_numpy.backward import block_forward, ffn_forward, loss_and_grads, mha_forward
+from gpt2_numpy.checkpoint import flatten
+from gpt2_numpy.random_params import random_params
+from tests.conftest import FIXTURES
+
+
+@pytest.fixture(scope="module")
+def reference():
+    with np.load(FIXTURES / "reference_grads.npz") as f:
+        arrays = dict(f)
+    hparams = json.loads(str(arrays["hparams"]))
+    return hparams, random_params(hparams, int(arrays["seed"])), arrays
+
+
+def path_name(path):
+    return "/".join(str(part) for part in path)
+
+
+@pytest.mark.parametrize("case", ["single", "batch"])
+def test_grads_match_torch_for_every_parameter(reference, case):
+    hparams, params, ref = reference
+    loss, grads = loss_and_grads(ref[f"{case}/inputs"], ref[f"{case}/targets"], params, hparams["n_head"])
+    assert isinstance(loss, float) and loss == pytest.approx(float(ref[f"{case}/loss"]), rel=1e-5)
+    ours = {path_name(path): grad for path, grad in flatten(grads)}
+    theirs = {key.partition("/")[2]: value for key, value in ref.items()
+              if key.startswith(f"{case}/") and key.split("/")[1] not in ("inputs", "targets", "loss", "wte_embedding")}
+    assert ours.keys() == theirs.keys() == {path_name(path) for path, _ in flatten(params)}
+    for name, expected in theirs.items():
+        assert ours[name].dtype == np.float32 and ours[name].shape == expected.shape, name
+        largest = np.abs(expected).max()
+        assert largest > 0, name
+        assert np.abs(ours[name] - expected).max() <= 1e-4 * largest, name
+
+
+@pytest.mark.parametrize("case", ["single", "batch"])
+def test_wte_gradient_holds_both_shares(reference, case):  # so the wte comparison above sees a bug in either share
+    _, _, ref = reference
+    total, embedding = ref[f"{case}/wte"], ref[f"{case}/wte_embedding"]
+    head = total - embedding
+    assert np.abs(embedding).max() > 0.1 * np.abs(total).max()
+    assert np.abs(head).max() > 0.1 * np.abs(total).max()
+    unused = np.setdiff1d(np.arange(len(total)), ref[f"{case}/inputs"])  # rows never looked up: the head's share only
+    assert len(unused) > 0 and not embedding[unused].any()
+
+
+def test_positions_past_the_sequence_get_no_gradient(reference):
+    hparams, params, ref = reference
+    _, grads = loss_and_grads(ref["single/inputs"], ref["single/targets"], params, hparams["n_head"])
+    n_seq = len(ref["single/inputs"])
+    assert n_seq < hparams["n_ctx"] and not grads["wpe"][n_seq:].any() and grads["wpe"][:n_seq].all()
+
+
+def test_batch_loss_is_the_mean_over_every_position(reference):
+    hparams, params, ref = reference
+    inputs, targets = ref["batch/inputs"], ref["batch/targets"]
+    rows = [loss_and_grads(i, t, params, hparams["n_head"]) for i, t in zip(inputs, targets)]
+    loss, grads = loss_and_grads(inputs, targets, params, hparams["n_head"])
+    assert loss == pytest.approx(np.mean([row_loss for row_loss, _ in rows]), rel=1e-6)
+    expected = np.mean([row_grads["blocks"][0]["attn"]["c_attn"]["w"] for _, row_grads in rows], axis=0)
+    np.testing.assert_allclose(grads["blocks"][0]["attn"]["c_attn"]["w"], expected, atol=1e-6)
+
+
+def test_training_forward_is_model_forward(reference):  # the cached forward composes model.py's functions
+    hparams, params, _ = reference
+    x = np.random.default_rng(0).standard_normal((2, 9, hparams["n_embd"]), dtype=np.float32)
+    block = params["blocks"][0]
+    n_head = hparams["n_head"]
+    close = {"rtol": 1e-5, "atol": 1e-5}  # a 2-D matmul sums in another order than a stacked one
+    np.testing.assert_allclose(mha_forward(x, **block["attn"], n_head=n_head)[0],
+                               model.mha(x, **block["attn"], n_head=n_head), **close)
+    np.testing.assert_allclose(ffn_forward(x, **block["mlp"])[0], model.ffn(x, **block["mlp"]), **close)
+    np.testing.assert_allclose(block_forward(x, **block, n_head=n_head)[0], model.block(x, **block, n_head=n_head),
+                               **close)
+
+
+def float64(tree):
+    if isinstance(tree, dict):
+        return {key: float64(value) for key, value in tree.items()}
+    if isinstance(tree, list):
+        return [float64(value) for value in tree]
+    return tree.astype(np.float64)
+
+
+def textbook_loss(inputs, targets, params, n_head):  # model.py's logits and the cross-entropy written out, in float64
+    logits = model.gpt2(inputs, **params, n_head=n_head)
+    log_z = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
+    return np.mean(log_z - np.take_along_axis(logits, targets[..., None], -1)[..., 0])
+
+
+def test_grads_match_finite_differences_in_float64():
+    hparams = {"n_vocab": 19, "n_ctx": 8, "n_embd": 12, "n_head": 3, "n_layer": 2}
+    params = float64(random_params(hparams, seed=7))
+    rng = np.random.default_rng(8)
+    inputs, targets = rng.integers(0, hparams["n_vocab"], (2, 2, 7))
+    inputs[0, :3] = inputs[1, 4]  # repeated tokens: their embedding gradients must add up
+    _, grads = loss_and_grads(inputs, targets, params, hparams["n_head"])
+    analytic = dict(flatten(grads))
+    h = 1e-6
+    for path, array in flatten(params):
+        assert analytic[path].dtype == np.float64, path
+        picks = [tuple(rng.integers(0, n) for n in array.shape) for _ in range(4)]
+        if path == ("wte",):
+            picks.append((inputs[0, 0], int(rng.integers(0, array.shape[1]))))  # a row both read and predicted
+        for index in picks:
+            old = array[index]
+            array[index] = old + h
+            plus = textbook_loss(inputs, targets, params, hparams["n_head"])
+            array[index] = old - h
+            minus = textbook_loss(inputs, targets, params, hparams["n_head"])
+            array[index] = old
+            numeric = (plus - minus) / (2 * h)
+            assert abs(analytic[path][index] - numeric) <= 1e-6 * max(1, abs(numeric)), (path, index)

@@ -1,0 +1,85 @@
+"""AdamW and clipping against torch.optim.AdamW and clip_grad_norm_ (fixture from scripts/make_grad_reference.py);
+the schedule and clipping against their formulas."""
+import copy
+import json
+import math
+
+import numpy as np
+import pytest
+
+from gpt2_numpy.checkpoint import flatten
+from gpt2_numpy.optim import adamw_state, adamw_step, clip_grads, global_norm, learning_rate
+from gpt2_numpy.random_params import random_params
+from tests.conftest import FIXTURES
+
+
+def path_name(path):
+    return "/".join(str(part) for part in path)
+
+
+def rebuild(tree, leaf, prefix=()):  # the same structure, each leaf replaced by leaf(its path)
+    if isinstance(tree, dict):
+        return {key: rebuild(value, leaf, prefix + (key,)) for key, value in tree.items()}
+    if isinstance(tree, list):
+        return [rebuild(value, leaf, prefix + (i,)) for i, value in enumerate(tree)]
+    return leaf(prefix)
+
+
+def test_adamw_and_clipping_match_torch():
+    with np.load(FIXTURES / "reference_adamw.npz") as f:
+        ref = dict(f)
+    params = random_params(json.loads(str(ref["hparams"])), int(ref["seed"]))
+    state = adamw_state(params)
+    clipped = 0
+    for step, lr in enumerate(ref["lrs"]):
+        grads = rebuild(params, lambda path: ref[f"grads/{step}/{path_name(path)}"].copy())
+        norm = clip_grads(grads, 1.0)
+        assert norm == pytest.approx(float(ref[f"norm/{step}"]), rel=1e-5)
+        clipped += norm > 1
+        adamw_step(params, grads, state, float(lr))
+        assert state["step"] == step + 1
+        for path, array in flatten(params):
+            np.testing.assert_allclose(array, ref[f"params/{step}/{path_name(path)}"], rtol=1e-6, atol=1e-7,
+                                       err_msg=f"step {step} {path}")
+    assert 0 < clipped < len(ref["lrs"])  # both branches of the clip ran
+
+
+def test_weight_decay_only_on_matrices_and_embeddings():
+    params = random_params({"n_vocab": 8, "n_ctx": 4, "n_embd": 4, "n_head": 2, "n_layer": 1}, seed=0)
+    before = copy.deepcopy(params)
+    zero = rebuild(params, lambda path: np.zeros_like(dict(flatten(params))[path]))
+    adamw_step(params, zero, adamw_state(params), lr=0.5, weight_decay=0.1)  # zero grads: the decay alone moves p
+    for (path, old), (_, new) in zip(flatten(before), flatten(params)):
+        expected = old * (1 - 0.5 * 0.1) if old.ndim == 2 else old
+        np.testing.assert_allclose(new, expected, rtol=1e-7, err_msg=str(path))
+
+
+def test_clip_scales_to_the_max_norm_and_leaves_small_grads():
+    grads = {"a": np.array([3.0, 0.0], np.float32), "b": [np.array([[4.0]], np.float32)]}  # global norm 5
+    assert global_norm(grads) == 5
+    assert clip_grads(grads, 1.0) == 5
+    np.testing.assert_allclose(grads["a"], [0.6, 0], rtol=1e-6)
+    np.testing.assert_allclose(grads["b"][0], [[0.8]], rtol=1e-6)
+    small = {"a": np.array([0.3, 0.4], np.float32)}
+    assert clip_grads(small, 1.0) == pytest.approx(0.5)
+    np.testing.assert_array_equal(small["a"], np.array([0.3, 0.4], np.float32))
+
+
+def test_cosine_schedule_at_warmup_end_middle_and_end():
+    peak, warmup, total = 6e-4, 10, 110
+    assert learning_rate(0, peak, warmup, total) == pytest.approx(peak / warmup)
+    assert learning_rate(4, peak, warmup, total) == pytest.approx(peak * 5 / warmup)
+    assert learning_rate(warmup - 1, peak, warmup, total) == pytest.approx(peak)  # warmup ends at the peak
+    assert learning_rate(warmup, peak, warmup, total) == pytest.approx(peak)  # cos 0: the decay starts at the peak
+    assert learning_rate(60, peak, warmup, total) == pytest.approx(0.1 * peak + 0.5 * 0.9 * peak)  # cos(π/2) = 0
+    quarter = 0.1 * peak + 0.5 * (1 + math.cos(math.pi / 4)) * 0.9 * peak
+    assert learning_rate(35, peak, warmup, total) == pytest.approx(quarter)
+    assert learning_rate(total, peak, warmup, total) == pytest.approx(0.1 * peak)  # 10% of the peak at the end
+    rates = [learning_rate(step, peak, warmup, total) for step in range(warmup, total + 1)]
+    assert all(a >= b for a, b in zip(rates, rates[1:]))
+
+
+def test_constant_schedule_after_its_warmup():
+    assert learning_rate(0, 1e-4, 10, 50, schedule="constant") == pytest.approx(1e-5)
+    assert {learning_rate(step, 1e-4, 10, 50, schedule="constant") for step in range(9, 60)} == {1e-4}
+    assert {learning_rate(step, 1e-4, 0, 50, schedule="constant") for step in range(60)} == {1e-4}
