@@ -33,11 +33,11 @@ from gpt2_numpy.cli import check_models_dir, whole_number
 from gpt2_numpy.errors import ArgumentParser, Interrupted, UsageError, log, plural, run_cli
 from gpt2_numpy.fast import lm_head, transformer
 from gpt2_numpy.formats.safetensors import read_metadata
-from gpt2_numpy.models import MODEL_SIZES, model_folder, models_dir_path
+from gpt2_numpy.models import MODEL_SIZES, models_dir_path
 from gpt2_numpy.optim import adamw_state, adamw_step, clip_grads, learning_rate
 from gpt2_numpy.save import atomic_write, save_model
 from gpt2_numpy.score import log_softmax_at
-from gpt2_numpy.tokenizer import FILE_NAMES, load_tokenizer
+from gpt2_numpy.tokenizer import PACKAGED_VOCABULARY, load_tokenizer
 from gpt2_numpy.weights import ensure_model
 
 __all__ = ["loss_and_grads", "init_params", "main"]
@@ -331,16 +331,7 @@ def start_model(args):  # -> hparams, params, the folder holding the tokenizer f
         raise UsageError(f"--n-embd {hparams['n_embd']} must be a multiple of --n-head {hparams['n_head']}")
     hparams["n_vocab"] = GPT2_VOCAB
     log(f"training from scratch: {hparams}")
-    return hparams, None, tokenizer_folder(args.models_dir)
-
-
-def tokenizer_folder(models_dir):  # -> a folder holding GPT-2's tokenizer files (every size shares one tokenizer)
-    check_models_dir(models_dir_path(models_dir))
-    for source in ("openai", "huggingface"):
-        folder = model_folder("124M", models_dir, source)
-        if any((folder / vocab).is_file() for vocab, _ in FILE_NAMES.values()):
-            return folder
-    return ensure_model("124M", models_dir)  # downloads the model, tokenizer included
+    return hparams, None, PACKAGED_VOCABULARY  # GPT-2's tokenizer, shipped with the package: nothing to download
 
 
 def run(argv=None):  # -> exit status

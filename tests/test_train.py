@@ -147,10 +147,11 @@ def test_atomic_write_leaves_the_old_file_when_writing_fails(tmp_path):
 # --- Training, resuming, Ctrl-C ---
 
 
-def test_from_scratch_writes_a_complete_folder_that_every_command_loads(tmp_path, data, models_dir):
-    out = tmp_path / "out"
-    result = train(data, out, models_dir, *SHAPE, *RUN, "--steps", 4, "--eval-every", 2)
+def test_from_scratch_writes_a_complete_folder_that_every_command_loads(tmp_path, data):
+    out, no_models = tmp_path / "out", tmp_path / "no-models"
+    result = train(data, out, no_models, *SHAPE, *RUN, "--steps", 4, "--eval-every", 2)
     assert result.returncode == 0, result.stderr
+    assert not no_models.exists()  # the packaged tokenizer: nothing downloaded, no models dir made
     assert "tokens/s" in result.stderr  # the progress bar
     rows = log_rows(out)
     assert [int(row["step"]) for row in rows] == [0, 1, 2, 3, 4]
