@@ -1,11 +1,16 @@
-"""The GPT-2 forward pass: small NumPy functions, float32 throughout, no I/O.
+"""The tuned GPT-2 forward pass: model.py's math, with the tricks that make it fast. Float32 throughout, no I/O.
 
-Params are nested dicts named like OpenAI's checkpoint (see README), splatted into the functions with `**`.
+model.py is the textbook to read; this file computes the same logits (tests/test_fast.py holds the two equal) with a
+KV cache for decoding, batches of ragged prompts, query blocks, last_only, in-place passes and a chunked GELU. Each
+trick's comment names the textbook line it replaces and why it is faster. generate, score and the package's gpt2 run
+this pass. Params are nested dicts named like OpenAI's checkpoint (see README), splatted into the functions with **.
 """
 import math
 from dataclasses import dataclass
 
 import numpy as np
+
+from gpt2_numpy.model import merge_heads
 
 # Python floats, not NumPy's: NumPy 2 would promote float32 * np.float64 to float64
 GELU_SCALE = math.sqrt(2 / math.pi)
@@ -13,6 +18,8 @@ MINUS_2U = (-2 * GELU_SCALE, -2 * GELU_SCALE * 0.044715)  # -2 sqrt(2/pi) (x + 0
 GELU_CHUNK = 1 << 15  # elements per pass of gelu: a chunk and its output (256 KB) stay in a core's 512 KB L2 cache
 ALL = slice(None)  # every position
 QUERY_BLOCK = 128  # queries per block of causal attention: a block's scores stay in L3 cache, and it skips the future
+EINSUM_PATH = ["einsum_path", (0, 1)]  # contract operand 0 with operand 1: the only order two operands have
+PLAIN_EINSUM_MACS = 1 << 18  # up to this many multiply-adds, einsum's own loop beats its matmul route (einsum())
 
 
 def gelu(x):  # [...] -> [...]
@@ -84,30 +91,35 @@ def causal_mask(n_q, n_k):  # -> [n_q, n_k]
 
 
 def attention_scores(q, k):  # [..., n_head, n_q, d_head], [..., n_head, n_k, d_head] -> [..., n_head, n_q, n_k]
-    # q k^T / sqrt(d_head) for all heads (and rows) at once: einsum("...qd,...kd->...qk") as the batched matmul that
-    # np.einsum with a precomputed path runs too (NumPy 2.4), without its tens of microseconds of parsing per call
-    return (q / math.sqrt(q.shape[-1])) @ k.swapaxes(-1, -2)
+    # model.attention_scores' einsum with q scaled first: q kᵀ / √d_head = (q / √d_head) kᵀ, which divides the
+    # [n_q, d_head] queries instead of the [n_q, n_k] scores. k comes first in the einsum, q second, because the
+    # matmul route then returns the scores C-ordered (q first gives a transposed view, which every pass below strides)
+    return einsum("...kd,...qd->...qk", k, q / math.sqrt(q.shape[-1]), n_macs=q.size * k.shape[-2])
 
 
 def attention(q, k, v, mask):  # [..., n_head, n_q, d_head], [..., n_head, n_k, d_head] x2, [..., n_q, n_k] -> like q
     scores = attention_scores(q, k)
     scores += mask  # in place here and below: the [..., n_head, n_q, n_k] scores are the largest array
     weights = shifted_exp(scores, out=scores)
-    # softmax(scores + mask) v as (e^s v) / sum e^s: the division runs over [n_q, d_head], not over [n_q, n_k]
-    out = weights @ v  # einsum("...qk,...kd->...qd")
+    # model.attention's softmax(scores + mask) v as (e^s v) / Σ e^s: the division runs over [n_q, d_head], not over
+    # [n_q, n_k]; v first, for a C-ordered result as above
+    out = einsum("...kd,...qk->...qd", v, weights, n_macs=weights.size * v.shape[-1])
     out /= weights.sum(axis=-1, keepdims=True)
     return out
+
+
+def einsum(subscripts, a, b, n_macs):  # np.einsum of two operands, in its cheapest measured form
+    # einsum's own C loop has no setup but runs 10-15x slower than BLAS on large products; given a path, NumPy 2.4
+    # reshapes the operands into one batched matmul, after about 50 µs of parsing. Below 2^18 multiply-adds (one
+    # decode query against up to about 340 keys, 12 heads of 64) the plain loop is the cheaper: benchmark.py's
+    # einsum rows measure both. The path of two operands is always (0, 1): given, einsum skips searching for it
+    return np.einsum(subscripts, a, b, optimize=False if n_macs <= PLAIN_EINSUM_MACS else EINSUM_PATH)
 
 
 def split_heads(x, n_head):  # [..., n_seq, 3*n_embd] -> [3, ..., n_head, n_seq, d_head]: q, k, v, split into heads
     *batch, n_seq, _ = x.shape
     qkv = np.moveaxis(x.reshape(*batch, n_seq, 3, n_head, -1), -3, 0)  # [3, ..., n_seq, n_head, d_head]
     return qkv.swapaxes(-3, -2)
-
-
-def merge_heads(x):  # [..., n_head, n_seq, d_head] -> [..., n_seq, n_head*d_head]
-    *batch, n_head, n_seq, d_head = x.shape
-    return x.swapaxes(-3, -2).reshape(*batch, n_seq, n_head * d_head)
 
 
 def causal_attention(q, k, v, mask):  # attention's shapes; the queries are the last n_q of the n_k positions
@@ -174,6 +186,17 @@ def gpt2(inputs, wte, wpe, blocks, ln_f, n_head, last_only=False):  # [..., n_se
     """Float32 logits for every position of a token-id sequence [n_seq] (or an equal-length batch [n_rows, n_seq]);
     with last_only=True for the last position only ([..., 1, n_vocab]), all that choosing the next token needs."""
     return lm_head(transformer(inputs, wte, wpe, blocks, ln_f, n_head, last_only=last_only), wte)
+
+
+def log_softmax_at(logits, targets):  # [n, n_vocab], int [n] -> float64 [n]: ln softmax(logits[i])[targets[i]]
+    # log(model.softmax(logits))[targets], in place and float64 where it counts, for scoring and the validation loss
+    # Stable: each row is shifted by its max, so exp cannot overflow and the largest term is exactly 1. The shifted
+    # logits and their exponentials stay float32: a float64 copy of [n, 50257] would double the memory and the time,
+    # and could not add accuracy to float32 logits. The sum over the vocabulary and its log are float64, so adding up
+    # 50,257 terms adds no rounding of its own.
+    logits -= logits.max(axis=-1, keepdims=True)  # in place: the array is ours, fresh from the model
+    picked = logits[np.arange(len(targets)), targets].astype(np.float64)
+    return picked - np.log(np.exp(logits, out=logits).sum(axis=-1, dtype=np.float64))
 
 
 # --- Incremental decoding: the same blocks, with the keys and values of earlier positions kept ---

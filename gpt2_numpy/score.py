@@ -16,7 +16,7 @@ import numpy as np
 
 from gpt2_numpy.cli import add_model_args, load_model, read_prompt, whole_number, write_stdout
 from gpt2_numpy.errors import ArgumentParser, NonFiniteError, UsageError, open_stdout, plural, run_cli
-from gpt2_numpy.fast import check_inputs, lm_head, transformer
+from gpt2_numpy.fast import check_inputs, lm_head, log_softmax_at, transformer
 from gpt2_numpy.tokenizer import EOT, EOT_ID
 
 # --- Log-probabilities ---
@@ -77,16 +77,6 @@ def window_log_probs(window, n_context, params, n_head):  # int [n_window] -> fl
     if not np.isfinite(log_probs).all():  # NaN or inf anywhere in a row of logits makes its log-probability NaN
         raise NonFiniteError
     return log_probs
-
-
-def log_softmax_at(logits, targets):  # [n, n_vocab], int [n] -> float64 [n]: ln softmax(logits[i])[targets[i]]
-    # Stable: each row is shifted by its max, so exp cannot overflow and the largest term is exactly 1. The shifted
-    # logits and their exponentials stay float32: a float64 copy of [n, 50257] would double the memory and the time,
-    # and could not add accuracy to float32 logits. The sum over the vocabulary and its log are float64, so adding up
-    # 50,257 terms adds no rounding of its own.
-    logits -= logits.max(axis=-1, keepdims=True)  # in place: the array is ours, fresh from the model
-    picked = logits[np.arange(len(targets)), targets].astype(np.float64)
-    return picked - np.log(np.exp(logits, out=logits).sum(axis=-1, dtype=np.float64))
 
 
 def summary(log_probs, n_bytes):  # float [n] -> {n_tokens, nll, perplexity, bits_per_byte, n_bytes}

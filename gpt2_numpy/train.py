@@ -31,12 +31,11 @@ from gpt2_numpy.backward import loss_and_grads  # re-exported: gpt2_numpy.train.
 from gpt2_numpy.checkpoint import flatten, load_params
 from gpt2_numpy.cli import check_models_dir, whole_number
 from gpt2_numpy.errors import ArgumentParser, Interrupted, UsageError, log, plural, run_cli
-from gpt2_numpy.fast import lm_head, transformer
+from gpt2_numpy.fast import lm_head, log_softmax_at, transformer
 from gpt2_numpy.formats.safetensors import read_metadata
 from gpt2_numpy.models import MODEL_SIZES, models_dir_path
 from gpt2_numpy.optim import adamw_state, adamw_step, clip_grads, learning_rate
 from gpt2_numpy.save import atomic_write, save_model
-from gpt2_numpy.score import log_softmax_at
 from gpt2_numpy.tokenizer import PACKAGED_VOCABULARY, load_tokenizer
 from gpt2_numpy.weights import ensure_model
 

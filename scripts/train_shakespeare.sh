@@ -1,26 +1,25 @@
 #!/usr/bin/env bash
 # The README's trained model, regenerated from seed 0: a 4-layer GPT-2 trained from scratch on 36 of Shakespeare's
 # plays, its loss curve, a sample, and the attention of its most recognisable head beside the same head before
-# training. About half an hour on two busy cores.
+# training. About half an hour on two cores.
 #
 #   scripts/train_shakespeare.sh [OUT]    (OUT: the model folder, default ../demo-model, outside the repo: the
 #                                          weights are too big to commit)
-# Needs ../shared/corpus/shakespeare-plays.txt, GPT-2's tokenizer in ../shared/gpt2-official/124M/ (or set
-# MODELS_DIR to a models dir with one), and matplotlib for the pictures. Writes docs/train-*.png and OUT/sample.txt.
+# Needs ../shared/corpus/shakespeare-plays.txt, and matplotlib for the pictures; the tokenizer is the packaged one.
+# Writes docs/train-*.png and OUT/sample.txt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 OUT=${1:-../demo-model}
-MODELS_DIR=${MODELS_DIR:-../shared/gpt2-official}
 PROMPT="KING HENRY. Now, lords, what say you to the French king? Shall we go to him, or stay here in England?"
 
 rm -rf "$OUT" "$OUT-init"
 # the same model at step 0 (GPT-2's initialisation, seed 0): the "before" picture
-python -m gpt2_numpy.train --data ../shared/corpus/shakespeare-plays.txt --out "$OUT-init" --models-dir "$MODELS_DIR" \
-  --n-layer 4 --n-head 4 --n-embd 128 --n-ctx 128 --seed 0 --steps 0
-python -m gpt2_numpy.train --data ../shared/corpus/shakespeare-plays.txt --out "$OUT" --models-dir "$MODELS_DIR" \
-  --n-layer 4 --n-head 4 --n-embd 128 --n-ctx 128 --seq-len 128 --batch-size 8 --steps 180 --lr 1.5e-3 --warmup 20 \
-  --eval-every 20 --eval-batches 2 --save-every 60 --seed 0
+python -m gpt2_numpy.train --data ../shared/corpus/shakespeare-plays.txt --out "$OUT-init" \
+  --n-layer 4 --n-head 4 --n-embd 256 --n-ctx 128 --seed 0 --steps 0
+python -m gpt2_numpy.train --data ../shared/corpus/shakespeare-plays.txt --out "$OUT" \
+  --n-layer 4 --n-head 4 --n-embd 256 --n-ctx 128 --seq-len 128 --batch-size 8 --steps 650 --lr 1e-3 --warmup 50 \
+  --eval-every 50 --eval-batches 2 --save-every 200 --seed 0
 python scripts/plot_loss.py "$OUT/log.csv" docs/train-loss.png
 python -m gpt2_numpy.generate --model "$OUT" "ROMEO." --n-tokens 80 --temperature 0.8 --top-k 40 --seed 0 \
   | tee "$OUT/sample.txt"

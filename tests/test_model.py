@@ -1,28 +1,16 @@
-"""The forward pass against Hugging Face's logits (scripts/make_reference.py) and against math."""
+"""The textbook model.py: against Hugging Face's logits (scripts/make_reference.py) and against the formulas."""
 import json
 import math
-import warnings
 
 import numpy as np
 import pytest
 
-from gpt2_numpy import fast as model
-from gpt2_numpy.fast import (
-    attention,
-    causal_mask,
-    gelu,
-    gpt2,
-    gpt2_cached,
-    layer_norm,
-    new_cache,
-    softmax,
-)
+from gpt2_numpy import model
 from gpt2_numpy.random_params import random_params
 from tests.conftest import FIXTURES
 
 CONFIGS = json.loads((FIXTURES / "configs.json").read_text())
 HF_TOLERANCE = 1e-4  # max |logit difference| vs HF in float32; measured about 2e-5 on all three configs
-CACHE_TOLERANCE = 1e-5  # cached vs full pass: only the summation order of the matmuls differs
 
 
 def load_reference(name):  # -> hparams, params, reference arrays
@@ -31,286 +19,102 @@ def load_reference(name):  # -> hparams, params, reference arrays
     return config["hparams"], random_params(config["hparams"], config["seed"]), reference
 
 
-@pytest.fixture(scope="module")
-def tiny():
-    return load_reference("tiny")
+def logits_error(name):  # -> max |model.gpt2's logits - HF's| on a fixture
+    hparams, params, reference = load_reference(name)
+    logits = model.gpt2(reference["inputs"], **params, n_head=hparams["n_head"])
+    assert logits.shape == (len(reference["inputs"]), hparams["n_vocab"]) and logits.dtype == np.float32
+    if "positions" in reference.files:
+        logits = logits[reference["positions"]]
+    return np.abs(logits - reference["logits"]).max()
 
 
 @pytest.mark.parametrize("name", ["tiny", "odd_heads", "124M"])
-def test_logits_match_hugging_face(name):
-    hparams, params, reference = load_reference(name)
-    logits = gpt2(reference["inputs"], **params, n_head=hparams["n_head"])
-    assert logits.shape == (len(reference["inputs"]), hparams["n_vocab"])
-    assert logits.dtype == np.float32
-    if "positions" in reference.files:
-        logits = logits[reference["positions"]]
-    assert np.abs(logits - reference["logits"]).max() <= HF_TOLERANCE
-    np.testing.assert_array_equal(logits.argmax(-1), reference["logits"].argmax(-1))
+def test_textbook_logits_match_hugging_face(name):
+    assert logits_error(name) <= HF_TOLERANCE
+
+
+def test_a_batch_axis_gives_each_row_its_own_logits():
+    hparams, params, reference = load_reference("tiny")
+    ids = reference["inputs"]
+    batch = np.stack([ids, ids[::-1]])  # [2, 64]: "..." in every shape comment
+    logits = model.gpt2(batch, **params, n_head=hparams["n_head"])
+    assert logits.shape == (2, 64, hparams["n_vocab"])
+    assert np.abs(logits[0] - reference["logits"]).max() <= HF_TOLERANCE
 
 
 @pytest.mark.parametrize(
-    "wrong_piece, replacement",
+    "name, wrong",
     [
-        ("causal_mask", lambda n_q, n_k: np.zeros((n_q, n_k), np.float32)),  # no mask: sees the future
-        ("split_heads", lambda x, n_head: x.reshape(3, n_head, x.shape[0], -1)),  # heads cut across positions
+        ("causal_mask", lambda n_seq: np.zeros((n_seq, n_seq), np.float32)),  # sees the future
+        ("causal_mask", lambda n_seq: np.triu(np.full((n_seq, n_seq), -np.inf, np.float32))),  # hides itself too
+        ("split_heads", lambda x, n_head: x.reshape(*x.shape[:-2], n_head, x.shape[-2], -1)),  # cut across positions
+        ("attention_scores", lambda q, k: np.einsum("...qd,...kd->...qk", q, k) / q.shape[-1]),  # / d, not / √d
+        ("gelu", lambda x: x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))),  # without the ½
     ],
 )
-def test_fixture_detects_a_wrong_mask_or_head_split(tiny, monkeypatch, wrong_piece, replacement):
-    hparams, params, reference = tiny
-    monkeypatch.setattr(model, wrong_piece, replacement)
-    logits = gpt2(reference["inputs"], **params, n_head=hparams["n_head"])
-    assert np.abs(logits - reference["logits"]).max() > 1.0
+def test_the_fixture_catches_a_wrong_piece(name, wrong, monkeypatch):
+    monkeypatch.setattr(model, name, wrong)
+    with np.errstate(all="ignore"):  # a query that sees nothing has NaN weights: still a wrong answer
+        error = logits_error("tiny")
+    assert not error <= 1.0  # NaN or far off
 
 
-def feed_in_chunks(params, n_head, inputs, sizes):  # -> logits of every position, fed through the KV cache
-    cache = new_cache(params["wpe"], params["blocks"], n_head)
-    rows, start = [], 0
-    for size in sizes:
-        logits, cache = gpt2_cached(inputs[start : start + size], cache, **params, n_head=n_head)
-        rows.append(logits)
-        start += size
-    assert start == len(inputs) == cache.n_past
-    return np.concatenate(rows)
-
-
-@pytest.mark.parametrize("sizes", [[1] * 64, [10, 1, 1, 7, 45], [64]])
-def test_kv_cache_matches_full_pass_at_every_position(tiny, sizes):
-    hparams, params, reference = tiny
-    full = gpt2(reference["inputs"], **params, n_head=hparams["n_head"])
-    cached = feed_in_chunks(params, hparams["n_head"], reference["inputs"], sizes)
-    assert cached.dtype == np.float32
-    assert np.abs(cached - full).max() <= CACHE_TOLERANCE
-
-
-@pytest.mark.parametrize("query_block", [10, 64])
-def test_attention_in_query_blocks_matches_hugging_face(tiny, monkeypatch, query_block):
-    hparams, params, reference = tiny
-    monkeypatch.setattr(model, "QUERY_BLOCK", query_block)  # 64 tokens: blocks of 10, ..., 10, 4; or one block
-    full = gpt2(reference["inputs"], **params, n_head=hparams["n_head"])
-    assert np.abs(full - reference["logits"]).max() <= HF_TOLERANCE
-    cached = feed_in_chunks(params, hparams["n_head"], reference["inputs"], [30, 34])  # blocks after cached keys
-    assert np.abs(cached - reference["logits"]).max() <= HF_TOLERANCE
-
-
-def test_last_only_after_a_long_prompt_is_the_last_position(tiny, monkeypatch):
-    hparams, params, reference = tiny
-    monkeypatch.setattr(model, "QUERY_BLOCK", 10)  # 64 tokens: blocks of 10, ..., 10, 4
-    cache = new_cache(params["wpe"], params["blocks"], hparams["n_head"])
-    last, _ = gpt2_cached(reference["inputs"], cache, **params, n_head=hparams["n_head"], last_only=True)
-    assert last.shape == (1, hparams["n_vocab"])
-    assert np.abs(last[0] - reference["logits"][-1]).max() <= HF_TOLERANCE
-
-
-@pytest.mark.parametrize("cached", [False, True])
-def test_last_only_runs_the_last_block_on_the_last_row_only(tiny, monkeypatch, cached):
-    hparams, params, reference = tiny
-    inputs, n_head, n_layer = reference["inputs"], hparams["n_head"], hparams["n_layer"]
-    n = len(inputs) - 1
-    rows_seen = []
-    real_linear = model.linear
-    monkeypatch.setattr(model, "linear", lambda x, w, b: rows_seen.append(x.shape[-2]) or real_linear(x, w, b))
-    if cached:
-        cache = new_cache(params["wpe"], params["blocks"], n_head)
-        last, cache = gpt2_cached(inputs[:-1], cache, **params, n_head=n_head, last_only=True)
-    else:
-        last = gpt2(inputs[:-1], **params, n_head=n_head, last_only=True)
-    # c_attn, attention's c_proj, c_fc, the mlp's c_proj: only the last block's c_attn (keys, values) needs every row
-    assert rows_seen == [n] * 4 * (n_layer - 1) + [n, 1, 1, 1]
-    assert last.shape == (1, hparams["n_vocab"])
-    assert np.abs(last[0] - reference["logits"][-2]).max() <= HF_TOLERANCE  # HF's logits at position n - 1
-    if cached:  # the last block still stored every position's key and value, which the next step attends to
-        step, _ = gpt2_cached(inputs[-1:], cache, **params, n_head=n_head, last_only=True)
-        assert np.abs(step[0] - reference["logits"][-1]).max() <= HF_TOLERANCE
-
-
-def test_kv_cache_last_only_returns_the_last_row(tiny):
-    hparams, params, reference = tiny
-    cache = new_cache(params["wpe"], params["blocks"], hparams["n_head"])
-    last, _ = gpt2_cached(reference["inputs"][:20], cache, **params, n_head=hparams["n_head"], last_only=True)
-    assert last.shape == (1, hparams["n_vocab"])
-    assert np.abs(last[0] - reference["logits"][19]).max() <= HF_TOLERANCE
-
-
-def test_a_cached_step_processes_only_the_new_token(tiny, monkeypatch):
-    hparams, params, reference = tiny
-    cache = new_cache(params["wpe"], params["blocks"], hparams["n_head"])
-    gpt2_cached(reference["inputs"][:40], cache, **params, n_head=hparams["n_head"])
-    rows_seen = []
-    real_linear = model.linear
-    monkeypatch.setattr(model, "linear", lambda x, w, b: rows_seen.append(len(x)) or real_linear(x, w, b))
-    gpt2_cached(reference["inputs"][40:41], cache, **params, n_head=hparams["n_head"])
-    assert rows_seen and set(rows_seen) == {1}
-
-
-def test_changing_a_later_token_never_changes_earlier_logits(tiny):
-    hparams, params, reference = tiny
-    inputs = reference["inputs"].copy()
-    before = gpt2(inputs, **params, n_head=hparams["n_head"])
-    inputs[30] = (inputs[30] + 1) % hparams["n_vocab"]
-    after = gpt2(inputs, **params, n_head=hparams["n_head"])
-    assert np.abs(after[:30] - before[:30]).max() <= 1e-6
-    assert np.abs(after[30:] - before[30:]).max() > 0.1
-
-
-def test_every_intermediate_stays_float32(tiny, monkeypatch):
-    hparams, params, reference = tiny
-    dtypes = set()
-    for name in ["gelu", "shifted_exp", "layer_norm", "linear", "attention", "mha", "block", "ffn", "embed", "lm_head"]:
+def test_every_function_stays_float32(monkeypatch):
+    hparams, params, reference = load_reference("tiny")
+    dtypes = {}
+    for name in ["gelu", "softmax", "layer_norm", "linear", "ffn", "attention_scores", "attention", "mha", "block"]:
         real = getattr(model, name)
-        monkeypatch.setattr(model, name, lambda *a, _real=real, **k: dtypes.add(_real(*a, **k).dtype) or _real(*a, **k))
-    gpt2(reference["inputs"][:8], **params, n_head=hparams["n_head"])
-    assert dtypes == {np.dtype(np.float32)}
+        monkeypatch.setattr(model, name, lambda *a, _r=real, _n=name, **k: dtypes.setdefault(_n, set()).add(
+            _r(*a, **k).dtype) or _r(*a, **k))
+    model.gpt2(reference["inputs"][:8], **params, n_head=hparams["n_head"])
+    assert dtypes == {name: {np.dtype(np.float32)} for name in dtypes} and len(dtypes) == 9
 
 
-def test_softmax_rows_sum_to_one_and_ignore_shifts():
+def test_gelu_is_the_tanh_formula_and_close_to_the_erf_gelu():
+    x = np.linspace(-6, 6, 49, dtype=np.float32)
+    y = model.gelu(x)
+    assert y.dtype == np.float32  # math.sqrt's Python float keeps it float32; np.sqrt(2 / np.pi) would not
+    exact = np.array([v * 0.5 * (1 + math.erf(v / math.sqrt(2))) for v in x.tolist()])
+    assert np.abs(y - exact).max() < 1e-3  # the tanh approximation is within about 2e-4 of x Φ(x)
+    assert abs(float(model.gelu(np.float32(1.0))) - 0.8411920) < 1e-6  # ½(1 + tanh(√(2/π) · 1.044715)), by hand
+
+
+def test_softmax_sums_to_one_ignores_shifts_and_does_not_overflow():
     x = np.random.default_rng(0).standard_normal((5, 7), dtype=np.float32) * 10
-    probabilities = softmax(x)
-    np.testing.assert_allclose(probabilities.sum(-1), 1, atol=1e-6)
-    np.testing.assert_allclose(softmax(x + 50), probabilities, atol=1e-5)  # float32 rounding of x + 50 is ~4e-6
-    assert probabilities.dtype == np.float32
+    p = model.softmax(x)
+    np.testing.assert_allclose(p.sum(-1), 1, atol=1e-6)
+    np.testing.assert_allclose(model.softmax(x + 50), p, atol=1e-5)
+    np.testing.assert_allclose(model.softmax(np.array([1000, 1000, 0], np.float32)), [0.5, 0.5, 0], atol=1e-7)
 
 
-def test_softmax_does_not_overflow_on_large_logits():
-    np.testing.assert_allclose(softmax(np.array([1000, 1000, 0], np.float32)), [0.5, 0.5, 0], atol=1e-7)
-
-
-def test_layer_norm_normalizes_before_the_affine():
+def test_layer_norm_normalizes_then_scales_and_shifts():
     x = np.random.default_rng(0).standard_normal((4, 64), dtype=np.float32) * 3 + 5
-    y = layer_norm(x, g=np.ones(64, np.float32), b=np.zeros(64, np.float32))
+    y = model.layer_norm(x, g=np.ones(64, np.float32), b=np.zeros(64, np.float32))
     np.testing.assert_allclose(y.mean(-1), 0, atol=1e-5)
-    np.testing.assert_allclose(y.var(-1), 1, atol=1e-3)  # eps=1e-5 shrinks the variance by about eps/var(x)
-    g, b = np.full(64, 2, np.float32), np.full(64, 0.5, np.float32)
-    np.testing.assert_allclose(layer_norm(x, g, b), 2 * y + 0.5, atol=1e-5)
+    np.testing.assert_allclose(y.var(-1), 1, atol=1e-3)
+    np.testing.assert_allclose(model.layer_norm(x, np.float32(2), np.float32(0.5)), 2 * y + 0.5, atol=1e-5)
 
 
-def test_gelu_is_close_to_the_exact_erf_gelu():
-    points = np.array([-6, -3, -1.5, -1, -0.5, 0, 0.5, 1, 1.5, 3, 6], np.float32)
-    exact = np.array([x * 0.5 * (1 + math.erf(x / math.sqrt(2))) for x in points.tolist()])
-    approx = gelu(points)
-    assert approx.dtype == np.float32
-    assert np.abs(approx - exact).max() < 1e-3  # the tanh approximation is within ~2e-4 of the erf form
-
-
-def tanh_gelu(x):  # float64, GPT-2's formula as written: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
-    x = np.asarray(x, np.float64)
-    return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
-
-
-def test_gelu_in_many_chunks_is_the_tanh_formula_everywhere(monkeypatch):
-    monkeypatch.setattr(model, "GELU_CHUNK", 7)  # 3 * 5 * 11 = 165 elements: 23 whole chunks and a part
-    x = np.random.default_rng(0).standard_normal((3, 5, 11), dtype=np.float32) * 4
-    x[0, 0, :2] = -100, 100  # e^(-2u) overflows to inf (-100) or vanishes (100)
-    for array in (x.transpose(2, 0, 1), x):  # a view in another memory order, and C-ordered
-        y = gelu(array)
-        assert y.shape == array.shape and y.dtype == np.float32
-        np.testing.assert_allclose(y, tanh_gelu(array), rtol=1e-6, atol=1e-6)
-
-
-def test_gelu_of_very_negative_inputs_is_zero_without_a_warning():
-    x = np.array([-100, -1e4, -3e38], np.float32)  # e^(-2u) overflows to inf, which NumPy would warn about
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        y = gelu(x)
-    np.testing.assert_array_equal(y, 0)  # the tanh form's 0.5 x (1 - 1), and the limit of x Phi(x)
-
-
-@pytest.mark.parametrize("size", [0, 1, 17])  # a 0-d array, one element, two whole chunks of 8 and one element
-def test_gelu_of_sizes_just_past_a_chunk_is_the_tanh_formula(monkeypatch, size):
-    monkeypatch.setattr(model, "GELU_CHUNK", 8)
-    x = np.float32(-1.5) if size == 0 else np.linspace(-4, 4, size, dtype=np.float32)
-    y = gelu(x)
-    assert y.shape == np.shape(x) and y.dtype == np.float32
-    np.testing.assert_allclose(y, tanh_gelu(x), rtol=1e-6, atol=1e-6)
-
-
-def test_attention_is_the_textbook_softmax_formula():
+def test_attention_is_softmax_of_scaled_scores_plus_mask_times_v():
     rng = np.random.default_rng(0)
-    q, k, v = (rng.standard_normal((2, 3, 5, 8), dtype=np.float32) * 4 for _ in range(3))  # scores up to ~50
-    mask = causal_mask(5, 5) + np.where(np.arange(5) < 2, -np.inf, 0).astype(np.float32)  # and keys 0, 1 hidden
-    mask[:2, :2] = 0  # from all but the first two queries, which must see something
+    q, k, v = (rng.standard_normal((2, 3, 5, 8), dtype=np.float32) * 4 for _ in range(3))
+    mask = model.causal_mask(5)
     scores = q.astype(np.float64) @ k.astype(np.float64).swapaxes(-1, -2) / math.sqrt(8) + mask
     weights = np.exp(scores - scores.max(-1, keepdims=True))
     expected = weights / weights.sum(-1, keepdims=True) @ v
-    out = attention(q, k, v, mask)
-    assert out.dtype == np.float32
-    np.testing.assert_allclose(out, expected, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(model.attention(q, k, v, mask), expected, rtol=0, atol=1e-5)
 
 
-def test_causal_mask_zeroes_attention_to_the_future():
-    n = 6
-    q = k = np.random.default_rng(0).standard_normal((2, n, 4), dtype=np.float32)
-    v = np.broadcast_to(np.eye(n, dtype=np.float32), (2, n, n))  # one-hot values expose the attention weights
-    weights = attention(q, k, v, causal_mask(n, n))
-    assert np.all(weights[:, np.triu_indices(n, 1)[0], np.triu_indices(n, 1)[1]] == 0)
-    np.testing.assert_allclose(weights.sum(-1), 1, atol=1e-6)
-    assert np.all(weights[:, np.tril_indices(n)[0], np.tril_indices(n)[1]] > 0)
+def test_causal_mask_hides_exactly_the_later_positions():
+    mask = model.causal_mask(4)
+    assert mask.dtype == np.float32
+    np.testing.assert_array_equal(np.isneginf(mask), np.arange(4)[None, :] > np.arange(4)[:, None])
+    assert np.all(mask[np.tril_indices(4)] == 0)
 
 
-def test_causal_mask_for_new_queries_after_cached_keys():
-    # two new queries at positions 3 and 4 of 5 keys: the first must not see key 4
-    mask = causal_mask(2, 5)
-    assert np.isneginf(mask[0, 4]) and np.all(mask[0, :4] == 0) and np.all(mask[1] == 0)
-
-
-@pytest.mark.parametrize(
-    "inputs, fragment",
-    [([1, -1], "token id -1 is outside the vocabulary"), ([512], "token id 512 is outside the vocabulary")],
-)
-def test_out_of_range_ids_are_refused(tiny, inputs, fragment):
-    hparams, params, _ = tiny
-    with pytest.raises(ValueError, match=fragment):
-        gpt2(inputs, **params, n_head=hparams["n_head"])
-
-
-@pytest.mark.parametrize("inputs", [[], [1.0, 2.0], [[[1, 2]]], [[]]])
-def test_malformed_inputs_are_refused(tiny, inputs):
-    hparams, params, _ = tiny
-    with pytest.raises(ValueError, match="1-D sequence of integer token ids"):
-        gpt2(inputs, **params, n_head=hparams["n_head"])
-
-
-def test_too_long_a_sequence_is_refused(tiny):
-    hparams, params, _ = tiny
-    with pytest.raises(ValueError, match="65 positions exceed the model's context of n_ctx=64"):
-        gpt2([0] * 65, **params, n_head=hparams["n_head"])
-
-
-def test_the_cache_refuses_to_run_past_the_context_and_stays_intact(tiny):
-    hparams, params, reference = tiny
-    cache = new_cache(params["wpe"], params["blocks"], hparams["n_head"])
-    gpt2_cached(reference["inputs"][:60], cache, **params, n_head=hparams["n_head"])
-    with pytest.raises(ValueError, match="^65 positions exceed the model's context of n_ctx=64 tokens$"):
-        gpt2_cached([0] * 5, cache, **params, n_head=hparams["n_head"])
-    assert cache.n_past == 60
-    last, _ = gpt2_cached(reference["inputs"][60:61], cache, **params, n_head=hparams["n_head"])
-    assert np.abs(last[0] - reference["logits"][60]).max() <= HF_TOLERANCE
-
-
-@pytest.mark.parametrize("inputs", [np.array([], np.int64), np.zeros((2, 0), np.int64)])
-def test_an_empty_integer_sequence_is_refused(tiny, inputs):
-    hparams, params, _ = tiny
-    with pytest.raises(ValueError, match="non-empty 1-D sequence"):
-        gpt2(inputs, **params, n_head=hparams["n_head"])
-
-
-@pytest.mark.parametrize(
-    "pad, inputs, fragment",
-    [
-        ([0, 0], [1, 2, 3], r"shape \(3,\) do not fit a KV cache for a batch of 2 rows"),  # would broadcast silently
-        ([0, 0], [[1], [2], [3]], r"shape \(3, 1\) do not fit a KV cache for a batch of 2 rows"),
-        (None, [[1, 2]], r"shape \(1, 2\) do not fit a KV cache for one sequence"),
-    ],
-)
-def test_ids_must_fit_the_cache_they_extend(tiny, pad, inputs, fragment):
-    hparams, params, _ = tiny
-    cache = new_cache(params["wpe"], params["blocks"], hparams["n_head"], pad=pad)
-    with pytest.raises(ValueError, match=fragment):
-        gpt2_cached(inputs, cache, **params, n_head=hparams["n_head"])
-    assert cache.n_past == 0
-
-
-@pytest.mark.parametrize("n_slots", [0, 65])
-def test_a_cache_holds_between_one_slot_and_the_context(tiny, n_slots):
-    hparams, params, _ = tiny
-    with pytest.raises(ValueError, match=f"n_slots={n_slots} must lie in 1 ... n_ctx=64"):
-        new_cache(params["wpe"], params["blocks"], hparams["n_head"], n_slots=n_slots)
+def test_split_and_merge_heads_are_inverse_and_cut_the_embedding():
+    x = np.arange(2 * 5 * 12, dtype=np.float32).reshape(2, 5, 12)
+    heads = model.split_heads(x, 3)
+    assert heads.shape == (2, 3, 5, 4)
+    np.testing.assert_array_equal(heads[1, 2, 4], x[1, 4, 8:12])  # head 2 of position 4: embedding columns 8-11
+    np.testing.assert_array_equal(model.merge_heads(heads), x)

@@ -22,7 +22,8 @@ import pytest
 from gpt2_numpy import fast as model, score
 from gpt2_numpy.errors import NonFiniteError, UsageError
 from gpt2_numpy.random_params import random_params
-from gpt2_numpy.score import log_softmax_at, score_windows, summary, token_log_probs, visible
+from gpt2_numpy.fast import log_softmax_at
+from gpt2_numpy.score import score_windows, summary, token_log_probs, visible
 from gpt2_numpy.tokenizer import EOT_ID, load_tokenizer
 from tests.conftest import FIXTURES, REPO, assert_one_error_line, official_path
 from tests.test_checkpoint import write_safetensors_raw
