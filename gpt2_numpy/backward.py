@@ -2,16 +2,18 @@
 
 Each `*_backward(d_out, ...)` takes the gradient of the loss with respect to a forward function's output and returns
 the gradient with respect to its inputs (and its parameters, as a dict named like the params). The training forward
-is model.py's functions composed as `gpt2` composes them; the `*_forward` functions below also keep what the backward
-needs. `loss_and_grads` runs both: the mean cross-entropy of next-token prediction and its gradient for every param.
-Float32 throughout, as the forward; a leading batch axis works too ("..." in the shapes).
+is model.py's functions composed as `gpt2` composes them, except for two that run in the tuned pass's form (fast.py,
+held equal to model.py by tests/test_fast.py): the attention scores and GELU, the two that cost most in model.py's
+form; the `*_forward` functions below also keep what the backward needs. `loss_and_grads` runs both: the mean
+cross-entropy of next-token prediction and its gradient for every param. Float32 throughout, as the forward; a leading
+batch axis works too ("..." in the shapes).
 """
 import math
 
 import numpy as np
 
-from gpt2_numpy.model import attention_scores, causal_mask, gelu, layer_norm, linear, merge_heads, softmax
-from gpt2_numpy.model import split_heads
+from gpt2_numpy import fast
+from gpt2_numpy.model import causal_mask, layer_norm, linear, merge_heads, softmax, split_heads
 
 GELU_C = math.sqrt(2 / math.pi)  # gelu(x) = ½x(1 + tanh(GELU_C (x + 0.044715x³)))
 
@@ -134,8 +136,10 @@ def linear_rows(x, w, b):  # model.linear -> [..., n_out]
 
 def attention_forward(q, k, v, mask):  # model.attention -> [..., n_head, n_q, d_head], weights [..., n_head, n_q, n_k]
     # model.attention's two lines, keeping the weights for the backward (recomputing them there would cost another
-    # q kᵀ and softmax per layer), its weighted sum as the batched matmul of einsum()
-    weights = softmax(attention_scores(q, k) + mask)
+    # q kᵀ and softmax per layer). Both einsums run as batched matmuls: the scores by the tuned pass's
+    # attention_scores (held equal to model.attention_scores by tests/test_fast.py), the weighted sum by einsum();
+    # model.py's plain einsum of the scores took 1.8 s of a 12 s step on the 124M shape (benchmark_train.py)
+    weights = softmax(fast.attention_scores(q, k) + mask)
     return einsum("...qk,...kd->...qd", weights, v), weights
 
 
@@ -148,7 +152,7 @@ def mha_forward(x, c_attn, c_proj, n_head):  # model.mha -> [..., n_seq, n_embd]
 
 def ffn_forward(x, c_fc, c_proj):  # model.ffn -> [..., n_seq, n_embd], cache
     h = linear_rows(x, **c_fc)
-    a = gelu(h)
+    a = fast.gelu(h)  # the tuned pass's (tests/test_fast.py): model.gelu took 0.7 s of a 9 s step, this 0.15 s
     return linear_rows(a, **c_proj), (x, h, a)
 
 

@@ -16,19 +16,8 @@ import sys
 import numpy as np
 
 from gpt2_numpy.checkpoint import load_params
-from gpt2_numpy.model import attention_scores, block, causal_mask, layer_norm, linear, softmax, split_heads
+from gpt2_numpy.explain import attention_weights
 from gpt2_numpy.tokenizer import load_tokenizer
-
-
-def attention_weights(ids, wte, wpe, blocks, ln_f, n_head):  # int [n_seq] -> [n_layer, n_head, n_seq, n_seq]
-    x = wte[ids] + wpe[np.arange(len(ids))]
-    weights = []
-    for params in blocks:
-        q, k, _ = np.split(linear(layer_norm(x, **params["ln_1"]), **params["attn"]["c_attn"]), 3, axis=-1)
-        scores = attention_scores(split_heads(q, n_head), split_heads(k, n_head)) + causal_mask(len(ids))
-        weights.append(softmax(scores))  # what model.attention computes inside, kept
-        x = block(x, **params, n_head=n_head)
-    return np.stack(weights)
 
 
 def head_scores(weights, punct):  # [..., n_seq, n_seq], bool [n_seq] -> {pattern: [...]}, means over queries >= 1
@@ -47,7 +36,7 @@ def main(model_dir, prompt):
     tokenizer = load_tokenizer(model_dir)
     ids = tokenizer.encode(prompt)
     punct = np.array([not any(char.isalnum() for char in tokenizer.decode([token_id])) for token_id in ids])
-    scores = head_scores(attention_weights(ids, **params, n_head=hparams["n_head"]), punct)
+    scores = head_scores(attention_weights(ids, params, hparams["n_head"]), punct)
     uniform = head_scores(uniform_weights(len(ids)), punct)
     print(f"{len(ids)} tokens, {punct.sum()} of them punctuation")
     print("layer head " + "".join(f"{name:>9}" for name in scores))

@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "scripts")]
 
 from benchmark import blas_threads, row  # noqa: E402
-from gpt2_numpy import backward, keep_freed_memory, optim  # noqa: E402
+from gpt2_numpy import backward, fast, keep_freed_memory, optim  # noqa: E402
 from gpt2_numpy.random_params import random_params  # noqa: E402
 
 OURS, TORCH = "gpt2_numpy", "torch"
@@ -87,8 +87,9 @@ def interleaved_seconds(steps, repeats):  # {name: step} -> {name: median second
 # --- where our time goes ---
 
 TIMED = {  # module -> the functions a step calls through its globals, each timed without its timed callees
-    backward: ["linear", "linear_backward", "attention_forward", "attention_backward", "gelu", "gelu_backward",
-               "layer_norm", "layer_norm_backward", "cross_entropy", "lm_head_backward", "embedding_backward"],
+    backward: ["linear", "linear_backward", "attention_forward", "attention_backward", "gelu_backward", "layer_norm",
+               "layer_norm_backward", "cross_entropy", "lm_head_backward", "embedding_backward"],
+    fast: ["gelu"],  # the forward's gelu, the tuned pass's
     optim: ["clip_grads", "adamw_step"],
 }
 
