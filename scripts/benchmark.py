@@ -81,6 +81,11 @@ class Ours:
         cache = self.step(ids, self.new_cache())[1]
         return lambda: self.step([1], cache)
 
+    def batch_step(self, rows):  # -> step(): one cached step of a batch, after its prompts ([n_rows, n] ids)
+        cache = model.new_cache(self.params["wpe"], self.params["blocks"], self.n_head, pad=np.zeros(len(rows), int))
+        cache = self.step(np.array(rows), cache)[1]
+        return lambda: self.step(np.ones((len(rows), 1), np.int64), cache)
+
     def decode_seconds(self, ids, n_new):  # -> seconds for n_new greedy steps after an untimed prefill
         logits, cache = self.step(ids, self.new_cache())
         start = time.perf_counter()
@@ -110,9 +115,12 @@ class HuggingFace:
         torch.set_num_threads(blas_threads())
         self.torch, self.model = torch, hf_model(hparams, params, attn_implementation="sdpa")  # HF's default
 
-    def run(self, ids, **kwargs):
+    def run(self, ids, **kwargs):  # ids: one sequence
+        return self.run_rows(self.torch.tensor([ids]), **kwargs)
+
+    def run_rows(self, ids, **kwargs):  # ids: a [n_rows, n] tensor
         with self.torch.no_grad():
-            return self.model(self.torch.tensor([ids]), **kwargs)
+            return self.model(ids, **kwargs)
 
     def prefill(self, ids, last_only):
         return self.run(ids, use_cache=False, logits_to_keep=1 if last_only else 0).logits
@@ -120,6 +128,11 @@ class HuggingFace:
     def decode_step(self, ids):  # -> step(): as Ours.decode_step (HF's DynamicCache grows in place)
         cache = self.run(ids, use_cache=True, logits_to_keep=1).past_key_values
         return lambda: self.run([1], past_key_values=cache, use_cache=True, logits_to_keep=1)
+
+    def batch_step(self, rows):  # -> step(): as Ours.batch_step
+        cache = self.run_rows(self.torch.tensor(rows), use_cache=True, logits_to_keep=1).past_key_values
+        ones = self.torch.ones((len(rows), 1), dtype=self.torch.long)
+        return lambda: self.run_rows(ones, past_key_values=cache, use_cache=True, logits_to_keep=1)
 
     def decode_seconds(self, ids, n_new):
         out = self.run(ids, use_cache=True, logits_to_keep=1)
@@ -511,13 +524,16 @@ def breakdown_lines(engines, sgemm_gflops, bandwidth_gbs, exp_ns):
                measures[e.name](lambda e=e: e.prefill(ids, last_only=True)) for e in engines}
     decode = {f"{e.name}: one decode step after a 16-token prompt (ms)": measures[e.name](e.decode_step(prompt))
               for e in engines}
-    columns = {**prefill, **decode}
+    rows = batch_prompts([16] * 8)
+    batch = {f"{e.name}: one decode step of 8 rows after 16-token prompts (ms)": measures[e.name](e.batch_step(rows))
+             for e in engines}
+    columns = {**prefill, **decode, **batch}
     lines = ["| part | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
     for name, part in BREAKDOWN_ROWS.items():
         cells = ["" if part(seconds) is None else f"{part(seconds) * 1e3:,.1f}" for seconds in columns.values()]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     for what, prefill_ms, decode_ms in floors(engines[0].params, sgemm_gflops, bandwidth_gbs, exp_ns):
-        cells = [prefill_ms] + [""] * (len(prefill) - 1) + [decode_ms] + [""] * (len(decode) - 1)
+        cells = [prefill_ms] + [""] * (len(prefill) - 1) + [decode_ms] + [""] * (len(decode) - 1 + len(batch))
         lines.append(f"| {what} | " + " | ".join(cells) + " |")
     return lines
 
