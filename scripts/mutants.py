@@ -1,0 +1,57 @@
+"""Plausible bugs in model.py and fast.py, each applied alone to a copy of the repo: which tests catch each one.
+
+    python scripts/mutants.py [TEST_FILE ...]     (default: tests/test_model.py tests/test_fast.py)
+
+A test earns its place by failing when the code is wrong; a mutant that no test catches is a hole in the suite. Each
+mutant replaces one line's text; the copy lives in a temporary folder, so the working tree is never touched.
+"""
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+MUTANTS = [  # (what, file, text, replacement)
+    ("model: scores / d, not / √d", "gpt2_numpy/model.py", "/ math.sqrt(q.shape[-1])", "/ q.shape[-1]"),
+    ("model: softmax without the max shift", "gpt2_numpy/model.py",
+     "np.exp(x - np.max(x, axis=-1, keepdims=True))", "np.exp(x)"),
+    ("model: layer_norm eps 1e-3", "gpt2_numpy/model.py", "eps=1e-5):", "eps=1e-3):"),
+    ("model: gelu 0.04 for 0.044715", "gpt2_numpy/model.py", "(x + 0.044715 * x**3)", "(x + 0.04 * x**3)"),
+    ("model: the mask hides the diagonal", "gpt2_numpy/model.py", "dtype=np.float32), k=1)", "dtype=np.float32), k=0)"),
+    ("model: merge_heads without the swap", "gpt2_numpy/model.py", "    x = np.swapaxes(x, -3, -2)\n", ""),
+    ("fast: no division by the row sums", "gpt2_numpy/fast.py", "    out /= weights.sum(axis=-1, keepdims=True)\n", ""),
+    ("fast: the scores transposed", "gpt2_numpy/fast.py", 'einsum("...kd,...qd->...qk"', 'einsum("...kd,...qd->...kq"'),
+    ("fast: gelu constant 0.04", "gpt2_numpy/fast.py", "-2 * GELU_SCALE * 0.044715)", "-2 * GELU_SCALE * 0.04)"),
+    ("fast: a query block sees one key too few", "gpt2_numpy/fast.py", "seen = n_k - n_q + end",
+     "seen = n_k - n_q + end - 1"),
+    ("fast: padding positions off by one", "gpt2_numpy/fast.py", "np.arange(n_past, n_past + n_seq) - pad[:, None], 0)",
+     "np.arange(n_past, n_past + n_seq) - pad[:, None] + 1, 0)"),
+]
+
+
+def caught_by(copy, tests):  # -> ids of the failing tests
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rf", *tests], cwd=copy,
+                            capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(copy)})
+    return [line.split(" - ")[0].removeprefix("FAILED ") for line in result.stdout.splitlines()
+            if line.startswith("FAILED")]
+
+
+def main(tests):
+    tests = tests or ["tests/test_model.py", "tests/test_fast.py"]
+    with tempfile.TemporaryDirectory() as scratch:
+        for what, path, text, replacement in MUTANTS:
+            copy = Path(scratch) / "repo"
+            shutil.rmtree(copy, ignore_errors=True)
+            shutil.copytree(REPO, copy, ignore=shutil.ignore_patterns(".git", "__pycache__", "weights"))
+            source = (copy / path).read_text()
+            assert text in source, f"{what}: {text!r} is no longer in {path}"
+            (copy / path).write_text(source.replace(text, replacement, 1))
+            failed = caught_by(copy, tests)
+            print(f"{what}: " + (f"caught by {len(failed)}: " + ", ".join(failed) if failed else "NOT CAUGHT"),
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
