@@ -1,12 +1,16 @@
-"""Shared test helpers: where the official GPT-2 files live, and the rule that CI never skips them."""
+"""Shared test helpers: where the official GPT-2 files live, and the rule that CI never skips them; the HF logit
+fixtures of tests/fixtures (their configs, seeded weights and tolerance)."""
+import json
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from gpt2_numpy.random_params import random_params
 from gpt2_numpy.tokenizer import PACKAGED_VOCABULARY
 
 REPO = Path(__file__).resolve().parents[1]
@@ -15,6 +19,13 @@ OFFICIAL = REPO.parent / "shared" / "gpt2-official"  # read from there, never co
 # except the tokenizer's two files: the package ships byte-identical copies (test_tokenizer checks), so tests that
 # need only them run on any clone
 PACKAGED = {f"124M/{name}": PACKAGED_VOCABULARY / name for name in ("encoder.json", "vocab.bpe")}
+HF_TOLERANCE = 1e-4  # max |logit difference| vs HF in float32; measured about 2e-5 on all three configs
+
+
+def load_reference(name):  # -> hparams, params, reference arrays of an HF fixture (scripts/make_reference.py)
+    config = json.loads((FIXTURES / "configs.json").read_text())[name]
+    reference = np.load(FIXTURES / f"reference_{name}.npz")
+    return config["hparams"], random_params(config["hparams"], config["seed"]), reference
 
 
 def official_path(relative):

@@ -16,11 +16,10 @@ from gpt2_numpy.errors import CheckpointError
 from gpt2_numpy.formats.tf_bundle import table_records
 from gpt2_numpy.model import gpt2
 from gpt2_numpy.random_params import random_params
-from tests.conftest import FIXTURES
+from tests.conftest import FIXTURES, HF_TOLERANCE
 from tests.fuzzing import VARINT, fields_of, fields_of_value, proto, set_field, table
 
 TINY = json.loads((FIXTURES / "configs.json").read_text())["tiny"]
-HF_TOLERANCE = 1e-4  # max |logit difference| vs HF in float32 (as in test_model.py)
 DATA, INDEX, SAFETENSORS = "model.ckpt.data-00000-of-00001", "model.ckpt.index", "model.safetensors"
 FIXTURE_DIRS = ["tf_tiny", "hf_tiny", "hf_tiny_hub"]  # TF's SaveV2; save_pretrained; hub style (no prefix, buffers)
 

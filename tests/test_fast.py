@@ -1,5 +1,4 @@
 """The tuned pass (fast.py): equal to the textbook model.py, and against Hugging Face's logits and math."""
-import json
 import math
 import warnings
 
@@ -18,18 +17,9 @@ from gpt2_numpy.fast import (
     new_cache,
     softmax,
 )
-from gpt2_numpy.random_params import random_params
-from tests.conftest import FIXTURES
+from tests.conftest import HF_TOLERANCE, load_reference
 
-CONFIGS = json.loads((FIXTURES / "configs.json").read_text())
-HF_TOLERANCE = 1e-4  # max |logit difference| vs HF in float32; measured about 2e-5 on all three configs
 CACHE_TOLERANCE = 1e-5  # cached vs full pass: only the summation order of the matmuls differs
-
-
-def load_reference(name):  # -> hparams, params, reference arrays
-    config = CONFIGS[name]
-    reference = np.load(FIXTURES / f"reference_{name}.npz")
-    return config["hparams"], random_params(config["hparams"], config["seed"]), reference
 
 
 @pytest.fixture(scope="module")

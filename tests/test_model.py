@@ -1,22 +1,11 @@
 """The textbook model.py: against Hugging Face's logits (scripts/make_reference.py) and against the formulas."""
-import json
 import math
 
 import numpy as np
 import pytest
 
 from gpt2_numpy import model
-from gpt2_numpy.random_params import random_params
-from tests.conftest import FIXTURES
-
-CONFIGS = json.loads((FIXTURES / "configs.json").read_text())
-HF_TOLERANCE = 1e-4  # max |logit difference| vs HF in float32; measured about 2e-5 on all three configs
-
-
-def load_reference(name):  # -> hparams, params, reference arrays
-    config = CONFIGS[name]
-    reference = np.load(FIXTURES / f"reference_{name}.npz")
-    return config["hparams"], random_params(config["hparams"], config["seed"]), reference
+from tests.conftest import HF_TOLERANCE, load_reference
 
 
 def logits_error(name):  # -> max |model.gpt2's logits - HF's| on a fixture
