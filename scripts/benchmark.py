@@ -8,7 +8,8 @@ The weights are a TF checkpoint when `--checkpoint DIR` (default weights/124M) h
 one from `scripts/make_tf_fixture.py --config 124M --out DIR`), else seeded random weights of the 124M shape.
 `--compare-hf` needs `pip install torch==2.13.0 transformers safetensors` (CPU torch); HF runs with its default
 attention (sdpa) and as many torch threads as NumPy's BLAS uses. Each time is the median of `--repeats` runs after a
-warm-up. The targets of the performance issue are ratios measured in one run; the test suite asserts no timings.
+warm-up; where both engines run, they take turns, repeat by repeat. The targets of the performance issue are ratios
+measured in one run; the test suite asserts no timings.
 """
 import argparse
 import json
@@ -49,6 +50,26 @@ def median_seconds(run, repeats):  # -> median wall time of run() after one warm
         run()
         times.append(time.perf_counter() - start)
     return float(np.median(times))
+
+
+def in_turns(measures, repeats):  # {name: measure() -> seconds} -> {name: median seconds}
+    # the engines take turns, repeat by repeat, so a machine that speeds up or slows down mid-row (timings here drift
+    # by 15% and more) moves both engines' medians alike, and their ratio holds
+    for measure in measures.values():
+        measure()  # warm-up
+    times = {name: [] for name in measures}
+    for _ in range(repeats):
+        for name, measure in measures.items():
+            times[name].append(measure())
+    return {name: float(np.median(t)) for name, t in times.items()}
+
+
+def wall_seconds(run):  # -> a measure for in_turns: the wall time of one run()
+    def measure():
+        start = time.perf_counter()
+        run()
+        return time.perf_counter() - start
+    return measure
 
 
 def prompt_ids(n):  # a fixed pseudo-random prompt of n ids
@@ -178,8 +199,8 @@ def prefill_rows(engines, repeats):
     rows = []
     for n in (128, 1024):
         for last_only, what in ((True, "last-position logits"), (False, "all positions")):
-            seconds = {e.name: median_seconds(lambda e=e: e.prefill(prompt_ids(n), last_only), repeats)
-                       for e in engines}
+            seconds = in_turns({e.name: wall_seconds(lambda e=e: e.prefill(prompt_ids(n), last_only))
+                                for e in engines}, repeats)
             rows.append(row(f"prefill {n} tokens, {what} (s)", "lower", seconds))
     ours = engines[0]  # what the tricks buy: the textbook model.gpt2 on the same prompt and weights
     seconds = median_seconds(lambda: textbook.gpt2(np.array(prompt_ids(1024)), **ours.params, n_head=ours.n_head), 1)
@@ -190,8 +211,9 @@ def prefill_rows(engines, repeats):
 def decode_rows(engines, repeats):
     rows = []
     for n_prompt, n_new in ((16, 128), (900, 64)):
-        speed = {e.name: n_new / np.median([e.decode_seconds(prompt_ids(n_prompt), n_new) for _ in range(repeats)])
-                 for e in engines}
+        decode = {e.name: lambda e=e: e.decode_seconds(prompt_ids(n_prompt), n_new) for e in engines}
+        seconds = in_turns(decode, repeats)
+        speed = {name: n_new / s for name, s in seconds.items()}
         rows.append(row(f"decode with KV cache, {n_prompt}-token prompt + {n_new} (tok/s)", "higher", speed))
     n_prompt, n_new = 16, 32
     speed = {e.name: n_new / e.decode_uncached_seconds(prompt_ids(n_prompt), n_new) for e in engines}
@@ -213,8 +235,8 @@ def batch_rows(engines, repeats):  # whole generate calls, prefill included: tok
     rows = []
     for label, lengths, n_new, which in cases:
         prompts = batch_prompts(lengths)
-        speed = {e.name: len(prompts) * n_new / median_seconds(lambda e=e: e.batch_seconds(prompts, n_new), repeats)
-                 for e in which}
+        seconds = in_turns({e.name: wall_seconds(lambda e=e: e.batch_seconds(prompts, n_new)) for e in which}, repeats)
+        speed = {name: len(prompts) * n_new / s for name, s in seconds.items()}
         what = f"{label} prompts of {lengths[0]} tokens" if label != "8 ragged" else "8 ragged prompts (1-200 tokens)"
         rows.append(row(f"generate, {what} + {n_new} new each, total (tok/s)", "higher", speed))
     return rows

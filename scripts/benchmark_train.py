@@ -22,7 +22,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "scripts")]
 
-from benchmark import blas_threads, row  # noqa: E402
+from benchmark import blas_threads, in_turns, row, wall_seconds  # noqa: E402
 from gpt2_numpy import backward, fast, keep_freed_memory, optim  # noqa: E402
 from gpt2_numpy.random_params import random_params  # noqa: E402
 
@@ -70,18 +70,6 @@ def torch_step(hparams, params, inputs, targets):  # -> step(): the same step in
         torch.nn.utils.clip_grad_norm_(weights, optim.CLIP)
         optimizer.step()
     return step
-
-
-def interleaved_seconds(steps, repeats):  # {name: step} -> {name: median seconds}, the engines taking turns
-    for step in steps.values():
-        step()  # warm-up
-    times = {name: [] for name in steps}
-    for _ in range(repeats):
-        for name, step in steps.items():
-            start = time.perf_counter()
-            step()
-            times[name].append(time.perf_counter() - start)
-    return {name: float(np.median(t)) for name, t in times.items()}
 
 
 # --- where our time goes ---
@@ -156,7 +144,7 @@ def train_rows(repeats, compare_torch, theirs=TORCH):  # -> the table rows (torc
         steps = {OURS: our_step(hparams, random_params(hparams, seed=0), inputs, targets)}
         if compare_torch:
             steps[theirs] = torch_step(hparams, random_params(hparams, seed=0), inputs, targets)
-        seconds = interleaved_seconds(steps, repeats)
+        seconds = in_turns({name: wall_seconds(step) for name, step in steps.items()}, repeats)
         rows.append(row(f"train step, {config} (s)", "lower", seconds))
         rows.append(row(f"train tokens/s, {config}", "higher",
                         {name: inputs.size / value for name, value in seconds.items()}))
