@@ -28,6 +28,8 @@ MUTANTS = [  # (what, file, text, replacement)
      "seen = n_k - n_q + end - 1"),
     ("fast: padding positions off by one", "gpt2_numpy/fast.py", "np.arange(n_past, n_past + n_seq) - pad[:, None], 0)",
      "np.arange(n_past, n_past + n_seq) - pad[:, None] + 1, 0)"),
+    ("fast: each piece of the lm head one token short", "gpt2_numpy/fast.py",
+     "chunk = slice(start, start + VOCAB_CHUNK)", "chunk = slice(start, start + VOCAB_CHUNK - 1)"),
 ]
 
 

@@ -153,6 +153,17 @@ def test_every_intermediate_stays_float32(tiny, monkeypatch):
     assert dtypes == {np.dtype(np.float32)}
 
 
+@pytest.mark.parametrize("n_rows", [1, 2, 5, 32, 33])  # one row, the few rows multiplied by pieces, and more
+def test_lm_head_of_a_batch_step_is_x_times_wte_transposed(monkeypatch, n_rows):
+    monkeypatch.setattr(model, "VOCAB_CHUNK", 7)  # 23 tokens: three pieces of 7 and one of 2
+    rng = np.random.default_rng(0)
+    wte = rng.standard_normal((23, 16), dtype=np.float32)
+    x = rng.standard_normal((n_rows, 1, 16), dtype=np.float32)  # a batch's decode step: [n_rows, 1, n_embd]
+    logits = model.lm_head(x, wte)
+    assert logits.shape == (n_rows, 1, 23) and logits.dtype == np.float32
+    np.testing.assert_allclose(logits, x.astype(np.float64) @ wte.T.astype(np.float64), rtol=1e-5, atol=1e-5)
+
+
 def test_softmax_rows_sum_to_one_and_ignore_shifts():
     x = np.random.default_rng(0).standard_normal((5, 7), dtype=np.float32) * 10
     probabilities = softmax(x)
