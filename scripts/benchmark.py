@@ -43,13 +43,7 @@ TEXTBOOK = "textbook model.py"
 
 
 def median_seconds(run, repeats):  # -> median wall time of run() after one warm-up call
-    run()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return float(np.median(times))
+    return in_turns({"run": wall_seconds(run)}, repeats)["run"]
 
 
 def in_turns(measures, repeats):  # {name: measure() -> seconds} -> {name: median seconds}
