@@ -1,15 +1,17 @@
 """The tuned GPT-2 forward pass: model.py's math, with the tricks that make it fast. Float32 throughout, no I/O.
 
 model.py is the textbook to read; this file computes the same logits (tests/test_fast.py holds the two equal) with a
-KV cache for decoding, batches of ragged prompts, query blocks, last_only, in-place passes and a chunked GELU. Each
-trick's comment names the textbook line it replaces and why it is faster. generate, score and the package's gpt2 run
-this pass. Params are nested dicts named like OpenAI's checkpoint (see README), splatted into the functions with **.
+KV cache for decoding, batches of ragged prompts, query blocks, last_only, in-place passes, a chunked GELU and every
+core for long passes. Each trick's comment names the textbook line it replaces and why it is faster. generate, score
+and the package's gpt2 run this pass. Params are nested dicts named like OpenAI's checkpoint (see README), splatted
+into the functions with **.
 """
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
+from gpt2_numpy import cores
 from gpt2_numpy.model import merge_heads
 
 # Python floats, not NumPy's: NumPy 2 would promote float32 * np.float64 to float64
@@ -22,6 +24,8 @@ EINSUM_PATH = ["einsum_path", (0, 1)]  # contract operand 0 with operand 1: the 
 PLAIN_EINSUM_MACS = 1 << 18  # up to this many multiply-adds, einsum's own loop beats its matmul route (einsum())
 FEW_ROWS = 32  # lm_head multiplies 2 to FEW_ROWS rows by pieces of the vocabulary: 10-26% faster (lm_head())
 VOCAB_CHUNK = 2048  # tokens per piece: 2048 x 768 floats (6 MB) of wte
+ALL_CORES_FROM = 512  # positions from which a pass shares its attention heads among the cores (cores.py): 1024 tokens
+# gain 10-20%, but below about 400 the gain does not pay for the threads, or for OpenBLAS's spinning workers
 
 
 def gelu(x):  # [...] -> [...]
@@ -72,9 +76,17 @@ def layer_norm(x, g, b, eps=1e-5):  # [..., n_seq, n_embd] -> [..., n_seq, n_emb
 
 
 def linear(x, w, b):  # [..., n_in] -> [..., n_out]
-    y = matmul_rows(x, w)
-    y += b  # x w + b, in place: no second [n_seq, n_out] array
-    return y
+    rows = x.reshape(-1, x.shape[-1])  # one product for all leading axes, as in matmul_rows()
+    y = np.empty((len(rows), w.shape[-1]), x.dtype)
+
+    def columns(piece):  # x w + b for some output columns, in place: no second [n_seq, n_out] array
+        np.matmul(rows, w[:, piece], out=y[:, piece])
+        y[:, piece] += b[piece]
+
+    # within cores.all_cores(), OpenBLAS runs one thread, so the columns are shared among the cores here, as OpenBLAS
+    # itself would share them: each thread reads its part of w (rows would have each read all of it)
+    cores.split(columns, w.shape[-1])
+    return y.reshape(*x.shape[:-1], w.shape[-1])
 
 
 def matmul_rows(x, w):  # [..., n_in] @ [n_in, n_out] -> [..., n_out]
@@ -126,6 +138,18 @@ def split_heads(x, n_head):  # [..., n_seq, 3*n_embd] -> [3, ..., n_head, n_seq,
 
 
 def causal_attention(q, k, v, mask):  # attention's shapes; the queries are the last n_q of the n_k positions
+    out = np.empty_like(q)
+
+    def heads(piece):  # the heads are independent: within cores.all_cores() they are shared among the cores, whose
+        # elementwise passes (exp above all) would otherwise run on one core while the others wait
+        h = (..., piece, ALL, ALL)
+        out[h] = query_blocks(q[h], k[h], v[h], mask)
+
+    cores.split(heads, q.shape[-3])
+    return out
+
+
+def query_blocks(q, k, v, mask):  # causal_attention's shapes
     # block by block of queries, each against only the keys up to its last query: the causal triangle is about half
     # of the [n_q, n_k] scores, and exp, which costs many multiplies, is attention's largest elementwise pass
     n_q, n_k = q.shape[-2], k.shape[-2]
@@ -173,9 +197,10 @@ def transformer(inputs, wte, wpe, blocks, ln_f, n_head, cache=None, last_only=Fa
     queries = [ALL] * len(blocks)
     if last_only:
         queries[-1] = slice(-1, None)
-    for layer, (block_params, block_queries) in enumerate(zip(blocks, queries)):
-        past = None if cache is None else (cache.keys[layer], cache.values[layer], n_past)
-        x = block(x, **block_params, n_head=n_head, mask=mask, past=past, queries=block_queries)
+    with cores.all_cores(enabled=x.size // x.shape[-1] >= ALL_CORES_FROM):  # all rows' positions
+        for layer, (block_params, block_queries) in enumerate(zip(blocks, queries)):
+            past = None if cache is None else (cache.keys[layer], cache.values[layer], n_past)
+            x = block(x, **block_params, n_head=n_head, mask=mask, past=past, queries=block_queries)
     if cache is not None:
         cache.n_past += n_seq
     return layer_norm(x, **ln_f)

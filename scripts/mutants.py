@@ -1,6 +1,6 @@
-"""Plausible bugs in model.py and fast.py, each applied alone to a copy of the repo: which tests catch each one.
+"""Plausible bugs in model.py, fast.py and cores.py, each applied alone to a copy of the repo: the tests that catch it.
 
-    python scripts/mutants.py [TEST_FILE ...]     (default: tests/test_model.py tests/test_fast.py)
+    python scripts/mutants.py [TEST_FILE ...]     (default: tests/test_model.py tests/test_fast.py tests/test_cores.py)
 
 A test earns its place by failing when the code is wrong; a mutant that no test catches is a hole in the suite. Each
 mutant replaces one line's text; the copy lives in a temporary folder, so the working tree is never touched.
@@ -30,6 +30,15 @@ MUTANTS = [  # (what, file, text, replacement)
      "np.arange(n_past, n_past + n_seq) - pad[:, None] + 1, 0)"),
     ("fast: each piece of the lm head one token short", "gpt2_numpy/fast.py",
      "chunk = slice(start, start + VOCAB_CHUNK)", "chunk = slice(start, start + VOCAB_CHUNK - 1)"),
+    ("fast: each thread adds the first columns' bias", "gpt2_numpy/fast.py", "y[:, piece] += b[piece]",
+     "y[:, piece] += b[: piece.stop - piece.start]"),
+    ("fast: the pieces of attention cut along the queries", "gpt2_numpy/fast.py", "h = (..., piece, ALL, ALL)",
+     "h = (..., piece, ALL)"),
+    ("cores: the last piece one item short", "gpt2_numpy/cores.py",
+     "bounds = [n_items * i // n_threads for i in range(n_threads + 1)]",
+     "bounds = [n_items * i // n_threads for i in range(n_threads)] + [n_items - 1]"),
+    ("cores: OpenBLAS keeps its threads during a pass", "gpt2_numpy/cores.py", "    blas[0](1)\n", ""),
+    ("cores: OpenBLAS's threads not restored", "gpt2_numpy/cores.py", "        blas[0](n_threads)\n", ""),
 ]
 
 
@@ -41,7 +50,7 @@ def caught_by(copy, tests):  # -> ids of the failing tests
 
 
 def main(tests):
-    tests = tests or ["tests/test_model.py", "tests/test_fast.py"]
+    tests = tests or ["tests/test_model.py", "tests/test_fast.py", "tests/test_cores.py"]
     with tempfile.TemporaryDirectory() as scratch:
         for what, path, text, replacement in MUTANTS:
             copy = Path(scratch) / "repo"

@@ -38,11 +38,14 @@ def shared_path(relative):
     """Path to a file under ../shared/gpt2-official; skips locally, but fails under CI=true, when absent."""
     path = OFFICIAL / relative
     if not path.exists():
-        message = f"{path} is missing: place the official GPT-2 files in ../shared/gpt2-official/ beside the repo"
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(message)
-        pytest.skip(message)
+        missing(f"{path} is missing: place the official GPT-2 files in ../shared/gpt2-official/ beside the repo")
     return path
+
+
+def missing(message):  # what a test needs is absent: skip locally, but fail under CI=true, which must have it
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        pytest.fail(message)
+    pytest.skip(message)
 
 
 @pytest.fixture

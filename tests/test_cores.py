@@ -1,0 +1,143 @@
+"""cores.py: a long pass shares its pieces among threads, OpenBLAS on one thread meanwhile, and equals one core."""
+import threading
+
+import numpy as np
+import pytest
+
+from gpt2_numpy import cores, fast
+from gpt2_numpy import model as textbook
+from gpt2_numpy.random_params import random_params
+from tests.conftest import missing
+
+HPARAMS = {"n_vocab": 97, "n_ctx": 48, "n_embd": 48, "n_head": 6, "n_layer": 2}
+
+
+@pytest.fixture
+def two_cores():  # -> OpenBLAS's (set_num_threads, get_num_threads), which must run at least 2 threads
+    blas = cores.openblas()
+    if blas is None or blas[1]() < 2:  # CI's machine has 2 cores and NumPy's own OpenBLAS
+        missing("no OpenBLAS with 2 threads or more found in this process: nothing for cores.py to share")
+    return blas
+
+
+def pieces_run(n_items, team_size, monkeypatch):  # -> [(piece, thread id)] of one split() in a team of team_size
+    monkeypatch.setattr(cores.team, "size", team_size, raising=False)
+    ran, lock = [], threading.Lock()
+
+    def work(piece):
+        with lock:
+            ran.append((piece, threading.get_ident()))
+
+    cores.split(work, n_items)
+    return ran
+
+
+@pytest.mark.parametrize("n_items", [1, 2, 5, 12, 13])
+def test_split_runs_each_item_once_in_contiguous_pieces_one_per_thread(n_items, monkeypatch):
+    ran = pieces_run(n_items, 3, monkeypatch)
+    pieces = sorted((piece.start, piece.stop) for piece, _ in ran)
+    assert len(pieces) == min(3, n_items)
+    assert pieces[0][0] == 0 and pieces[-1][1] == n_items
+    assert all(stop == next_start for (_, stop), (next_start, _) in zip(pieces, pieces[1:]))  # no gap, no overlap
+    sizes = [stop - start for start, stop in pieces]
+    assert max(sizes) - min(sizes) <= 1 and min(sizes) >= 1
+    callers = [piece for piece, thread in ran if thread == threading.get_ident()]
+    assert callers == [slice(0, pieces[0][1])]  # the caller takes the first piece, the pool's threads the others
+
+
+def test_without_a_team_split_runs_everything_on_the_calling_thread(monkeypatch):
+    monkeypatch.delattr(cores.team, "size", raising=False)
+    assert pieces_run(12, None, monkeypatch) == [(slice(0, 12), threading.get_ident())]
+
+
+def test_a_piece_that_raises_raises_in_the_caller_after_every_piece_ends(monkeypatch):
+    monkeypatch.setattr(cores.team, "size", 2, raising=False)
+    ended = []
+
+    def work(piece):
+        if piece.start > 0:
+            raise ValueError("the helper's piece")
+        threading.Event().wait(0.05)  # the caller's piece ends after the helper's raised
+        ended.append(piece)
+
+    with pytest.raises(ValueError, match="the helper's piece"):
+        cores.split(work, 4)
+    assert ended == [slice(0, 2)]
+
+
+def record_heads_pieces(monkeypatch, get_num_threads):  # -> a set of (thread, OpenBLAS threads), one per heads piece
+    ran_on, query_blocks = set(), fast.query_blocks
+
+    def recorded(*args):
+        ran_on.add((threading.get_ident(), get_num_threads()))
+        return query_blocks(*args)
+
+    monkeypatch.setattr(fast, "query_blocks", recorded)
+    monkeypatch.setattr(fast, "ALL_CORES_FROM", 32)  # a short pass of a small model counts as long
+    return ran_on
+
+
+def test_a_long_pass_shares_heads_among_threads_with_openblas_on_one_and_equals_the_textbook(two_cores, monkeypatch):
+    params = random_params(HPARAMS, seed=3)
+    ids = np.random.default_rng(0).integers(0, HPARAMS["n_vocab"], 40)
+    n_blas = two_cores[1]()
+    ran_on = record_heads_pieces(monkeypatch, two_cores[1])
+    logits = fast.gpt2(ids, **params, n_head=HPARAMS["n_head"])
+    shared = set(ran_on)
+    ran_on.clear()
+    with cores.one_core():
+        one_core_logits = fast.gpt2(ids, **params, n_head=HPARAMS["n_head"])
+    alone = set(ran_on)
+    assert len({thread for thread, _ in shared}) == n_blas  # as many threads as OpenBLAS had
+    assert {blas_threads for _, blas_threads in shared} == {1}  # and OpenBLAS on one thread meanwhile
+    assert alone == {(threading.get_ident(), n_blas)}  # one_core(): the caller's thread, OpenBLAS untouched
+    assert two_cores[1]() == n_blas  # restored after the pass
+    scale = np.abs(one_core_logits).max()
+    assert np.abs(logits - one_core_logits).max() <= 1e-5 * scale
+    assert np.abs(logits - textbook.gpt2(ids, **params, n_head=HPARAMS["n_head"])).max() <= 1e-5 * scale
+
+
+def test_a_long_batch_with_padding_equals_one_core(two_cores, monkeypatch):
+    params = random_params(HPARAMS, seed=4)
+    ids = np.random.default_rng(1).integers(0, HPARAMS["n_vocab"], (3, 14))  # 42 positions in all: a long pass
+    pad = np.array([0, 5, 13])  # left padding of each row
+
+    def batch_logits():
+        cache = fast.new_cache(params["wpe"], params["blocks"], HPARAMS["n_head"], pad=pad)
+        return fast.gpt2_cached(ids, cache, **params, n_head=HPARAMS["n_head"])[0]
+
+    ran_on = record_heads_pieces(monkeypatch, two_cores[1])
+    logits = batch_logits()
+    assert len({thread for thread, _ in ran_on}) == two_cores[1]()
+    with cores.one_core():
+        one_core_logits = batch_logits()
+    for row, start in enumerate(pad):  # the real positions of each row
+        real, alone = logits[row, start:], one_core_logits[row, start:]
+        assert np.abs(real - alone).max() <= 1e-5 * np.abs(alone).max()
+
+
+def test_openblas_threads_are_restored_when_a_pass_fails(two_cores, monkeypatch):
+    n_blas = two_cores[1]()
+    params = random_params(HPARAMS, seed=3)
+    seen = []
+
+    def failing_gelu(x):
+        seen.append(two_cores[1]())
+        raise MemoryError("out of memory in the middle of a pass")
+
+    monkeypatch.setattr(fast, "gelu", failing_gelu)
+    monkeypatch.setattr(fast, "ALL_CORES_FROM", 32)
+    with pytest.raises(MemoryError):
+        fast.gpt2(np.arange(40) % HPARAMS["n_vocab"], **params, n_head=HPARAMS["n_head"])
+    assert seen == [1]  # the failure came inside the pass, with OpenBLAS on one thread
+    assert two_cores[1]() == n_blas
+    assert not hasattr(cores.team, "size")  # and the next pass starts without a team
+
+
+def test_short_passes_and_decode_steps_leave_openblas_alone(two_cores, monkeypatch):
+    params = random_params(HPARAMS, seed=3)
+    ran_on = record_heads_pieces(monkeypatch, two_cores[1])
+    cache = fast.new_cache(params["wpe"], params["blocks"], HPARAMS["n_head"])
+    fast.gpt2_cached(np.arange(31), cache, **params, n_head=HPARAMS["n_head"])  # 31 < 32 positions
+    fast.gpt2_cached(np.arange(1), cache, **params, n_head=HPARAMS["n_head"])  # a decode step
+    assert ran_on == {(threading.get_ident(), two_cores[1]())}
