@@ -13,6 +13,7 @@ of the program runs during such a pass runs on one core. The count is restored w
 """
 import ctypes
 import functools
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -89,3 +90,7 @@ def split(work, n_items):  # work(piece) for contiguous slices that cover range(
 @functools.cache
 def helpers(n):  # -> a pool of n threads, made once
     return ThreadPoolExecutor(n, thread_name_prefix="gpt2_numpy")
+
+
+# a forked child has none of its parent's threads: the parent's pool would queue its pieces forever
+os.register_at_fork(after_in_child=helpers.cache_clear)

@@ -24,8 +24,8 @@ EINSUM_PATH = ["einsum_path", (0, 1)]  # contract operand 0 with operand 1: the 
 PLAIN_EINSUM_MACS = 1 << 18  # up to this many multiply-adds, einsum's own loop beats its matmul route (einsum())
 FEW_ROWS = 32  # lm_head multiplies 2 to FEW_ROWS rows by pieces of the vocabulary: 10-26% faster (lm_head())
 VOCAB_CHUNK = 2048  # tokens per piece: 2048 x 768 floats (6 MB) of wte
-ALL_CORES_FROM = 512  # positions from which a pass shares its attention heads among the cores (cores.py): 1024 tokens
-# gain 10-20%, but below about 400 the gain does not pay for the threads, or for OpenBLAS's spinning workers
+ALL_CORES_FROM = 512  # positions from which a pass shares attention's heads among the cores (cores.py): 512 and 1024
+# tokens gain about 10%, 256 nothing, and then OpenBLAS's workers, still spinning from a product before, cost more
 
 
 def gelu(x):  # [...] -> [...]

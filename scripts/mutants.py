@@ -39,6 +39,8 @@ MUTANTS = [  # (what, file, text, replacement)
      "bounds = [n_items * i // n_threads for i in range(n_threads)] + [n_items - 1]"),
     ("cores: OpenBLAS keeps its threads during a pass", "gpt2_numpy/cores.py", "    blas[0](1)\n", ""),
     ("cores: OpenBLAS's threads not restored", "gpt2_numpy/cores.py", "        blas[0](n_threads)\n", ""),
+    ("cores: a forked child keeps its parent's pool", "gpt2_numpy/cores.py",
+     "os.register_at_fork(after_in_child=helpers.cache_clear)\n", ""),
 ]
 
 

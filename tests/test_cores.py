@@ -1,4 +1,5 @@
 """cores.py: a long pass shares its pieces among threads, OpenBLAS on one thread meanwhile, and equals one core."""
+import multiprocessing
 import threading
 
 import numpy as np
@@ -141,3 +142,17 @@ def test_short_passes_and_decode_steps_leave_openblas_alone(two_cores, monkeypat
     fast.gpt2_cached(np.arange(31), cache, **params, n_head=HPARAMS["n_head"])  # 31 < 32 positions
     fast.gpt2_cached(np.arange(1), cache, **params, n_head=HPARAMS["n_head"])  # a decode step
     assert ran_on == {(threading.get_ident(), two_cores[1]())}
+
+
+def split_in_a_team_of_two(_):  # -> the pieces run, in a team of 2 on a fresh thread-local
+    cores.team.size = 2
+    ran = []
+    cores.split(ran.append, 4)
+    return sorted((piece.start, piece.stop) for piece in ran)
+
+
+def test_a_forked_child_gets_threads_of_its_own(monkeypatch):
+    monkeypatch.setattr(cores.team, "size", 2, raising=False)
+    cores.split(lambda piece: None, 2)  # the parent's pool now has a thread, which a forked child does not inherit
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        assert pool.map_async(split_in_a_team_of_two, [0]).get(timeout=20) == [[(0, 2), (2, 4)]]
