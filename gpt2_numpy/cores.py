@@ -3,61 +3,75 @@
 NumPy runs attention's elementwise passes (mask, max, exp, sums) on one core; only its matrix products use the others,
 through OpenBLAS's threads. Those threads spin on their cores for about a tenth of a second after each product before
 they sleep, so a thread of ours given half of the heads would find its core taken. Within all_cores(), OpenBLAS runs
-one thread and its workers go to sleep, and split() hands the pieces of a pass (a linear layer's output columns,
-attention's heads) to as many threads of ours as OpenBLAS had, each piece on one core. NumPy releases the GIL inside
-its loops and BLAS calls, so the threads run at once.
+one thread, so its workers sleep once their spin times out, and split() hands the pieces of a pass (a linear layer's
+output columns, attention's heads) to as many threads of ours as OpenBLAS had, each piece's products on one thread.
+NumPy releases the GIL inside its loops and BLAS calls, so the threads run at once.
 
-Where NumPy's BLAS is not an OpenBLAS found in /proc/self/maps (Linux), or it runs one thread, nothing changes: every
-piece runs on the calling thread. OpenBLAS's thread count belongs to the whole process: a product that another thread
-of the program runs during such a pass runs on one core. The count is restored when the pass ends, however it ends.
+The first long pass finds NumPy's OpenBLAS once, in /proc/self/maps (Linux). Where there is none to find, or it runs
+one thread, nothing changes: every piece runs on the calling thread. OpenBLAS's thread count belongs to the whole
+process: a product that another thread of the program runs meanwhile runs on one thread. Passes on several threads at
+once share the setting, and the last to end restores the count, however it ends.
 """
 import ctypes
 import functools
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent import futures
 from contextlib import contextmanager
 
 # NumPy's wheels bundle scipy-openblas, whose symbols carry a prefix and, for its 64-bit integers, a suffix
 OPENBLAS_NAMES = [(prefix + "set_num_threads" + suffix, prefix + "get_num_threads" + suffix)
-                  for prefix in ("scipy_openblas_", "openblas_") for suffix in ("64_", "")]
+                  for prefix in ("scipy_openblas_", "openblas_") for suffix in ("64_", "_64", "")]
 
 team = threading.local()  # team.size: the threads that share each split() of the current pass on this thread
+passes = {"running": 0, "n_threads": 1}  # long passes under way in the process, and OpenBLAS's count before them
+passes_lock = threading.Lock()
 
 
 @functools.cache
-def openblas():  # -> (set_num_threads, get_num_threads) of the OpenBLAS loaded into this process, or None
+def openblas():  # -> (set_num_threads, get_num_threads) of the OpenBLAS NumPy loaded, or None
     try:
-        with open("/proc/self/maps") as maps:
-            paths = sorted({line.split(maxsplit=5)[5].strip() for line in maps
-                            if "openblas" in line.lower() and len(line.split(maxsplit=5)) == 6})
+        with open("/proc/self/maps", "rb") as maps:
+            paths = {os.fsdecode(line.split(maxsplit=5)[5].strip()) for line in maps
+                     if b"openblas" in line.lower() and len(line.split(maxsplit=5)) == 6}
     except OSError:  # not Linux
         return None
-    for path in paths:
+    for path in sorted(paths, key=lambda path: ("numpy" not in path, path)):  # NumPy's own before SciPy's or others
         try:
-            library = ctypes.CDLL(path)  # already loaded by NumPy: this only finds it
+            library = ctypes.CDLL(path)  # already loaded: this only finds it
         except OSError:
             continue
         for set_name, get_name in OPENBLAS_NAMES:
             if hasattr(library, set_name) and hasattr(library, get_name):
-                return getattr(library, set_name), getattr(library, get_name)
+                set_num_threads = getattr(library, set_name)
+                set_num_threads.restype = None
+                return set_num_threads, getattr(library, get_name)
     return None
 
 
 @contextmanager
 def all_cores(enabled=True):  # within: split() shares its pieces among as many threads as OpenBLAS had
-    blas = openblas()
-    n_threads = blas[1]() if blas and enabled and getattr(team, "size", None) is None else 1
-    if n_threads <= 1:  # nothing to share, no OpenBLAS to set, or a pass within a pass (which keeps its team)
+    blas = openblas() if enabled and getattr(team, "size", None) is None else None  # a pass in a pass keeps its team
+    if blas is None:
         yield
         return
-    blas[0](1)
-    team.size = n_threads
+    entered = False
     try:
+        with passes_lock:  # the first pass to start reads the count and sets one thread, the last to end restores it
+            if passes["running"] == 0:
+                passes["n_threads"] = blas[1]()
+                blas[0](1)
+            passes["running"] += 1
+            entered = True
+        team.size = passes["n_threads"]
         yield
     finally:
-        del team.size
-        blas[0](n_threads)
+        team.__dict__.pop("size", None)
+        if entered:
+            with passes_lock:
+                passes["running"] -= 1
+                if passes["running"] == 0:
+                    blas[0](passes["n_threads"])
 
 
 @contextmanager
@@ -73,23 +87,25 @@ def one_core():  # within: every split() runs on the calling thread, all_cores()
 
 
 def split(work, n_items):  # work(piece) for contiguous slices that cover range(n_items), one slice per thread
-    n_threads = min(getattr(team, "size", None) or 1, n_items)
+    team_size = getattr(team, "size", None) or 1
+    n_threads = min(team_size, n_items)
     if n_threads <= 1:
         work(slice(0, n_items))
         return
     bounds = [n_items * i // n_threads for i in range(n_threads + 1)]
     pieces = [slice(start, stop) for start, stop in zip(bounds, bounds[1:])]
-    others = [helpers(n_threads - 1).submit(work, piece) for piece in pieces[1:]]
+    others = [helpers(team_size - 1).submit(work, piece) for piece in pieces[1:]]
     try:
         work(pieces[0])  # the calling thread takes a piece too
     finally:
-        for other in others:  # all done before the caller goes on, even if a piece raised; then theirs raise
-            other.result()
+        futures.wait(others)  # every piece ends before the caller goes on, even if one raised
+    for other in others:
+        other.result()  # a helper's exception, if any, raises here
 
 
 @functools.cache
 def helpers(n):  # -> a pool of n threads, made once
-    return ThreadPoolExecutor(n, thread_name_prefix="gpt2_numpy")
+    return futures.ThreadPoolExecutor(n, thread_name_prefix="gpt2_numpy")
 
 
 # a forked child has none of its parent's threads: the parent's pool would queue its pieces forever

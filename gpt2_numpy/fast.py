@@ -24,7 +24,7 @@ EINSUM_PATH = ["einsum_path", (0, 1)]  # contract operand 0 with operand 1: the 
 PLAIN_EINSUM_MACS = 1 << 18  # up to this many multiply-adds, einsum's own loop beats its matmul route (einsum())
 FEW_ROWS = 32  # lm_head multiplies 2 to FEW_ROWS rows by pieces of the vocabulary: 10-26% faster (lm_head())
 VOCAB_CHUNK = 2048  # tokens per piece: 2048 x 768 floats (6 MB) of wte
-ALL_CORES_FROM = 512  # positions from which a pass shares attention's heads among the cores (cores.py): 512 and 1024
+ALL_CORES_FROM = 512  # positions from which a pass shares its heads and columns among the cores (cores.py): 512, 1024
 # tokens gain about 10%, 256 nothing, and then OpenBLAS's workers, still spinning from a product before, cost more
 
 
@@ -77,14 +77,14 @@ def layer_norm(x, g, b, eps=1e-5):  # [..., n_seq, n_embd] -> [..., n_seq, n_emb
 
 def linear(x, w, b):  # [..., n_in] -> [..., n_out]
     rows = x.reshape(-1, x.shape[-1])  # one product for all leading axes, as in matmul_rows()
-    y = np.empty((len(rows), w.shape[-1]), x.dtype)
+    y = np.empty((len(rows), w.shape[-1]), np.result_type(x, w))
 
     def columns(piece):  # x w + b for some output columns, in place: no second [n_seq, n_out] array
         np.matmul(rows, w[:, piece], out=y[:, piece])
         y[:, piece] += b[piece]
 
-    # within cores.all_cores(), OpenBLAS runs one thread, so the columns are shared among the cores here, as OpenBLAS
-    # itself would share them: each thread reads its part of w (rows would have each read all of it)
+    # within cores.all_cores(), OpenBLAS runs one thread, so the columns are shared among the cores here: each thread
+    # reads its part of w and all of the smaller x (by rows, each would read all of w)
     cores.split(columns, w.shape[-1])
     return y.reshape(*x.shape[:-1], w.shape[-1])
 

@@ -175,7 +175,9 @@ class HuggingFace:
         return time.perf_counter() - start
 
 
-def blas_threads():  # the threads NumPy's BLAS uses: OpenBLAS honours these variables, else it takes every core
+def blas_threads():  # the threads NumPy's BLAS uses: OpenBLAS's own count, else the variables it honours, or every core
+    if cores.openblas():
+        return cores.openblas()[1]()
     for variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
         if os.environ.get(variable):
             return int(os.environ[variable])

@@ -37,8 +37,9 @@ MUTANTS = [  # (what, file, text, replacement)
     ("cores: the last piece one item short", "gpt2_numpy/cores.py",
      "bounds = [n_items * i // n_threads for i in range(n_threads + 1)]",
      "bounds = [n_items * i // n_threads for i in range(n_threads)] + [n_items - 1]"),
-    ("cores: OpenBLAS keeps its threads during a pass", "gpt2_numpy/cores.py", "    blas[0](1)\n", ""),
-    ("cores: OpenBLAS's threads not restored", "gpt2_numpy/cores.py", "        blas[0](n_threads)\n", ""),
+    ("cores: OpenBLAS keeps its threads during a pass", "gpt2_numpy/cores.py", "                blas[0](1)\n", ""),
+    ("cores: OpenBLAS's threads not restored", "gpt2_numpy/cores.py",
+     'blas[0](passes["n_threads"])', "pass"),
     ("cores: a forked child keeps its parent's pool", "gpt2_numpy/cores.py",
      "os.register_at_fork(after_in_child=helpers.cache_clear)\n", ""),
 ]
