@@ -76,7 +76,9 @@ def layer_norm(x, g, b, eps=1e-5):  # [..., n_seq, n_embd] -> [..., n_seq, n_emb
 
 
 def linear(x, w, b):  # [..., n_in] -> [..., n_out]
-    rows = x.reshape(-1, x.shape[-1])  # one product for all leading axes, as in matmul_rows()
+    # one product for all leading axes: matmul on a [n_rows, n_seq, n_in] stack would run one product per row, each
+    # streaming all of w, and a batch decode step would cost as much as n_rows single ones
+    rows = x.reshape(-1, x.shape[-1])
     y = np.empty((len(rows), w.shape[-1]), np.result_type(x, w))
 
     def columns(piece):  # x w + b for some output columns, in place: no second [n_seq, n_out] array
@@ -87,12 +89,6 @@ def linear(x, w, b):  # [..., n_in] -> [..., n_out]
     # reads its part of w and all of the smaller x (by rows, each would read all of w)
     cores.split(columns, w.shape[-1])
     return y.reshape(*x.shape[:-1], w.shape[-1])
-
-
-def matmul_rows(x, w):  # [..., n_in] @ [n_in, n_out] -> [..., n_out]
-    # one matrix product over all leading axes: matmul on a [n_rows, n_seq, n_in] stack would run one product per
-    # row, each streaming all of w, and a batch decode step would cost as much as n_rows single ones
-    return (x.reshape(-1, x.shape[-1]) @ w).reshape(*x.shape[:-1], w.shape[-1])
 
 
 def ffn(x, c_fc, c_proj):  # [..., n_seq, n_embd] -> [..., n_seq, n_embd]
@@ -208,9 +204,9 @@ def transformer(inputs, wte, wpe, blocks, ln_f, n_head, cache=None, last_only=Fa
 
 def lm_head(x, wte):  # [..., n_seq, n_embd] -> [..., n_seq, n_vocab]
     # GPT-2 ties the output projection to the token embeddings: x @ wte.T
-    rows = x.reshape(-1, x.shape[-1])
+    rows = x.reshape(-1, x.shape[-1])  # one product for all leading axes, as in linear()
     if not 1 < len(rows) <= FEW_ROWS:
-        return matmul_rows(x, wte.T)
+        return (rows @ wte.T).reshape(*x.shape[:-1], len(wte))
     # A few rows (a batch's decode step) by all of wte.T run far from the memory floor here (8 rows: 3.4x one row's
     # time), as OpenBLAS packs the operands first; by pieces of VOCAB_CHUNK tokens, whose packed copy is still in cache
     # when it is used, 8 rows take 18.3 ms instead of 24.8. One row (no packing) and many rows gain nothing

@@ -176,8 +176,9 @@ class HuggingFace:
 
 
 def blas_threads():  # the threads NumPy's BLAS uses: OpenBLAS's own count, else the variables it honours, or every core
-    if cores.openblas():
-        return cores.openblas()[1]()
+    blas = cores.openblas()
+    if blas:
+        return blas[1]()
     for variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
         if os.environ.get(variable):
             return int(os.environ[variable])
@@ -302,12 +303,14 @@ def trick_rows(params, repeats):  # each function of the tuned pass against the 
 def cores_rows(params, repeats):  # the tuned pass with its pieces on one core, and on every core (cores.py), in turns
     ids = prompt_ids(1024)
 
-    def one_core():
-        with cores.one_core():
-            model.gpt2(ids, **params, n_head=HPARAMS_124M["n_head"], last_only=True)
+    def prefill():
+        model.gpt2(ids, **params, n_head=HPARAMS_124M["n_head"], last_only=True)
 
-    seconds = in_turns({"one": wall_seconds(one_core), "all": wall_seconds(
-        lambda: model.gpt2(ids, **params, n_head=HPARAMS_124M["n_head"], last_only=True))}, repeats)
+    def on_one_core():
+        with cores.one_core():
+            prefill()
+
+    seconds = in_turns({"one": wall_seconds(on_one_core), "all": wall_seconds(prefill)}, repeats)
     return [row("prefill 1024 tokens, last logits, attention on one core (cores.one_core()) (s)", "lower",
                 {OURS: seconds["one"]}),
             row(f"prefill 1024 tokens, last logits, attention's heads on {blas_threads()} cores (s)", "lower",
