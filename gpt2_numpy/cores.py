@@ -86,15 +86,19 @@ def one_core():  # within: every split() runs on the calling thread, all_cores()
             del team.size
 
 
+def team_size():  # -> the threads that share each split() here: 1 outside a long pass
+    return getattr(team, "size", None) or 1
+
+
 def split(work, n_items):  # work(piece) for contiguous slices that cover range(n_items), one slice per thread
-    team_size = getattr(team, "size", None) or 1
-    n_threads = min(team_size, n_items)
+    n_helpers = team_size() - 1
+    n_threads = min(n_helpers + 1, n_items)
     if n_threads <= 1:
         work(slice(0, n_items))
         return
     bounds = [n_items * i // n_threads for i in range(n_threads + 1)]
     pieces = [slice(start, stop) for start, stop in zip(bounds, bounds[1:])]
-    others = [helpers(team_size - 1).submit(work, piece) for piece in pieces[1:]]
+    others = [helpers(n_helpers).submit(work, piece) for piece in pieces[1:]]
     try:
         work(pieces[0])  # the calling thread takes a piece too
     finally:

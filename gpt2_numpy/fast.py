@@ -134,6 +134,8 @@ def split_heads(x, n_head):  # [..., n_seq, 3*n_embd] -> [3, ..., n_head, n_seq,
 
 
 def causal_attention(q, k, v, mask):  # attention's shapes; the queries are the last n_q of the n_k positions
+    if cores.team_size() == 1:  # one core (every decode step): no output array to fill, no copy into it
+        return query_blocks(q, k, v, mask)
     out = np.empty_like(q)
 
     def heads(piece):  # the heads are independent: within cores.all_cores() they are shared among the cores, whose
