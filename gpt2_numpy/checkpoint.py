@@ -14,6 +14,7 @@ from gpt2_numpy.errors import CheckpointError
 from gpt2_numpy.formats import describe, parse_json, read_file, shown, unreadable
 from gpt2_numpy.formats.safetensors import read_safetensors, to_float32
 from gpt2_numpy.formats.tf_bundle import TensorBundle
+from gpt2_numpy.params import block_shapes, nest, top_shapes
 
 OPENAI_FILES = ("checkpoint", "hparams.json", "model.ckpt.index", "model.ckpt.data-00000-of-00001")
 HF_FILES = ("model.safetensors", "config.json")
@@ -142,7 +143,7 @@ def our_key(name):  # foreign tensor name -> key in our params, e.g. ("blocks", 
 def to_params(tensors, hparams, weights_path, hparams_path):  # {foreign name: (shape, loader)} -> params in our layout
     """Names and shapes are checked against hparams before any tensor is read, and nothing is built from hparams
     alone: absurd ones (a trillion layers) fail as fast as wrong ones."""
-    top, block = param_shapes(hparams)
+    top, block = top_shapes(hparams), block_shapes(hparams["n_embd"])
     files = weights_path, hparams_path
     found = {}
     for name, (shape, load) in tensors.items():
@@ -209,38 +210,3 @@ def mismatch(files, problem):  # -> CheckpointError for weights and hyperparamet
     weights_path, hparams_path = files
     return CheckpointError(f"{weights_path} and {hparams_path} disagree: {problem}; use the hyperparameter file that "
                            "came with these weights", files=(hparams_path, weights_path))
-
-
-def param_shapes(hparams):  # -> ({key: shape} outside the blocks, {key within a block: shape}), keys as flatten's
-    n_embd = hparams["n_embd"]
-    norm = {"g": (n_embd,), "b": (n_embd,)}
-
-    def dense(n_in, n_out):
-        return {"w": (n_in, n_out), "b": (n_out,)}
-
-    block = {
-        "ln_1": norm,
-        "attn": {"c_attn": dense(n_embd, 3 * n_embd), "c_proj": dense(n_embd, n_embd)},
-        "ln_2": norm,
-        "mlp": {"c_fc": dense(n_embd, 4 * n_embd), "c_proj": dense(4 * n_embd, n_embd)},
-    }
-    top = {"wte": (hparams["n_vocab"], n_embd), "wpe": (hparams["n_ctx"], n_embd), "ln_f": norm}
-    return dict(flatten(top)), dict(flatten(block))
-
-
-def flatten(tree, prefix=()):  # nested dicts and lists -> [(key path, leaf)]
-    for key, value in tree.items() if isinstance(tree, dict) else enumerate(tree):
-        if isinstance(value, (dict, list)):
-            yield from flatten(value, prefix + (key,))
-        else:
-            yield prefix + (key,), value
-
-
-def nest(flat, n_layer):  # {key path: array} -> nested params, the inverse of flatten
-    params = {"blocks": [{} for _ in range(n_layer)]}
-    for key, array in flat.items():
-        node = params
-        for part in key[:-1]:
-            node = node[part] if isinstance(part, int) else node.setdefault(part, {})
-        node[key[-1]] = array
-    return params

@@ -14,7 +14,7 @@ import os
 from contextlib import suppress
 from pathlib import Path
 
-from gpt2_numpy.checkpoint import flatten
+from gpt2_numpy.params import flatten
 from gpt2_numpy.errors import TokenizerError
 from gpt2_numpy.formats.safetensors import write_safetensors
 from gpt2_numpy.tokenizer import EOT_ID, FILE_NAMES

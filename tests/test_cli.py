@@ -21,7 +21,7 @@ from gpt2_numpy.checkpoint import load_params
 from gpt2_numpy.errors import Gpt2NumpyError, UsageError, run_cli
 from gpt2_numpy.cli import prompt_ids
 from gpt2_numpy.generate import generate, print_sample, run
-from gpt2_numpy.random_params import random_params
+from gpt2_numpy.params import random_params
 from gpt2_numpy.tokenizer import load_tokenizer
 from tests.conftest import FIXTURES, REPO, assert_one_error_line, official_path, tiny_models_dir
 from tests.http_server import FileServer, official_layout_files

@@ -8,7 +8,7 @@ import pytest
 
 from gpt2_numpy import cores, fast
 from gpt2_numpy import model as textbook
-from gpt2_numpy.random_params import random_params
+from gpt2_numpy.params import random_params
 from tests.conftest import missing
 
 HPARAMS = {"n_vocab": 97, "n_ctx": 48, "n_embd": 48, "n_head": 6, "n_layer": 2}
