@@ -20,9 +20,9 @@ import pytest
 
 from gpt2_numpy import cli, weights
 from gpt2_numpy.cli import load_model
-from gpt2_numpy.checkpoint import flatten, load_params
+from gpt2_numpy.checkpoint import load_params
 from gpt2_numpy.formats.tf_bundle import TensorBundle
-from gpt2_numpy.random_params import random_params
+from gpt2_numpy.params import flatten, random_params
 from gpt2_numpy.save import save_model
 from gpt2_numpy.tokenizer import PACKAGED_VOCABULARY, load_tokenizer
 from tests.conftest import FIXTURES, REPO, assert_one_error_line, official_path, tiny_models_dir
