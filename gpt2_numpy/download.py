@@ -20,8 +20,10 @@ import requests
 import urllib3
 from tqdm import tqdm
 
-from gpt2_numpy.errors import ArgumentParser, DownloadError, Interrupted, log, run_cli, writing_stdout
-from gpt2_numpy.models import MODEL_SIZES, file_url
+from gpt2_numpy.commands.common import ArgumentParser, run_cli, writing_stdout
+from gpt2_numpy.console import log
+from gpt2_numpy.errors import DownloadError, Interrupted
+from gpt2_numpy.catalog import MODEL_SIZES, file_url
 from gpt2_numpy.weights import MARKER, STAGING, ensure_model, is_complete, model_files
 
 # Network behaviour; tests shrink these so that failure cases finish in milliseconds.

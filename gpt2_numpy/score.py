@@ -14,8 +14,10 @@ from pathlib import Path
 
 import numpy as np
 
-from gpt2_numpy.cli import add_model_args, load_model, read_prompt, whole_number, write_stdout
-from gpt2_numpy.errors import ArgumentParser, NonFiniteError, UsageError, open_stdout, plural, run_cli
+from gpt2_numpy.commands.common import add_model_args, load_model, read_prompt, whole_number, write_stdout
+from gpt2_numpy.commands.common import ArgumentParser, open_stdout, run_cli
+from gpt2_numpy.console import plural
+from gpt2_numpy.errors import NonFiniteError, UsageError
 from gpt2_numpy.fast import check_inputs, lm_head, log_softmax_at, transformer
 from gpt2_numpy.tokenizer import EOT, EOT_ID
 

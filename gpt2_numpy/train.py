@@ -29,11 +29,13 @@ from tqdm import tqdm
 
 from gpt2_numpy.backward import loss_and_grads  # re-exported: gpt2_numpy.train.loss_and_grads is the documented name
 from gpt2_numpy.checkpoint import load_params
-from gpt2_numpy.cli import check_models_dir, whole_number
-from gpt2_numpy.errors import ArgumentParser, Interrupted, UsageError, log, plural, run_cli
+from gpt2_numpy.commands.common import check_models_dir, whole_number
+from gpt2_numpy.commands.common import ArgumentParser, run_cli
+from gpt2_numpy.console import log, plural
+from gpt2_numpy.errors import Interrupted, UsageError
 from gpt2_numpy.fast import lm_head, log_softmax_at, transformer
 from gpt2_numpy.formats.safetensors import read_metadata
-from gpt2_numpy.models import MODEL_SIZES, models_dir_path
+from gpt2_numpy.catalog import MODEL_SIZES, models_dir_path
 from gpt2_numpy.optim import adamw_state, adamw_step, clip_grads, learning_rate
 from gpt2_numpy.params import flatten, gpt2_init, map_leaves
 from gpt2_numpy.save import atomic_write, save_model

@@ -28,8 +28,9 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from gpt2_numpy.checkpoint import load_params
-from gpt2_numpy.errors import CheckpointError, DownloadError, Interrupted, TokenizerError, UsageError, log
-from gpt2_numpy.models import MODEL_SIZES, SOURCES, model_folder
+from gpt2_numpy.console import log
+from gpt2_numpy.errors import CheckpointError, DownloadError, Interrupted, TokenizerError, UsageError
+from gpt2_numpy.catalog import MODEL_SIZES, SOURCES, model_folder
 from gpt2_numpy.tokenizer import read_encoder, read_merges
 
 # The lock: flock where there is fcntl (POSIX), else msvcrt's byte lock (Windows). Both end with their process, so a

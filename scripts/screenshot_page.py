@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 
 from gpt2_numpy.checkpoint import load_params
-from gpt2_numpy.cli import prompt_ids
+from gpt2_numpy.commands.common import prompt_ids
 from gpt2_numpy.explain.cli import token_text
 from gpt2_numpy.explain.page import page_html
 from gpt2_numpy.tokenizer import load_tokenizer

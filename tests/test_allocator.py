@@ -6,7 +6,8 @@ from argparse import Namespace
 
 import pytest
 
-from gpt2_numpy import allocator, cli
+from gpt2_numpy import allocator
+from gpt2_numpy.commands import common as cli
 from tests.conftest import REPO, tiny_models_dir
 
 # The minor page faults of allocating and freeing the large arrays of a forward pass, in a fresh interpreter that
@@ -46,7 +47,7 @@ def test_every_cli_keeps_freed_memory_before_its_forward_passes(tmp_path, monkey
     calls = []
     monkeypatch.setattr(cli, "keep_freed_memory", lambda: calls.append("kept"))
     models_dir = tiny_models_dir(tmp_path)
-    cli.load_model(Namespace(model_size="124M", models_dir=str(models_dir), source="openai"))
+    cli.load_model(Namespace(model="124M", models_dir=str(models_dir), source="openai"))
     assert calls == ["kept"]
 
 

@@ -16,11 +16,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpt2_numpy import generate as generate_module
+from gpt2_numpy import decode
 from gpt2_numpy.checkpoint import load_params
-from gpt2_numpy.errors import Gpt2NumpyError, UsageError, run_cli
-from gpt2_numpy.cli import prompt_ids
-from gpt2_numpy.generate import generate, print_sample, run
+from gpt2_numpy.commands import generate as generate_command
+from gpt2_numpy.commands.common import prompt_ids, run_cli
+from gpt2_numpy.commands.generate import print_sample, run
+from gpt2_numpy.errors import Gpt2NumpyError, UsageError
+from gpt2_numpy.generate import generate
 from gpt2_numpy.params import random_params
 from gpt2_numpy.tokenizer import load_tokenizer
 from tests.conftest import FIXTURES, REPO, assert_one_error_line, official_path, tiny_models_dir
@@ -227,7 +229,7 @@ def test_a_reader_that_quits_early_ends_generation_quietly(models_dir):
 def test_ignore_eos_keeps_going_past_end_of_text(models_dir, tokenizer, params, monkeypatch, capsys):
     ids = generate(tokenizer.encode(PROMPT), params, TINY["hparams"]["n_head"], N_TOKENS)
     stop = next(i for i, token_id in enumerate(ids) if token_id not in ids[:i] and i >= 3)
-    monkeypatch.setattr(generate_module, "EOT_ID", ids[stop])  # the tiny vocabulary has no id 50256: pick a stand-in
+    monkeypatch.setattr(decode, "EOT_ID", ids[stop])  # the tiny vocabulary has no id 50256: pick a stand-in
     args = [PROMPT, "--n-tokens", str(N_TOKENS), "--models-dir", str(models_dir)]
     assert run(args) == 0
     out, err = capsys.readouterr()
@@ -307,9 +309,9 @@ def test_ctrl_c_says_what_was_kept(models_dir, monkeypatch, capsys):
         yield 262
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(generate_module, "iter_generate", interrupted)
+    monkeypatch.setattr(generate_command, "iter_generate", interrupted)
     with pytest.raises(SystemExit) as stop:
-        generate_module.main([PROMPT, "--models-dir", str(models_dir)])
+        generate_command.main([PROMPT, "--models-dir", str(models_dir)])
     out, err = capsys.readouterr()
     assert stop.value.code == 130
     assert out == " the\n"
@@ -345,7 +347,7 @@ def test_greedy_several_prompts_equal_each_alone(models_dir, tokenizer, params, 
          "to at most 63 tokens"),
         (["a", "b", "--batch-size", "0"], "argument --batch-size: must be at least 1, got 0"),
         (["-", "-"], '"-" (read the prompt from stdin) may be given only once'),
-        (["-x"], "a prompt that begins with '-' goes last, after '--': gpt2-numpy --n-tokens 5 -- \"-x\""),
+        (["-x"], "a prompt that begins with '-' goes last, after '--': gpt2-numpy generate --n-tokens 5 -- \"-x\""),
         (["hello", "-x"], "a prompt that begins with '-' goes last, after '--'"),
     ],
 )
@@ -374,7 +376,7 @@ def test_rows_finishing_out_of_order_print_in_order(models_dir, tokenizer, param
     ids = [generate(tokenizer.encode(p), params, n_head, N_TOKENS) for p in prompts]
     # a stand-in end of text that only the second row reaches, mid-way: it finishes before the first
     stop = next(i for i, token in enumerate(ids[1]) if i >= 1 and token not in ids[1][:i] and token not in ids[0])
-    monkeypatch.setattr(generate_module, "EOT_ID", ids[1][stop])
+    monkeypatch.setattr(decode, "EOT_ID", ids[1][stop])
     assert run([*prompts, "--n-tokens", str(N_TOKENS), "--models-dir", str(models_dir)]) == 0
     out, err = capsys.readouterr()
     assert out == tokenizer.decode(ids[0]) + "\n\n" + tokenizer.decode(ids[1][:stop]) + "\n"
@@ -446,7 +448,7 @@ def test_json_says_which_samples_stopped_at_end_of_text(models_dir, tokenizer, p
     ids = [generate(tokenizer.encode(p), params, n_head, N_TOKENS) for p in prompts]
     # a stand-in end of text that only the second row reaches, mid-way (the tiny vocabulary has no id 50256)
     stop = next(i for i, token in enumerate(ids[1]) if i >= 1 and token not in ids[1][:i] and token not in ids[0])
-    monkeypatch.setattr(generate_module, "EOT_ID", ids[1][stop])
+    monkeypatch.setattr(decode, "EOT_ID", ids[1][stop])
     args = [*prompts, "--n-tokens", str(N_TOKENS), "--json", "--models-dir", str(models_dir)]
     assert run(args) == 0
     records = json_records(capsys.readouterr().out)
@@ -462,7 +464,7 @@ def test_a_json_sample_holding_blank_lines_reads_back_exactly(models_dir, tokeni
     # "\n\n"), so the decode loop hands it over, and what is tested is the line that carries it
     text = "First line.\n\n\nAfter two blank lines,\ttabs, \"quotes\", caf\u00e9 \N{GRINNING FACE}\n\n"
     ids = tokenizer.encode(text)
-    monkeypatch.setattr(generate_module, "iter_batch", lambda *args, **options: iter([(0, ids)]))
+    monkeypatch.setattr(generate_command, "iter_batch", lambda *args, **options: iter([(0, ids)]))
     assert run([PROMPT, "--n-tokens", str(len(ids)), "--json", "--models-dir", str(models_dir),
                 "--temperature", "1", "--seed", "0"]) == 0
     out = capsys.readouterr().out
@@ -484,7 +486,7 @@ def test_weights_holding_nan_are_one_error_line(tmp_path, params, args):
 # allocations are capped at what the process holds after its imports plus 512 MiB, so that the KV cache below
 # (2.4 GiB) cannot be allocated on any machine, however much memory it has or how it overcommits
 CAPPED_MEMORY_CLI = """import re, resource, sys
-from gpt2_numpy import generate
+from gpt2_numpy.commands import generate
 held = int(re.search(r"VmSize:\\s+(\\d+) kB", open("/proc/self/status").read())[1]) * 1024
 resource.setrlimit(resource.RLIMIT_AS, (held + 2**29, resource.RLIM_INFINITY))
 generate.main(sys.argv[1:])

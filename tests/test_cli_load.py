@@ -1,4 +1,4 @@
-"""cli.load_model, the door every command line goes through: the folder it loads holds every file, verified.
+"""commands.common.load_model, the door every command line goes through: the folder it loads holds every file, verified.
 
 Files placed by hand are verified on their first use and the verification is recorded (.verified.json), so a damaged
 file is refused with the downloader's own error line instead of generating garbage, and later runs only compare sizes.
@@ -18,8 +18,9 @@ from contextlib import contextmanager
 import numpy as np
 import pytest
 
-from gpt2_numpy import cli, weights
-from gpt2_numpy.cli import load_model
+from gpt2_numpy import weights
+from gpt2_numpy.commands import common as cli
+from gpt2_numpy.commands.common import load_model
 from gpt2_numpy.checkpoint import load_params
 from gpt2_numpy.formats.tf_bundle import TensorBundle
 from gpt2_numpy.params import flatten, random_params
@@ -123,7 +124,7 @@ def test_files_placed_by_hand_are_verified_on_first_use_only(models_dir, monkeyp
 
     monkeypatch.setattr(TensorBundle, "read", read)
     folder = models_dir / "124M"
-    args = Namespace(model_size="124M", models_dir=str(models_dir), source="openai")
+    args = Namespace(model="124M", models_dir=str(models_dir), source="openai")
     load_model(args)
     assert sorted(checked) == sorted(TensorBundle(FIXTURES / "tf_tiny" / "model.ckpt").entries)  # each one, once
     stderr = capsys.readouterr().err
@@ -145,8 +146,8 @@ def test_files_placed_by_hand_are_verified_on_first_use_only(models_dir, monkeyp
 
 
 def test_a_model_on_disk_is_loaded_without_the_network_stack(models_dir):
-    load = ("import sys; from argparse import Namespace; from gpt2_numpy.cli import load_model; "
-            f"load_model(Namespace(model_size='124M', models_dir={str(models_dir)!r}, source='openai')); "
+    load = ("import sys; from argparse import Namespace; from gpt2_numpy.commands.common import load_model; "
+            f"load_model(Namespace(model='124M', models_dir={str(models_dir)!r}, source='openai')); "
             "print(sorted(sys.modules.keys() & {'requests', 'urllib3', 'tqdm'}))")
     for use in ("first, verifying", "second, verified"):
         result = subprocess.run([sys.executable, "-c", load], capture_output=True, text=True, cwd=REPO,
@@ -246,10 +247,10 @@ def test_the_read_only_folder_hint_fills_that_very_folder(tmp_path, source, suff
 
 def test_a_folder_holding_another_shape_than_its_size_says_what_was_loaded(models_dir, capsys):
     shutil.copytree(models_dir / "124M", models_dir / "355M")
-    load_model(Namespace(model_size="355M", models_dir=str(models_dir), source="openai"))
+    load_model(Namespace(model="355M", models_dir=str(models_dir), source="openai"))
     line = next(line for line in capsys.readouterr().err.splitlines() if line.startswith("loaded"))
     assert line.startswith("loaded a GPT-2 of n_vocab 512, n_ctx 64, n_embd 64, n_head 4, n_layer 2 (not the 355M "
-                           f"that --model-size asked for) from {models_dir / '355M'}")
+                           f"that --model asked for) from {models_dir / '355M'}")
 
 
 @pytest.mark.parametrize("n_layer, n_head, words", [(1, 2, "1 layer, 32 wide, 2 heads"),

@@ -28,7 +28,7 @@ import urllib3
 
 from gpt2_numpy import download, weights
 from gpt2_numpy.checkpoint import load_params
-from gpt2_numpy.models import SOURCES, file_url, models_dir_path
+from gpt2_numpy.catalog import SOURCES, file_url, models_dir_path
 from gpt2_numpy.errors import CheckpointError, DownloadError, Gpt2NumpyError, Interrupted, UsageError
 from gpt2_numpy.formats.tf_bundle import TensorBundle, table_records
 from gpt2_numpy.params import random_params

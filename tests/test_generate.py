@@ -7,9 +7,10 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from gpt2_numpy import generate as generate_module
+from gpt2_numpy import decode
 from gpt2_numpy import fast as model_module
-from gpt2_numpy.errors import NonFiniteError, UsageError, plural
+from gpt2_numpy.console import plural
+from gpt2_numpy.errors import NonFiniteError, UsageError
 from gpt2_numpy.generate import generate, generate_batch, iter_batch, iter_generate
 from gpt2_numpy.fast import gpt2, gpt2_cached, new_cache
 from gpt2_numpy.params import random_params
@@ -83,7 +84,7 @@ def test_stops_at_end_of_text_without_yielding_it(tiny, monkeypatch):
     hparams, params, prompt, hf_ids = tiny
     # the tiny vocabulary has no id 50256: let the 6th greedy id (first seen there) play <|endoftext|>
     assert hf_ids[5] not in hf_ids[:5]
-    monkeypatch.setattr(generate_module, "EOT_ID", hf_ids[5])
+    monkeypatch.setattr(decode, "EOT_ID", hf_ids[5])
     assert generate(prompt, params, hparams["n_head"], len(hf_ids)) == hf_ids[:5]
     assert generate(prompt, params, hparams["n_head"], len(hf_ids), stop_at_eos=False) == hf_ids
 
@@ -154,7 +155,7 @@ def test_a_row_that_reaches_end_of_text_stops_and_the_others_go_on(tiny, batch_r
     hparams, params, _, _ = tiny
     prompts, hf_ids, eos_id, hf_eos_rows = batch_reference
     assert eos_id > 256  # above CPython's cached small ints: `is` instead of `==` would never stop
-    monkeypatch.setattr(generate_module, "EOT_ID", eos_id)
+    monkeypatch.setattr(decode, "EOT_ID", eos_id)
     batch = generate_batch(prompts, params, hparams["n_head"], len(hf_ids[0]))
     assert batch == hf_eos_rows
     assert sum(len(row) < len(hf_ids[0]) for row in batch) == 1  # exactly one row stopped early
@@ -164,7 +165,7 @@ def test_a_row_that_reaches_end_of_text_stops_and_the_others_go_on(tiny, batch_r
 def test_finished_rows_leave_the_batch(tiny, batch_reference, monkeypatch):
     hparams, params, _, _ = tiny
     prompts, hf_ids, eos_id, hf_eos_rows = batch_reference
-    monkeypatch.setattr(generate_module, "EOT_ID", eos_id)
+    monkeypatch.setattr(decode, "EOT_ID", eos_id)
     rows_per_step = []
     real_lm_head = model_module.lm_head
     monkeypatch.setattr(model_module, "lm_head", lambda x, wte: rows_per_step.append(len(x)) or real_lm_head(x, wte))
@@ -243,7 +244,7 @@ def test_a_bad_seed_is_a_usage_error(tiny, seed):
 def test_batch_without_stop_at_eos_goes_past_end_of_text(tiny, batch_reference, monkeypatch):
     hparams, params, _, _ = tiny
     prompts, hf_ids, eos_id, _ = batch_reference
-    monkeypatch.setattr(generate_module, "EOT_ID", eos_id)
+    monkeypatch.setattr(decode, "EOT_ID", eos_id)
     assert any(eos_id in row for row in hf_ids)
     assert generate_batch(prompts, params, hparams["n_head"], len(hf_ids[0]), stop_at_eos=False) == hf_ids
 
@@ -251,7 +252,7 @@ def test_batch_without_stop_at_eos_goes_past_end_of_text(tiny, batch_reference, 
 def test_when_the_new_tokens_alone_fill_the_context_only_fewer_tokens_can_help():
     with pytest.raises(UsageError, match="^the prompt's 1 token plus 64 new tokens make 65, more than the model's "
                                          "context of 64 tokens: generate at most 63 tokens$"):
-        generate_module.check_room(1, 64, 64)
+        decode.check_room(1, 64, 64)
 
 
 def test_counts_read_as_sentences():
@@ -299,8 +300,8 @@ def test_keeping_rows_allocates_only_the_cache_it_keeps(tiny):
 def test_a_single_decode_caches_only_the_positions_it_feeds_back(tiny, monkeypatch, n_tokens):
     hparams, params, prompt, _ = tiny
     slots = []
-    real = generate_module.new_cache
-    monkeypatch.setattr(generate_module, "new_cache", lambda *a, **kw: slots.append(kw["n_slots"]) or real(*a, **kw))
+    real = decode.new_cache
+    monkeypatch.setattr(decode, "new_cache", lambda *a, **kw: slots.append(kw["n_slots"]) or real(*a, **kw))
     generate(prompt, params, hparams["n_head"], n_tokens)
     # the prompt and every chosen id but the last: so --n-tokens, not the context, sizes the cache
     assert slots == [len(prompt) + n_tokens - 1]

@@ -5,8 +5,10 @@ next-token prediction) or, with --lens, the logit lens's table; --plot and --htm
 import functools
 from pathlib import Path
 
-from gpt2_numpy.cli import add_model_args, load_model, prompt_ids, read_prompt, write_stdout
-from gpt2_numpy.errors import ArgumentParser, UsageError, log, open_stdout, plural, run_cli
+from gpt2_numpy.commands.common import add_model_args, load_model, prompt_ids, read_prompt, write_stdout
+from gpt2_numpy.commands.common import ArgumentParser, open_stdout, run_cli
+from gpt2_numpy.console import log, plural
+from gpt2_numpy.errors import UsageError
 from gpt2_numpy.explain.lens import lens_table
 from gpt2_numpy.explain.page import check_page_file, page_html, write_page
 from gpt2_numpy.explain.plot import PLOT_INSTALL, attention_figure, check_plot_file, save_figure

@@ -8,7 +8,8 @@ import math
 
 import numpy as np
 
-from gpt2_numpy.errors import UsageError, plural
+from gpt2_numpy.console import plural
+from gpt2_numpy.errors import UsageError
 from gpt2_numpy.explain.tracing import block_trace, embedding, residual_stream, unembedding
 from gpt2_numpy.model import causal_mask, layer_norm, merge_heads, softmax
 

@@ -1,0 +1,272 @@
+"""What the command lines share: the parser and its argument types, running a command (errors become one line on
+stderr and an exit status), stdout, the flags that choose a model and loading it (downloading it first if missing),
+and the prompt and its ids. No command imports another; they all import this."""
+import argparse
+import contextlib
+import errno
+import importlib.metadata
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+from gpt2_numpy.allocator import keep_freed_memory
+from gpt2_numpy.catalog import MODEL_SIZES, OFFICIAL_HPARAMS, SOURCES, models_dir_path
+from gpt2_numpy.checkpoint import load_params
+from gpt2_numpy.console import log, plural
+from gpt2_numpy.errors import Gpt2NumpyError, Interrupted, OutOfMemory, OutputError, UsageError
+from gpt2_numpy.tokenizer import EOT_ID, load_tokenizer
+from gpt2_numpy.weights import ensure_model
+
+DEFAULT_SIZE = "124M"
+
+# --- The parser and its argument types ---
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse whose mistakes are UsageErrors, so run_cli prints them as one line instead of a usage block; every
+    command line gets --version from the installed package's metadata. An option is never taken from a prefix of its
+    name: --model must not be read as --models-dir, nor an old spelling as a new one."""
+
+    def __init__(self, *args, dash_hint=None, **kwargs):
+        # dash_hint: how to pass text that begins with '-', which argparse takes for an unknown option
+        super().__init__(*args, allow_abbrev=False, **kwargs)
+        self.dash_hint = dash_hint
+        self.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
+
+    def error(self, message):
+        if self.dash_hint and ("arguments are required" in message or "unrecognized arguments: -" in message):
+            message += f"; {self.dash_hint}"
+        raise UsageError(f"{message} (see --help)")
+
+
+def package_version():  # -> the installed gpt2_numpy's version, or a note when it runs from a source tree only
+    try:
+        return importlib.metadata.version("gpt2_numpy")
+    except importlib.metadata.PackageNotFoundError:
+        return "(not installed: pip install -e . to record a version)"
+
+
+def whole_number(minimum):  # -> an argparse type accepting integers >= minimum
+    def parse(text):
+        value = int(text)  # argparse turns the ValueError into "invalid whole number value: 'x'"
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+
+    parse.__name__ = "whole number"
+    return parse
+
+
+def positive_float(text):  # -> an argparse type for a finite number > 0
+    value = float(text)
+    if not 0 < value < math.inf:
+        raise ValueError(text)
+    return value
+
+
+positive_float.__name__ = "positive number"
+
+
+def fraction(text):  # -> an argparse type for a number in (0, 1)
+    value = float(text)
+    if not 0 < value < 1:
+        raise ValueError(text)
+    return value
+
+
+fraction.__name__ = "fraction between 0 and 1"
+
+
+def model_choice(text):  # -> an argparse type: an official size as its name, anything else as a folder's Path
+    return text if text in MODEL_SIZES else Path(text)  # a folder named like a size is written ./124M
+
+
+model_choice.__name__ = "model"
+
+# --- Running a command, and stdout ---
+
+
+def run_cli(main, argv=None):  # -> never returns: exits with main's status, or one error line
+    open_closed_streams()
+    try:
+        if sys.stdout is not None:  # a terminal that cannot show a character gets "?", not a traceback
+            sys.stdout.reconfigure(errors="replace")
+        status = main(argv)
+        if sys.stdout is not None:
+            with writing_stdout():  # what print() left in the buffer: a full disk is reported here, not at exit
+                sys.stdout.flush()
+    except Gpt2NumpyError as error:
+        log(f"{error.label}: {error}")
+        status = error.exit_code
+    except MemoryError:  # where no code said what to lower
+        log(f"{OutOfMemory.label}: this machine ran out of memory: ask for less at once (a smaller model, fewer rows, "
+            "a shorter text)")
+        status = OutOfMemory.exit_code
+    except KeyboardInterrupt:  # Ctrl-C where no code said more: what was already printed stays
+        log(f"{Interrupted.label}: stopped by Ctrl-C")
+        status = Interrupted.exit_code
+    except BrokenPipeError:  # stdout's reader quit early (`| head`): stop quietly
+        silence_stdout()
+        status = 128 + 13  # the status of a process killed by SIGPIPE, as `cat` would report
+    sys.exit(status)
+
+
+def open_closed_streams():  # -> None; a standard stream closed at start (`2>&-`, which makes it None) gets /dev/null
+    # else the next file opened would take its descriptor, and what is written to the stream would land in that file.
+    # In ascending order, each open takes the lowest free descriptor: the closed stream's. sys.stdin and sys.stdout
+    # stay None, so that reading the prompt from stdin, or writing output, says the stream is closed.
+    for stream in (sys.stdin, sys.stdout, sys.stderr):
+        if stream is None:
+            os.open(os.devnull, os.O_RDWR)
+    if sys.stderr is None:  # print(file=None) would write the diagnostics to stdout
+        sys.stderr = open(os.devnull, "w")
+
+
+@contextlib.contextmanager
+def writing_stdout():  # -> context in which writing stdout fails with OutputError (a BrokenPipeError passes)
+    stdout = open_stdout()
+    try:
+        yield stdout
+    except BrokenPipeError:
+        raise
+    except OSError as error:
+        silence_stdout()
+        raise OutputError(f"cannot write to stdout ({error.strerror}): send it to a file or pipe that takes the output"
+                          + (", on a disk with free space" if error.errno == errno.ENOSPC else "")) from None
+
+
+def open_stdout():  # -> sys.stdout; OutputError when it was closed at start (`>&-`)
+    if sys.stdout is None:
+        raise OutputError("stdout is closed: give the command somewhere to write its output, e.g. > out.txt")
+    return sys.stdout
+
+
+def silence_stdout():  # -> None; stdout failed: what is left in its buffer goes to /dev/null
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's flush at exit must not fail again
+
+
+def write_stdout(text):  # -> None; OutputError when stdout is closed or refuses the text
+    with writing_stdout() as stdout:
+        stdout.write(text)
+        stdout.flush()  # each token appears as soon as it is chosen, even through a pipe
+
+
+def print_json(data):  # -> None; data as one line of JSON on stdout
+    write_stdout(json.dumps(data) + "\n")
+
+
+# --- The model ---
+
+
+def add_model_args(parser):  # -> None; adds --model (and its old name --model-size), --models-dir and --source
+    parser.add_argument("--model", type=model_choice, metavar="MODEL",
+                        help=f"an official GPT-2 size ({', '.join(MODEL_SIZES)}; {DEFAULT_SIZE} by default), "
+                        "downloaded on first use, or a model folder (OpenAI's or Hugging Face's layout, e.g. one "
+                        "written by train; a folder named like a size is written ./124M)")
+    parser.add_argument("--model-size", dest="model", choices=MODEL_SIZES, help="old name of --model SIZE")
+    parser.add_argument("--models-dir", metavar="DIR", help="folder of <size>/ folders ($GPT2_NUMPY_WEIGHTS, weights)")
+    parser.add_argument("--source", choices=SOURCES, default="openai",
+                        help="whose files an official size comes from: openai (TF checkpoint in <size>/, default) or "
+                        "huggingface (safetensors in <size>-hf/)")
+
+
+def model_size(args):  # -> the official size add_model_args's flags name, or None when --model is a folder
+    model = getattr(args, "model", None) or DEFAULT_SIZE  # callers may build args without --model
+    return model if isinstance(model, str) else None
+
+
+def load_model(args):  # -> hparams, params, tokenizer of the model add_model_args's flags name, verified before use
+    size = model_size(args)
+    if size is None:
+        return load_folder(args.model)
+    models_dir, source = args.models_dir, args.source
+    check_models_dir(models_dir_path(models_dir))
+    # missing files are downloaded; files never verified are verified once (a damaged file placed by hand is refused
+    # with the downloader's own error instead of generating garbage); then loading only memory-maps
+    model_dir = ensure_model(size, models_dir, source)
+    keep_freed_memory()  # every command runs forward passes next, which free and reallocate the same large arrays
+    start = time.perf_counter()
+    hparams, params = load_params(model_dir)
+    tokenizer = load_tokenizer(model_dir)
+    log(f"loaded {loaded_name(size, hparams)} from {model_dir} in {time.perf_counter() - start:.1f} s")
+    return hparams, params, tokenizer
+
+
+def loaded_name(size, hparams):  # -> "GPT-2 124M", or what a size's folder holds when it has another shape
+    if hparams == OFFICIAL_HPARAMS[size]:
+        return f"GPT-2 {size}"
+    shape = ", ".join(f"{key} {value}" for key, value in hparams.items())
+    other = next((f"GPT-2 {name}'s shape, " for name, official in OFFICIAL_HPARAMS.items() if official == hparams), "")
+    return f"a GPT-2 of {other}{shape} (not the {size} that --model asked for)"
+
+
+def load_folder(model_dir):  # -> hparams, params, tokenizer of the model in a folder given by --model, used as it is
+    # nothing is downloaded or recorded in the user's folder; the loaders check every file's structure and shape
+    check_model_folder(model_dir, "--model")
+    keep_freed_memory()
+    start = time.perf_counter()
+    hparams, params = load_params(model_dir)
+    tokenizer = load_tokenizer(model_dir)
+    if tokenizer.n_vocab < hparams["n_vocab"]:  # the model could choose ids the tokenizer cannot print
+        raise UsageError(f"--model {model_dir}: the model has {hparams['n_vocab']:,} tokens but its vocabulary files "
+                         f"only {tokenizer.n_vocab:,}: put the model's own vocabulary files beside it")
+    log(f"loaded a GPT-2 of {plural(hparams['n_layer'], 'layer')}, {hparams['n_embd']} wide, "
+        f"{plural(hparams['n_head'], 'head')}, from {model_dir} in {time.perf_counter() - start:.1f} s")
+    return hparams, params, tokenizer
+
+
+def check_model_folder(model_dir, flag):  # -> None, or UsageError when a model named as a folder is none
+    if not model_dir.is_dir():
+        problem = "is a file" if model_dir.exists() else "does not exist"
+        raise UsageError(f"{flag} {model_dir} {problem}: pass a model folder (model.safetensors + config.json + "
+                         "vocab.json + merges.txt, or OpenAI's checkpoint files) or an official size "
+                         f"({', '.join(MODEL_SIZES)})")
+
+
+def check_models_dir(models_root):  # -> None, or UsageError when the models dir is a file or cannot be read
+    try:
+        if models_root.exists() and not models_root.is_dir():
+            raise UsageError(f"the models dir {models_root} is a file: pass a folder with --models-dir or "
+                             "GPT2_NUMPY_WEIGHTS")
+    except OSError as error:
+        raise UsageError(f"cannot read the models dir {models_root} ({error.strerror}): fix its permissions or pass "
+                         "another folder with --models-dir") from None
+
+
+# --- The prompt ---
+
+
+def read_prompt(argument):  # -> prompt text; "-" reads stdin
+    if argument != "-":
+        text = argument
+    elif sys.stdin is None:  # started with stdin closed (`0<&-`)
+        raise UsageError('stdin is closed, and "-" reads the prompt from it: pipe the text in, or give it as an '
+                         "argument")
+    else:
+        try:
+            text = sys.stdin.buffer.read().decode("utf-8")
+        except OSError as error:  # e.g. `< folder`, or a descriptor open for writing only
+            raise UsageError(f"cannot read the prompt from stdin ({error.strerror}): pipe the text in, or give it as "
+                             "an argument") from None
+        except UnicodeDecodeError as error:
+            raise UsageError(f"stdin is not UTF-8 text (byte {error.start}): convert the prompt to UTF-8") from None
+    try:
+        text.encode("utf-8")  # undecodable command-line bytes arrive as lone surrogates
+    except UnicodeEncodeError:
+        raise UsageError("the prompt is not valid UTF-8 text: pass it in UTF-8, or through stdin with '-'") from None
+    return text
+
+
+def prompt_ids(tokenizer, prompt, n_vocab, name="the prompt"):  # -> ids to feed the model, all < n_vocab
+    # "<|endoftext|>" typed in a prompt is the document separator; an empty prompt starts from it, as GPT-2 was trained
+    ids = tokenizer.encode(prompt, allowed_special="all") or [EOT_ID]
+    outside = [token_id for token_id in ids if token_id >= n_vocab]
+    if outside:
+        raise UsageError(
+            f"{name}'s token {outside[0]} ({tokenizer.decode(outside[:1])!r}) is outside this model's vocabulary "
+            f"of {n_vocab} tokens: use a model with GPT-2's full vocabulary, or a prompt of other words"
+        )
+    return ids
