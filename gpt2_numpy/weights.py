@@ -1,8 +1,8 @@
 """A model's folder made ready for use: every file present, verified once, and the verification recorded.
 
-    folder = ensure_model("124M")  # what every command line calls, through cli.load_model
+    folder = ensure_model("124M")  # what every command line calls, through commands/common.load_model
 
-Where folders are and where files come from: see gpt2_numpy/models.py.
+Where folders are and where files come from: see gpt2_numpy/catalog.py.
 
 A folder is ready when <folder>/.verified.json records every file's size, modification time and inode, and they still
 match: runs after the first compare those, as git's index does, instead of re-reading gigabytes. A file rewritten in
@@ -10,7 +10,7 @@ place (a new time) or a folder copied elsewhere (new inodes) is verified again; 
 Otherwise ensure_model, holding the folder's lock (.download.lock):
 - verifies the files already in the folder where they are. Files placed by hand are never moved, renamed or deleted:
   a bad one is named and left for the user to replace, and a Ctrl-C or a crash midway leaves everything as it was;
-- downloads the missing ones (gpt2_numpy/download.py, whose network stack loads only then; it checks each file against
+- downloads the missing ones (gpt2_numpy/fetch.py, whose network stack loads only then; it checks each file against
   a SHA-256 the server publishes, as the Hugging Face hub does for model.safetensors) into <folder>/.download/,
   verifies them there together with second names (hard links) of the files already present, and only then moves them
   into the folder, so that no final name ever holds unverified downloaded bytes. A bad download is deleted; good ones
@@ -146,14 +146,14 @@ def record(folder, verified):  # -> None: the marker, written whole under a temp
 
 
 def download_and_install(folder, size, source, missing):  # -> stamps of the files verified, now all in folder
-    from gpt2_numpy.download import fetch_all  # the network stack (requests, tqdm: 14 MB, 0.15 s) loads only here
+    from gpt2_numpy.fetch import fetch_all  # the network stack (requests, tqdm: 14 MB, 0.15 s) loads only here
 
     files = SOURCES[source].files
     present = [name for name in files if name not in missing]
     staging = folder / STAGING
     staging.mkdir(exist_ok=True)
     try:
-        fetch_all(folder, size, source, missing)
+        fetch_all(folder, staging, size, source, missing)
         for name in present:  # the whole model in one folder to verify, while the user's files stay where they are
             second_name(folder / name, staging / name)
         verified = {**stamps(folder, present), **stamps(staging, missing)}  # a rename keeps a stamp

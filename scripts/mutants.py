@@ -1,4 +1,4 @@
-"""Plausible bugs in model.py, fast.py, cores.py and download.py, each applied alone to a copy of the repo: the tests
+"""Plausible bugs in model.py, fast.py, cores.py and fetch.py, each applied alone to a copy of the repo: the tests
 that catch it.
 
     python scripts/mutants.py [TEST_FILE ...]     (default: tests/test_model.py tests/test_fast.py tests/test_cores.py)
@@ -44,9 +44,9 @@ MUTANTS = [  # (what, file, text, replacement)
     ("cores: a forked child keeps its parent's pool", "gpt2_numpy/cores.py",
      "os.register_at_fork(after_in_child=helpers.cache_clear)\n", ""),
     # their tests are in tests/test_download.py, which is not among the default TEST_FILEs
-    ("download: the SHA-256 compared on its first 32 digits", "gpt2_numpy/download.py", "if actual == digest:",
+    ("download: the SHA-256 compared on its first 32 digits", "gpt2_numpy/fetch.py", "if actual == digest:",
      "if actual[:32] == digest[:32]:"),
-    ('download: a weak X-Linked-Etag (W/"...") leaves the file unchecked', "gpt2_numpy/download.py",
+    ('download: a weak X-Linked-Etag (W/"...") leaves the file unchecked', "gpt2_numpy/fetch.py",
      '.removeprefix("W/")', ""),
 ]
 

@@ -26,9 +26,10 @@ import pytest
 import requests
 import urllib3
 
-from gpt2_numpy import download, weights
-from gpt2_numpy.checkpoint import load_params
+from gpt2_numpy import fetch, weights
 from gpt2_numpy.catalog import SOURCES, file_url, models_dir_path
+from gpt2_numpy.checkpoint import load_params
+from gpt2_numpy.commands import download as download_command
 from gpt2_numpy.errors import CheckpointError, DownloadError, Gpt2NumpyError, Interrupted, UsageError
 from gpt2_numpy.formats.tf_bundle import TensorBundle, table_records
 from gpt2_numpy.params import random_params
@@ -48,9 +49,9 @@ WAIT_SECONDS = 30  # upper bound for anything a test waits on; only reached when
 @pytest.fixture(autouse=True)
 def fast_and_isolated(monkeypatch, tmp_path):
     """No backoff waits, short timeouts, and no models dir or mirror leaking in from the environment."""
-    monkeypatch.setattr(download, "BACKOFF_SECONDS", 0)
-    monkeypatch.setattr(download, "CONNECT_TIMEOUT_SECONDS", 5)
-    monkeypatch.setattr(download, "READ_TIMEOUT_SECONDS", 5)
+    monkeypatch.setattr(fetch, "BACKOFF_SECONDS", 0)
+    monkeypatch.setattr(fetch, "CONNECT_TIMEOUT_SECONDS", 5)
+    monkeypatch.setattr(fetch, "READ_TIMEOUT_SECONDS", 5)
     monkeypatch.delenv("GPT2_NUMPY_WEIGHTS", raising=False)
     monkeypatch.delenv("GPT2_NUMPY_BASE_URL", raising=False)
     monkeypatch.chdir(tmp_path)
@@ -107,7 +108,7 @@ def test_fresh_download_is_byte_exact_and_says_where(tmp_path, monkeypatch, caps
 
 
 def test_connection_cut_mid_file_resumes_with_range(tmp_path, monkeypatch):
-    monkeypatch.setattr(download, "CHUNK_BYTES", SMALL_CHUNK)
+    monkeypatch.setattr(fetch, "CHUNK_BYTES", SMALL_CHUNK)
     files = official_layout_files()
     kept = 5 * SMALL_CHUNK
     cuts = 5  # more than 1 + 3 retries: each cut adds bytes, so none of them counts against the retries
@@ -120,8 +121,8 @@ def test_connection_cut_mid_file_resumes_with_range(tmp_path, monkeypatch):
 @pytest.mark.parametrize("ignore_range, resumed_status", [(False, 206), (True, 200)])
 def test_rerun_resumes_partial_file_or_restarts_when_range_is_ignored(tmp_path, monkeypatch, ignore_range,
                                                                        resumed_status):
-    monkeypatch.setattr(download, "RETRIES", 0)  # the 503 after the cut ends the first run
-    monkeypatch.setattr(download, "CHUNK_BYTES", SMALL_CHUNK)
+    monkeypatch.setattr(fetch, "RETRIES", 0)  # the 503 after the cut ends the first run
+    monkeypatch.setattr(fetch, "CHUNK_BYTES", SMALL_CHUNK)
     files = official_layout_files()
     kept = 10 * SMALL_CHUNK
     with mirror(monkeypatch, files, faults={DATA: [Cut(kept + 7), 503]}, ignore_range=ignore_range) as server:
@@ -149,8 +150,8 @@ def test_missing_file_404_fails_at_once_naming_the_url(tmp_path, monkeypatch):
 
 def test_server_errors_are_retried_3_times_with_doubling_waits_then_reported(tmp_path, monkeypatch):
     waits = []
-    monkeypatch.setattr(download, "BACKOFF_SECONDS", 1.0)
-    monkeypatch.setattr(download, "time", SimpleNamespace(sleep=waits.append))  # record the waits, skip them
+    monkeypatch.setattr(fetch, "BACKOFF_SECONDS", 1.0)
+    monkeypatch.setattr(fetch, "time", SimpleNamespace(sleep=waits.append))  # record the waits, skip them
     with mirror(monkeypatch, official_layout_files(), faults={"/124M/checkpoint": [503] * 4}) as server:
         with pytest.raises(DownloadError, match=r"/124M/checkpoint failed 4 times in a row \(HTTP 503"):
             ensure_model("124M", tmp_path)
@@ -231,11 +232,14 @@ def test_second_run_is_a_quick_offline_noop(tmp_path, monkeypatch, capsys):
     # the server is gone now, so any request would fail
     assert ensure_model("124M", tmp_path) == folder
     assert capsys.readouterr().err == ""  # what every generate run goes through: silent
-    assert download.run(["124M", "--models-dir", str(tmp_path)]) == 0  # the command line's status and output
+    assert download_command.run(["124M", "--models-dir", str(tmp_path)]) == 0  # the command line's status and output
     output = capsys.readouterr()
     assert output.out == f"{folder}\n"
     assert "already complete" in output.err
     assert_installed(folder, files)
+    # the size named as the other commands name a model, and the answer as data
+    assert download_command.run(["--model", "124M", "--models-dir", str(tmp_path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"folder": str(folder), "files": list(SOURCES["openai"].files)}
 
 
 def test_a_deleted_file_is_fetched_again_alone(tmp_path, monkeypatch):
@@ -372,7 +376,7 @@ def test_a_part_as_long_as_the_file_is_kept_and_a_longer_one_starts_over(tmp_pat
 
 
 def test_a_resume_answered_from_byte_0_is_refused_and_the_part_kept(tmp_path, monkeypatch):
-    monkeypatch.setattr(download, "CHUNK_BYTES", SMALL_CHUNK)
+    monkeypatch.setattr(fetch, "CHUNK_BYTES", SMALL_CHUNK)
     files = official_layout_files()
     data = files[DATA].read_bytes()
     kept = 5 * SMALL_CHUNK
@@ -386,7 +390,7 @@ def test_a_resume_answered_from_byte_0_is_refused_and_the_part_kept(tmp_path, mo
 
 
 def test_a_part_growing_past_the_announced_size_is_deleted_at_once(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(download, "CHUNK_BYTES", SMALL_CHUNK)
+    monkeypatch.setattr(fetch, "CHUNK_BYTES", SMALL_CHUNK)
     files = official_layout_files()
     size = files[DATA].stat().st_size
     kept = 5 * SMALL_CHUNK
@@ -614,7 +618,8 @@ def test_cli_http_error_is_one_error_line_and_exit_1(tmp_path):
 # Ctrl-C's Python handler is installed first: a child started with SIGINT ignored (as under a shell's `pytest &`)
 # would otherwise ignore the SIGINT the test sends it
 SMALL_CHUNKS_CLI = ("import signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
-                    "from gpt2_numpy import download; download.CHUNK_BYTES = 16384; download.main()")
+                    "from gpt2_numpy import fetch; fetch.CHUNK_BYTES = 16384; "
+                    "from gpt2_numpy.commands.download import main; main()")
 
 
 def start_small_chunk_cli(models_dir, env, name):  # -> Popen: the download CLI writing every 16 KiB, as in-process
@@ -636,7 +641,7 @@ def test_a_download_stopped_mid_file_resumes_on_the_rerun_and_ends_byte_exact(tm
         env = {**os.environ, "GPT2_NUMPY_BASE_URL": server.url}
         first = start_small_chunk_cli(models_dir, env, "first")
         try:
-            wait_until(lambda: download.file_size(part) >= 3 * SMALL_CHUNK)
+            wait_until(lambda: fetch.file_size(part) >= 3 * SMALL_CHUNK)
             first.send_signal(getattr(signal, stop))
             code = first.wait(WAIT_SECONDS)
         finally:
@@ -789,7 +794,7 @@ def hub_like(files, weights_bytes):  # -> (files, FileServer options) that redir
 
 @pytest.mark.parametrize("redirected", [False, True], ids=["served", "redirected"])
 def test_a_huggingface_download_matching_its_published_sha256_is_installed(tmp_path, monkeypatch, capsys, redirected):
-    monkeypatch.setattr(download, "CHUNK_BYTES", SMALL_CHUNK)
+    monkeypatch.setattr(fetch, "CHUNK_BYTES", SMALL_CHUNK)
     files = hf_layout_files()
     data = files[HF_WEIGHTS].read_bytes()
     served, options = hub_like(files, data) if redirected else (files, {})

@@ -1,4 +1,4 @@
-"""Scoring text (gpt2_numpy/score.py) against Hugging Face and against math, and its command line end to end.
+"""Scoring text (gpt2_numpy/likelihood.py) against Hugging Face and against math, and its command line end to end.
 
 The reference log-probabilities and losses are HF's (tests/fixtures/reference_score.npz, from
 scripts/make_score_reference.py): one window on the "tiny" and "124M" configs, and the sliding-window loop of HF's
@@ -19,11 +19,12 @@ import sys
 import numpy as np
 import pytest
 
-from gpt2_numpy import fast as model, score
+from gpt2_numpy import fast as model, likelihood
+from gpt2_numpy.commands.score import visible
 from gpt2_numpy.errors import NonFiniteError, UsageError
 from gpt2_numpy.params import random_params
 from gpt2_numpy.fast import log_softmax_at
-from gpt2_numpy.score import score_windows, summary, token_log_probs, visible
+from gpt2_numpy.score import score_windows, summary, token_log_probs
 from gpt2_numpy.tokenizer import EOT_ID, load_tokenizer
 from tests.conftest import FIXTURES, REPO, assert_one_error_line, official_path
 from tests.test_checkpoint import write_safetensors_raw
@@ -112,7 +113,7 @@ def test_fewer_than_two_tokens_are_refused(inputs, tiny_params):
 
 
 def test_ids_outside_the_vocabulary_are_refused_before_any_window_runs(tiny_params, monkeypatch):
-    for module in (model, score):  # any forward pass would fail with a TypeError instead
+    for module in (model, likelihood):  # any forward pass would fail with a TypeError instead
         monkeypatch.setattr(module, "transformer", None)
     inputs = [1] * 300 + [512]  # in the last window only
     with pytest.raises(ValueError, match=r"token id 512 is outside the vocabulary \[0, 512\)"):
@@ -122,7 +123,7 @@ def test_ids_outside_the_vocabulary_are_refused_before_any_window_runs(tiny_para
 def test_logits_are_computed_only_for_positions_that_score(tiny_params, monkeypatch):
     rows = []
     lm_head = model.lm_head
-    for module in (model, score):  # wherever the logits are computed from
+    for module in (model, likelihood):  # wherever the logits are computed from
         monkeypatch.setattr(module, "lm_head", lambda x, wte: rows.append(x.shape[-2]) or lm_head(x, wte))
     inputs = REFERENCE["sliding_inputs"]
     token_log_probs(inputs, tiny_params, TINY["hparams"]["n_head"], stride=32)
@@ -277,10 +278,11 @@ def test_long_text_goes_through_windows_with_a_progress_bar(full_vocab_dir, toke
     assert short.returncode == 0 and "windows" not in short.stderr  # one window: no bar
 
 
-def test_file_gives_the_same_scores_as_text(tiny_dir, tmp_path):
+@pytest.mark.parametrize("flag", ["--data", "--file"])  # --file: the old name
+def test_a_file_gives_the_same_scores_as_text(tiny_dir, tmp_path, flag):
     path = tmp_path / "text.txt"
     path.write_text("I will go to the", encoding="utf-8")
-    from_file = score_cli("--file", str(path), "--no-bos", "--json", models_dir=tiny_dir)
+    from_file = score_cli(flag, str(path), "--no-bos", "--json", models_dir=tiny_dir)
     from_text = score_cli("I will go to the", "--no-bos", "--json", models_dir=tiny_dir)
     assert from_file.returncode == 0 and from_file.stdout == from_text.stdout
 
@@ -372,6 +374,10 @@ def test_text_with_a_leading_dash_goes_after_double_dash(tiny_dir):
     (["--file", "missing.txt"], "cannot read --file missing.txt: No such file or directory"),
     (["--file", "."], "cannot read --file .: Is a directory"),
     (["--file", "latin1.txt"], "--file latin1.txt is not UTF-8 text (byte 3 cannot be decoded)"),
+    (["I will go to the", "--data", "x.txt"], "give the text either as TEXT or with --data, not both"),
+    (["--data", "missing.txt"], "cannot read --data missing.txt: No such file or directory"),
+    (["--data", "latin1.txt"], "--data latin1.txt is not UTF-8 text (byte 3 cannot be decoded)"),
+    (["--data", "x.txt", "--file", "x.txt"], "--file is the old name of --data: give one of them"),
 ])
 def test_bad_input_is_one_error_line_with_exit_2(tiny_dir, tmp_path, monkeypatch, args, fragment):
     (tmp_path / "latin1.txt").write_bytes("Caf\u00e9 au lait".encode("latin-1"))
