@@ -1,8 +1,10 @@
-"""GPT-2 inference in pure NumPy."""
+"""GPT-2 in pure NumPy: run, score, look inside and train."""
 from gpt2_numpy.allocator import keep_freed_memory
 from gpt2_numpy.checkpoint import load_params, verify_checkpoint
+from gpt2_numpy.decode import generate, generate_batch, iter_generate
 from gpt2_numpy.errors import CheckpointError, DownloadError, Gpt2NumpyError, TokenizerError, UsageError
 from gpt2_numpy.fast import gpt2, gpt2_cached, new_cache
+from gpt2_numpy.likelihood import token_log_probs
 from gpt2_numpy.tokenizer import EOT_ID, load_tokenizer
 
 __all__ = [
@@ -14,6 +16,10 @@ __all__ = [
     "verify_checkpoint",
     "load_tokenizer",
     "EOT_ID",
+    "generate",
+    "generate_batch",
+    "iter_generate",
+    "token_log_probs",
     "Gpt2NumpyError",
     "UsageError",
     "CheckpointError",

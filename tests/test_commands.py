@@ -1,0 +1,153 @@
+"""The command lines as a whole: one `gpt2-numpy COMMAND` entry, every `python -m gpt2_numpy.X` of before still
+working, the flags that agree across commands, and the library below them free of argparse and of the commands."""
+import ast
+import json
+import os
+import subprocess
+import sys
+from argparse import Namespace
+
+import pytest
+
+from gpt2_numpy.commands import COMMANDS
+from gpt2_numpy.commands.common import load_model, model_choice
+from gpt2_numpy.params import random_params
+from gpt2_numpy.save import save_model
+from gpt2_numpy.tokenizer import PACKAGED_VOCABULARY
+from tests.conftest import REPO, UNREACHABLE, assert_one_error_line, tiny_models_dir
+
+PACKAGE = REPO / "gpt2_numpy"
+# the flags each command's --help must list: its own, and those that agree across commands
+FLAGS = {
+    "generate": ["PROMPT", "--n-tokens", "--model", "--models-dir", "--source", "--temperature", "--batch-size",
+                 "--json"],
+    "score": ["TEXT", "--data", "--stride", "--per-token", "--json", "--model", "--models-dir"],
+    "explain": ["PROMPT", "--layer", "--head", "--lens", "--html", "--json", "--model", "--models-dir"],
+    "train": ["--data", "--out", "--init", "--resume", "--steps", "--batch-size", "--models-dir"],
+    "download": ["MODEL", "--model", "--models-dir", "--source", "--json"],
+}
+
+
+def run(*args, env=()):  # -> CompletedProcess of `python *args` from the repo, offline, with str output
+    env = {**os.environ, "PYTHONPATH": str(REPO), "GPT2_NUMPY_BASE_URL": UNREACHABLE, **dict(env)}
+    env.pop("GPT2_NUMPY_WEIGHTS", None)
+    result = subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, timeout=60)
+    assert "Traceback" not in result.stderr, result.stderr
+    return result
+
+
+def test_every_command_is_in_the_table():
+    assert list(FLAGS) == list(COMMANDS)
+
+
+@pytest.mark.parametrize("command", FLAGS)
+def test_python_m_of_each_old_module_still_runs_its_command(command):
+    result = run("-m", f"gpt2_numpy.{command}", "--help")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"usage: gpt2-numpy {command} ")
+    assert [flag for flag in FLAGS[command] if flag not in result.stdout] == []
+
+
+@pytest.mark.parametrize("command", FLAGS)
+def test_each_command_of_the_one_entry_lists_its_flags(command):
+    result = run("-m", "gpt2_numpy", command, "--help")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == run("-m", f"gpt2_numpy.{command}", "--help").stdout  # the same command either way
+
+
+def test_the_one_entry_lists_every_command_with_one_line():
+    result = run("-m", "gpt2_numpy", "--help")
+    assert result.returncode == 0, result.stderr
+    section = result.stdout.split("\ncommands:\n")[1].split("\n\n")[0]
+    listed = {line.split()[0]: line for line in section.splitlines()}
+    assert list(listed) == list(COMMANDS)
+    assert all(COMMANDS[name] in line for name, line in listed.items())
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    ([], "no command given: choose one of generate, score, explain, train, download"),
+    (["scroe", "text"], "unknown command 'scroe' (did you mean score?): choose one of generate, score, explain, "
+                        "train, download; to continue the one-word prompt 'scroe', run gpt2-numpy generate scroe"),
+])
+def test_a_missing_or_misspelt_command_is_one_line_naming_the_commands(argv, fragment):
+    assert_one_error_line(run("-m", "gpt2_numpy", *argv), fragment)
+
+
+def test_a_first_argument_that_names_no_command_is_a_prompt(tmp_path):
+    # as before the commands: `python -m gpt2_numpy PROMPT` generates (here refused for the prompt's length)
+    models_dir = tiny_models_dir(tmp_path)
+    result = run("-m", "gpt2_numpy", "I will go to the", "--n-tokens", "60", "--models-dir", str(models_dir))
+    assert_one_error_line(result, "the prompt's 5 tokens plus 60 new tokens make 65")
+
+
+def library_modules():  # -> every module of the package but the commands, as paths
+    return [path for path in PACKAGE.rglob("*.py") if "commands" not in path.relative_to(PACKAGE).parts]
+
+
+def imported_names(tree):  # -> names of the modules imported by a module's top level, outside its __main__ block
+    names = []
+    for node in tree.body:
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "__name__ == '__main__'":
+            continue  # a shim runs its command there, and only when it is the program
+        for inner in ast.walk(node):
+            if isinstance(inner, ast.Import):
+                names += [alias.name for alias in inner.names]
+            elif isinstance(inner, ast.ImportFrom):
+                names.append(inner.module or "")
+    return names
+
+
+def test_no_library_module_imports_argparse_or_the_commands():
+    offenders = {}
+    for path in library_modules():
+        if path.name == "__main__.py":  # the program itself: `python -m gpt2_numpy[.explain]`
+            continue
+        names = imported_names(ast.parse(path.read_text()))
+        bad = [name for name in names if name == "argparse" or name.startswith("gpt2_numpy.commands")]
+        if bad:
+            offenders[str(path.relative_to(REPO))] = bad
+    assert offenders == {}
+    assert len(library_modules()) > 20  # the walk found the package
+
+
+def test_gpt2_numpy_generate_is_the_function_even_once_the_module_is_imported():
+    import gpt2_numpy.generate  # noqa: F401 (importing the submodule replaces the package's attribute)
+
+    hparams = {"n_vocab": 50, "n_ctx": 16, "n_embd": 8, "n_head": 2, "n_layer": 1}
+    params = random_params(hparams, 0)
+    from gpt2_numpy.decode import generate
+
+    assert gpt2_numpy.generate([1, 2, 3], params, 2, 4) == generate([1, 2, 3], params, 2, 4)
+
+
+# --- --model names a size or a folder, everywhere ---
+
+
+@pytest.fixture
+def models_dir(tmp_path):
+    return tiny_models_dir(tmp_path)
+
+
+@pytest.mark.parametrize("flag", ["--model", "--model-size"])  # --model-size: the old name
+def test_model_as_a_size_loads_that_size_from_the_models_dir(models_dir, flag):
+    result = run("-m", "gpt2_numpy", "score", "I will go to the", "--no-bos", flag, "124M", "--models-dir",
+                 str(models_dir), "--json")
+    assert result.returncode == 0, result.stderr
+    assert f"from {models_dir / '124M'}" in result.stderr
+    assert json.loads(result.stdout)["n_tokens"] == 4
+
+
+def test_model_as_a_folder_loads_that_folder(tmp_path, monkeypatch, capsys):
+    hparams = {"n_vocab": 50257, "n_ctx": 16, "n_embd": 8, "n_head": 2, "n_layer": 1}
+    folder = tmp_path / "124M"  # a folder named like a size is a folder when written as a path
+    save_model(folder, hparams, random_params(hparams, 0), PACKAGED_VOCABULARY)
+    monkeypatch.chdir(tmp_path)
+    loaded, _, _ = load_model(Namespace(model=model_choice("./124M"), models_dir=None, source="openai"))
+    assert loaded == hparams
+    assert "loaded a GPT-2 of 1 layer, 8 wide, 2 heads, from 124M" in capsys.readouterr().err
+
+
+def test_model_that_is_neither_a_size_nor_a_folder_is_one_error_line(tmp_path):
+    result = run("-m", "gpt2_numpy", "generate", "hi", "--model", str(tmp_path / "124"))
+    assert_one_error_line(result, f"--model {tmp_path / '124'} does not exist: pass a model folder")
+    assert "or an official size (124M, 355M, 774M, 1558M)" in result.stderr
