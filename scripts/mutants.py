@@ -41,7 +41,16 @@ MUTANTS = [  # (what, file, text, replacement)
     ("cores: OpenBLAS's threads not restored", "gpt2_numpy/cores.py",
      'blas[0](passes["n_threads"])', "pass"),
     ("cores: a forked child keeps its parent's pool", "gpt2_numpy/cores.py",
-     "os.register_at_fork(after_in_child=helpers.cache_clear)\n", ""),
+     "    helpers.cache_clear()  # the parent's pool", "    pass  # the parent's pool"),
+    ("cores: the first of two passes to end restores OpenBLAS's threads", "gpt2_numpy/cores.py",
+     'passes["running"] -= 1\n                if passes["running"] == 0:',
+     'passes["running"] -= 1\n                if True:'),
+    ("cores: a forked child keeps its parent's lock", "gpt2_numpy/cores.py",
+     "    passes_lock = threading.Lock()\n", ""),
+    ("cores: a forked child keeps the count a parent's pass set", "gpt2_numpy/cores.py",
+     'openblas()[0](passes["n_threads"])', "pass"),
+    ("cores: a forked child restores the count only for a counted pass", "gpt2_numpy/cores.py",
+     '(passes["running"] or passes_lock.locked())', 'passes["running"]'),
 ]
 
 
