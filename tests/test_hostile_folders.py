@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.conftest import FIXTURES, REPO, UNREACHABLE, assert_one_error_line, official_path
+from tests.conftest import FIXTURES, REPO, UNREACHABLE, assert_one_error_line, official_path, tiny_models_dir
 
 SECONDS = 30  # a command that refuses a folder takes about a second; the slack is for a loaded machine
 ADDRESS_SPACE = 4 * 2**30  # bytes: a run needs well under 1 GB; reading /dev/zero whole would take all there is
@@ -32,11 +32,10 @@ def model_folder(root, layout):  # -> a folder holding the tiny model in layout 
     return folder
 
 
-def run(command, folder, *args):  # -> CompletedProcess of `python -m gpt2_numpy.COMMAND --model folder args`, as text
+def run(command, *args):  # -> CompletedProcess of `python -m gpt2_numpy.COMMAND args`, as text
     env = {**os.environ, "GPT2_NUMPY_BASE_URL": UNREACHABLE, "PYTHONPATH": str(REPO)}
     result = subprocess.run([sys.executable, "-c", LIMITED_MODULE, str(ADDRESS_SPACE), f"gpt2_numpy.{command}",
-                             "--model", str(folder), *args],
-                            capture_output=True, text=True, cwd=REPO, env=env, timeout=SECONDS)
+                             *map(str, args)], capture_output=True, text=True, cwd=REPO, env=env, timeout=SECONDS)
     assert "Traceback" not in result.stderr, result.stderr
     return result
 
@@ -81,7 +80,7 @@ def test_a_hostile_file_is_one_error_line_naming_it(case, tmp_path):
     original = path.read_bytes()
     path.unlink()
     make(path, original)
-    assert_one_error_line(run("generate", path.parent, "I will go to the", "--n-tokens", "2"),
+    assert_one_error_line(run("generate", "--model", path.parent, "I will go to the", "--n-tokens", "2"),
                           expected.format(path=path))
 
 
@@ -89,7 +88,7 @@ def test_a_hostile_file_is_one_error_line_naming_it(case, tmp_path):
 def test_deep_json_in_vocab_json_is_one_error_line_for_every_command(command, tmp_path):
     vocab = model_folder(tmp_path, "hf") / "vocab.json"
     vocab.write_text("[" * 100_000)
-    assert_one_error_line(run(command, vocab.parent, "I will go to the"),
+    assert_one_error_line(run(command, "--model", vocab.parent, "I will go to the"),
                           f"{vocab} is malformed: it is not valid JSON (it is nested too deeply)")
 
 
@@ -98,7 +97,7 @@ def test_a_folder_holding_both_layouts_is_refused_naming_both(layout, tmp_path):
     folder = model_folder(tmp_path, layout)
     for file in (FIXTURES / f"{'tf' if layout == 'hf' else 'hf'}_tiny").iterdir():
         shutil.copy(file, folder)
-    result = run("generate", folder, "I will go to the", "--n-tokens", "2")
+    result = run("generate", "--model", folder, "I will go to the", "--n-tokens", "2")
     assert_one_error_line(result, f"{folder} holds two models, OpenAI's (checkpoint, hparams.json, model.ckpt.index, "
                           "model.ckpt.data-00000-of-00001) and Hugging Face's (model.safetensors, config.json): move "
                           "one of them to a folder of its own")
@@ -108,5 +107,15 @@ def test_a_config_json_of_exactly_the_limit_loads(tmp_path):  # the limit refuse
     config = model_folder(tmp_path, "hf") / "config.json"
     text = json.dumps(json.loads(config.read_text()))
     config.write_text(text + " " * (2**20 - len(text)))
-    result = run("generate", config.parent, "I will go to the", "--n-tokens", "2")
+    result = run("generate", "--model", config.parent, "I will go to the", "--n-tokens", "2")
     assert result.returncode == 0 and result.stdout, result.stderr
+
+
+@pytest.mark.parametrize("make", [os.mkfifo, lambda path: path.write_text("[" * 100_000)],
+                         ids=["named pipe", "deep JSON"])
+def test_a_hostile_verification_record_is_verified_again(make, tmp_path):  # --models-dir's .verified.json
+    models_dir = tiny_models_dir(tmp_path)
+    make(models_dir / "124M" / ".verified.json")
+    result = run("generate", "--models-dir", models_dir, "I will go to the", "--n-tokens", "2")
+    assert result.returncode == 0 and result.stdout, result.stderr
+    assert "verifying the files already in" in result.stderr
