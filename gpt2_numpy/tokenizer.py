@@ -12,7 +12,6 @@ holds such bytes back until the character is complete.
 """
 import codecs
 import heapq
-import json
 import operator
 from collections import defaultdict
 from itertools import chain
@@ -21,6 +20,7 @@ from pathlib import Path
 import regex
 
 from gpt2_numpy.errors import TokenizerError
+from gpt2_numpy.formats import TABLE_LIMIT, parse_json, read_regular
 
 EOT = "<|endoftext|>"
 EOT_ID = 50256
@@ -212,24 +212,24 @@ def load_tokenizer(model_dir=None):  # -> Tokenizer
     missing or malformed file."""
     model_dir = PACKAGED_VOCABULARY if model_dir is None else Path(model_dir)
     for vocab_name, merges_name in FILE_NAMES.values():
-        if is_file(model_dir / vocab_name):
+        if exists(model_dir / vocab_name):
             encoder = read_encoder(model_dir / vocab_name)
             return Tokenizer(encoder, read_merges(model_dir / merges_name, encoder))
     expected = " or ".join(f"{vocab} + {merges} ({source})" for source, (vocab, merges) in FILE_NAMES.items())
     raise TokenizerError(f"no vocabulary in {model_dir}: expected {expected}; download the model into that folder")
 
 
-def is_file(path):  # -> bool; TokenizerError when the folder cannot be read at all
-    try:
-        return path.is_file()
+def exists(path):  # -> bool; TokenizerError when the folder cannot be read at all
+    try:  # a FIFO or a folder under a vocabulary file's name is refused by read_text, naming it
+        return path.exists()
     except OSError as error:
         raise TokenizerError(f"cannot read {path.parent} ({error.strerror}): check its permissions") from None
 
 
 def read_encoder(path):  # -> {spelled token: id}, checked to be ids 0..n-1 over the byte alphabet, with <|endoftext|>
     try:
-        encoder = json.loads(read_text(path))
-    except json.JSONDecodeError as error:
+        encoder = parse_json(read_text(path))
+    except ValueError as error:  # parse_json's, which also refuses JSON nested deep enough to exhaust Python's stack
         raise malformed(path, f"it is not valid JSON ({error})") from None
     ids = encoder.values() if isinstance(encoder, dict) else [None]
     if not all(type(token_id) is int for token_id in ids) or sorted(ids) != list(range(len(encoder))):
@@ -262,9 +262,9 @@ def read_merge_lines(path, encoder):  # -> [(left, right)] as the file lists the
     return merges
 
 
-def read_text(path):  # -> the file's text, or TokenizerError naming the file
+def read_text(path):  # -> the file's text, with "\n" for line ends as text mode reads them, or TokenizerError
     try:
-        return path.read_text(encoding="utf-8")
+        return read_regular(path, TABLE_LIMIT).decode("utf-8").replace("\r\n", "\n")
     except FileNotFoundError:
         raise TokenizerError(f"{path} is missing: download the model again to restore its vocabulary files") from None
     except OSError as error:
