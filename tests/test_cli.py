@@ -203,7 +203,7 @@ def test_a_models_dir_that_cannot_be_read_is_a_usage_error(models_dir, monkeypat
 
 @pytest.mark.parametrize("loader", [load_params, load_tokenizer])
 def test_a_model_dir_that_cannot_be_read_is_named_by_the_loaders(models_dir, monkeypatch, loader):
-    deny_access_below(models_dir, monkeypatch, "is_file")
+    deny_access_below(models_dir, monkeypatch, "exists")
     with pytest.raises(Gpt2NumpyError, match=f"{models_dir / '124M'}.*Permission denied"):
         loader(models_dir / "124M")
 
