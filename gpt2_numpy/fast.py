@@ -95,8 +95,9 @@ def ffn(x, c_fc, c_proj):  # [..., n_seq, n_embd] -> [..., n_seq, n_embd]
     return linear(gelu(linear(x, **c_fc)), **c_proj)  # [..., n_seq, 4*n_embd] in between
 
 
-def causal_mask(n_q, n_k):  # -> [n_q, n_k]
-    # query i is position n_k - n_q + i (earlier positions may come from the KV cache); it must not see later keys
+def offset_causal_mask(n_q, n_k):  # -> [n_q, n_k]
+    # model.causal_mask for queries after cached keys: query i is position n_k - n_q + i (earlier positions may come
+    # from the KV cache); it must not see later keys
     return np.triu(np.full((n_q, n_k), -np.inf, dtype=np.float32), k=n_k - n_q + 1)
 
 
@@ -126,7 +127,7 @@ def einsum(subscripts, a, b, n_macs):  # np.einsum of two operands, in its cheap
     return np.einsum(subscripts, a, b, optimize=False if n_macs <= PLAIN_EINSUM_MACS else EINSUM_PATH)
 
 
-def split_heads(x, n_head):  # [..., n_seq, 3*n_embd] -> [3, ..., n_head, n_seq, d_head]: q, k, v, split into heads
+def split_qkv(x, n_head):  # [..., n_seq, 3*n_embd] -> [3, ..., n_head, n_seq, d_head]: q, k, v, split into heads
     # one transpose of the [..., n_seq, 3, n_head, d_head] view (np.moveaxis and swapaxes cost 12 µs a call, this 3)
     n_batch = x.ndim - 2
     qkv = x.reshape(*x.shape[:-1], 3, n_head, -1)
@@ -163,7 +164,7 @@ def query_blocks(q, k, v, mask):  # causal_attention's shapes
 
 
 def mha(x, c_attn, c_proj, n_head, mask, past=None, queries=ALL):  # [..., n_seq, n_embd] -> [..., n_q, n_embd]
-    q, k, v = split_heads(linear(x, **c_attn), n_head)  # [..., n_head, n_seq, d_head] each
+    q, k, v = split_qkv(linear(x, **c_attn), n_head)  # [..., n_head, n_seq, d_head] each
     if past is not None:
         k, v = extend_past(past, k, v)  # [..., n_head, n_past+n_seq, d_head]
     q = q[..., queries, :]  # queries of the wanted positions only; every position's key and value stay
@@ -189,7 +190,7 @@ def transformer(inputs, wte, wpe, blocks, ln_f, n_head, cache=None, last_only=Fa
     n_past, pad = (0, None) if cache is None else (cache.n_past, cache.pad)
     x = embed(inputs, wte, wpe, n_past, pad)
     n_seq = x.shape[-2]
-    mask = causal_mask(n_seq, n_past + n_seq)  # built once, shared by every block
+    mask = offset_causal_mask(n_seq, n_past + n_seq)  # built once, shared by every block
     if pad is not None:
         mask = mask + padding_mask(pad, n_past, n_seq)  # [n_rows, 1, n_seq, n_past+n_seq]
     queries = [ALL] * len(blocks)

@@ -285,13 +285,13 @@ def trick_rows(params, repeats):  # each function of the tuned pass against the 
          lambda: model.lm_head(step_x, params["wte"])),
         ("attention, 12 heads x 1024 positions (fast.attention: no blocks)",
          lambda: textbook.attention(q, k, v, textbook.causal_mask(1024)),
-         lambda: model.attention(q, k, v, model.causal_mask(1024, 1024))),
+         lambda: model.attention(q, k, v, model.offset_causal_mask(1024, 1024))),
         ("attention, 12 heads x 1024 positions (fast.causal_attention: query blocks)",
          lambda: textbook.attention(q, k, v, textbook.causal_mask(1024)),
-         lambda: model.causal_attention(q, k, v, model.causal_mask(1024, 1024))),
+         lambda: model.causal_attention(q, k, v, model.offset_causal_mask(1024, 1024))),
         ("attention, 12 heads, one query x 1024 keys (a decode step)",
          lambda: textbook.attention(decode_q, k, v, np.zeros((1, 1024), np.float32)),
-         lambda: model.attention(decode_q, k, v, model.causal_mask(1, 1024))),
+         lambda: model.attention(decode_q, k, v, model.offset_causal_mask(1, 1024))),
     ]
     rows = []
     for what, *calls in cases:

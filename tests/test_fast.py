@@ -9,7 +9,7 @@ from gpt2_numpy import fast as model
 from gpt2_numpy import model as textbook
 from gpt2_numpy.fast import (
     attention,
-    causal_mask,
+    offset_causal_mask,
     gelu,
     gpt2,
     gpt2_cached,
@@ -42,8 +42,8 @@ def test_logits_match_hugging_face(name):
 @pytest.mark.parametrize(
     "wrong_piece, replacement",
     [
-        ("causal_mask", lambda n_q, n_k: np.zeros((n_q, n_k), np.float32)),  # no mask: sees the future
-        ("split_heads", lambda x, n_head: x.reshape(3, n_head, x.shape[0], -1)),  # heads cut across positions
+        ("offset_causal_mask", lambda n_q, n_k: np.zeros((n_q, n_k), np.float32)),  # no mask: sees the future
+        ("split_qkv", lambda x, n_head: x.reshape(3, n_head, x.shape[0], -1)),  # heads cut across positions
     ],
 )
 def test_fixture_detects_a_wrong_mask_or_head_split(tiny, monkeypatch, wrong_piece, replacement):
@@ -228,7 +228,7 @@ def test_gelu_of_sizes_just_past_a_chunk_is_the_tanh_formula(monkeypatch, size):
 def test_attention_is_the_textbook_softmax_formula():
     rng = np.random.default_rng(0)
     q, k, v = (rng.standard_normal((2, 3, 5, 8), dtype=np.float32) * 4 for _ in range(3))  # scores up to ~50
-    mask = causal_mask(5, 5) + np.where(np.arange(5) < 2, -np.inf, 0).astype(np.float32)  # and keys 0, 1 hidden
+    mask = offset_causal_mask(5, 5) + np.where(np.arange(5) < 2, -np.inf, 0).astype(np.float32)  # and keys 0, 1 hidden
     mask[:2, :2] = 0  # from all but the first two queries, which must see something
     scores = q.astype(np.float64) @ k.astype(np.float64).swapaxes(-1, -2) / math.sqrt(8) + mask
     weights = np.exp(scores - scores.max(-1, keepdims=True))
@@ -242,7 +242,7 @@ def test_causal_mask_zeroes_attention_to_the_future():
     n = 6
     q = k = np.random.default_rng(0).standard_normal((2, n, 4), dtype=np.float32)
     v = np.broadcast_to(np.eye(n, dtype=np.float32), (2, n, n))  # one-hot values expose the attention weights
-    weights = attention(q, k, v, causal_mask(n, n))
+    weights = attention(q, k, v, offset_causal_mask(n, n))
     assert np.all(weights[:, np.triu_indices(n, 1)[0], np.triu_indices(n, 1)[1]] == 0)
     np.testing.assert_allclose(weights.sum(-1), 1, atol=1e-6)
     assert np.all(weights[:, np.tril_indices(n)[0], np.tril_indices(n)[1]] > 0)
@@ -250,7 +250,7 @@ def test_causal_mask_zeroes_attention_to_the_future():
 
 def test_causal_mask_for_new_queries_after_cached_keys():
     # two new queries at positions 3 and 4 of 5 keys: the first must not see key 4
-    mask = causal_mask(2, 5)
+    mask = offset_causal_mask(2, 5)
     assert np.isneginf(mask[0, 4]) and np.all(mask[0, :4] == 0) and np.all(mask[1] == 0)
 
 
