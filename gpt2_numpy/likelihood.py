@@ -10,7 +10,7 @@ import numpy as np
 
 from gpt2_numpy.errors import NonFiniteError, UsageError
 from gpt2_numpy.fast import check_inputs, lm_head, log_softmax_at, transformer
-from gpt2_numpy.tokenizer import EOT, EOT_ID
+from gpt2_numpy.tokenizer import EOT, EOT_ID, check_in_vocabulary
 
 
 def token_log_probs(inputs, params, n_head, *, stride=None):  # int [n] -> float64 [n - 1]
@@ -97,10 +97,5 @@ def text_ids(tokenizer, text, n_vocab, bos):  # -> ids to score, all < n_vocab: 
     if bos and EOT_ID >= n_vocab:
         raise UsageError(f"this model's vocabulary of {n_vocab} tokens has no {EOT} (id {EOT_ID}) to put before the "
                          "text: pass --no-bos to score the text from its second token")
-    outside = [(position, token_id) for position, token_id in enumerate(ids) if token_id >= n_vocab]
-    if outside:
-        position, token_id = outside[0]
-        raise UsageError(f"the text's token {token_id} ({tokenizer.decode([token_id])!r}, position {position}) is "
-                         f"outside this model's vocabulary of {n_vocab} tokens: use a model with GPT-2's full "
-                         "vocabulary, or a text of other words")
-    return ids
+    return check_in_vocabulary(tokenizer, ids, n_vocab, "the text",
+                               "use a model with GPT-2's full vocabulary, or a text of other words")

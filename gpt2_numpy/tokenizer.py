@@ -22,7 +22,7 @@ from pathlib import Path
 
 import regex
 
-from gpt2_numpy.errors import TokenizerError
+from gpt2_numpy.errors import TokenizerError, UsageError
 from gpt2_numpy.formats import TABLE_LIMIT, parse_json, read_regular
 
 EOT = "<|endoftext|>"
@@ -255,6 +255,16 @@ def check_model_vocabulary(tokenizer, n_vocab, model_dir):  # -> None; Tokenizer
     if tokenizer.n_vocab != n_vocab:
         raise TokenizerError(f"{model_dir}: the model has {n_vocab:,} tokens but its vocabulary files "
                              f"{tokenizer.n_vocab:,}: put the tokenizer the model was trained with beside it")
+
+
+def check_in_vocabulary(tokenizer, ids, n_vocab, what, fix):  # -> ids, or UsageError naming the first id >= n_vocab
+    # a text the model cannot read: GPT-2's tokenizer makes ids up to 50256, a smaller model has no embedding for some
+    position = next((index for index, token_id in enumerate(ids) if token_id >= n_vocab), None)
+    if position is not None:
+        token_id = ids[position]
+        raise UsageError(f"{what}'s token {token_id} ({tokenizer.decode([token_id])!r}, position {position}) is "
+                         f"outside this model's vocabulary of {n_vocab} tokens: {fix}")
+    return ids
 
 
 def exists(path):  # -> bool; TokenizerError when the folder cannot be read at all

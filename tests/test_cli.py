@@ -147,8 +147,10 @@ def test_bad_arguments_are_one_error_line_with_exit_2(models_dir, args, fragment
 @pytest.mark.parametrize(
     "prompt, stdin, fragment",
     [
-        ("Hello world", b"", "the prompt's token 15496 ('Hello') is outside this model's vocabulary of 512 tokens"),
-        ("", b"", "the prompt's token 50256 ('<|endoftext|>') is outside this model's vocabulary of 512 tokens"),
+        ("Hello world", b"", "the prompt's token 15496 ('Hello', position 0) is outside this model's vocabulary of "
+                             "512 tokens"),
+        ("", b"", "the prompt's token 50256 ('<|endoftext|>', position 0) is outside this model's vocabulary of 512 "
+                  "tokens"),
         ("-", b"caf\xe9", "stdin is not UTF-8 text (byte 3)"),
     ],
 )
