@@ -23,7 +23,8 @@ from pathlib import Path
 import regex
 
 from gpt2_numpy.errors import TokenizerError, UsageError
-from gpt2_numpy.formats import TABLE_LIMIT, parse_json, read_regular
+from gpt2_numpy import formats
+from gpt2_numpy.formats import TABLE_LIMIT, parse_json
 
 EOT = "<|endoftext|>"
 EOT_ID = 50256
@@ -311,14 +312,15 @@ def read_merge_lines(path, encoder):  # -> [(left, right)] as the file lists the
 
 
 def read_text(path):  # -> the file's text, with "\n" for line ends as text mode reads them, or TokenizerError
-    try:
-        return read_regular(path, TABLE_LIMIT).decode("utf-8").replace("\r\n", "\n")
-    except FileNotFoundError:
-        raise TokenizerError(f"{path} is missing: download the model again to restore its vocabulary files") from None
-    except OSError as error:
-        raise TokenizerError(f"cannot read {path} ({error.strerror}): check that it is a readable file") from None
-    except UnicodeDecodeError as error:
-        raise malformed(path, f"it is not UTF-8 text ({error.reason} at byte {error.start})") from None
+    return formats.read_text(path, lambda error: unreadable(path, error), TABLE_LIMIT).replace("\r\n", "\n")
+
+
+def unreadable(path, error):  # OSError or UnicodeDecodeError -> TokenizerError naming the file
+    if isinstance(error, FileNotFoundError):
+        return TokenizerError(f"{path} is missing: download the model again to restore its vocabulary files")
+    if isinstance(error, UnicodeDecodeError):
+        return malformed(path, f"it is not UTF-8 text ({error.reason} at byte {error.start})")
+    return TokenizerError(f"cannot read {path} ({error.strerror}): check that it is a readable file")
 
 
 def malformed(path, problem):  # -> TokenizerError naming the file, the problem, and the fix

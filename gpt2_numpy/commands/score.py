@@ -10,7 +10,6 @@ import json
 import math
 import os
 import sys
-from pathlib import Path
 
 import numpy as np
 
@@ -19,6 +18,7 @@ from gpt2_numpy.commands.common import (
 )
 from gpt2_numpy.console import plural, progress_bar
 from gpt2_numpy.errors import UsageError
+from gpt2_numpy.formats import read_text
 from gpt2_numpy.likelihood import iter_log_probs, score_windows, summary, text_ids
 from gpt2_numpy.tokenizer import EOT
 
@@ -67,7 +67,10 @@ def main(argv=None):  # -> never returns; errors become one line on stderr and a
 def run(argv=None):  # -> exit status
     args = parse_args(argv)
     open_stdout()  # a closed stdout is refused before the model loads
-    text = read_prompt(args.text) if args.data is None else read_text_file(args.data, args.data_flag)
+    if args.data is None:
+        text = read_prompt(args.text)
+    else:
+        text = read_text(args.data, text_file_error(args.data, args.data_flag))
     hparams, params, tokenizer = load_model(args)
     ids = text_ids(tokenizer, text, hparams["n_vocab"], bos=not args.no_bos)
     log_probs = scored_with_progress(ids, params, hparams["n_head"], args.stride)
@@ -88,16 +91,14 @@ def json_text(scores):  # -> one line of standard JSON: an infinite perplexity i
     return json.dumps({key: None if value == math.inf else value for key, value in scores.items()})
 
 
-def read_text_file(path, flag):  # -> the file's text; UsageError when it cannot be read or is not UTF-8
-    try:
-        data = Path(path).read_bytes()
-    except OSError as error:
-        raise UsageError(f"cannot read {flag} {path}: {error.strerror or error}") from None
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise UsageError(f"{flag} {path} is not UTF-8 text (byte {error.start} cannot be decoded): convert it to "
-                         "UTF-8 first") from None
+def text_file_error(path, flag):  # -> read_text's fail: UsageError for a file that cannot be read or is not UTF-8
+    def fail(error):
+        if isinstance(error, UnicodeDecodeError):
+            return UsageError(f"{flag} {path} is not UTF-8 text (byte {error.start} cannot be decoded): convert it to "
+                              "UTF-8 first")
+        return UsageError(f"cannot read {flag} {path}: {error.strerror or error}")
+
+    return fail
 
 
 def scored_with_progress(ids, params, n_head, stride):  # -> float64 [len(ids) - 1], with a progress bar on stderr

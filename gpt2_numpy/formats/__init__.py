@@ -9,6 +9,7 @@ import math
 import mmap
 import os
 import stat
+from pathlib import Path
 
 from gpt2_numpy.errors import CheckpointError
 
@@ -43,6 +44,17 @@ def read_file(path, limit):  # -> bytes of a regular file of at most limit bytes
         return read_regular(path, limit)
     except OSError as error:
         raise unreadable(path, error) from None
+
+
+def read_text(path, fail, limit=None):  # -> the UTF-8 text of the file at path
+    """The one text reader. fail(error) -> the exception each caller raises instead, saying what to do: error is an
+    OSError when the file cannot be read (missing, a folder, over limit bytes when a limit is given) or a
+    UnicodeDecodeError when it is not UTF-8. Without a limit, a pipe is read too (`--data <(...)`)."""
+    try:
+        data = read_regular(path, limit) if limit else Path(path).read_bytes()
+        return data.decode("utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise fail(error) from None
 
 
 def read_regular(path, limit):  # -> bytes; OSError when path is missing, not a regular file, or over limit bytes
