@@ -11,6 +11,7 @@ either the old file or the new one, never half of one.
 """
 import json
 import os
+import tempfile
 from contextlib import suppress
 from pathlib import Path
 
@@ -75,14 +76,24 @@ def copy_tokenizer(source_dir, folder):  # -> None: folder holds vocab.json + me
 
 
 def atomic_write(path, write):  # write(binary file) -> None; path then holds exactly what write wrote, or is unchanged
+    """The one atomic writer: write fills a temporary file beside path, which reaches the disk before a rename makes it
+    path, so a reader never sees half a file and a failure leaves the old one whole. OSError goes to the caller."""
     path = Path(path)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # hidden, and no two processes share one
+    # hidden, unique to this call, and short whatever the length of path's name
+    handle, temporary = tempfile.mkstemp(prefix=".gpt2_numpy-", suffix=".tmp", dir=path.parent)
     try:
-        with temporary.open("wb") as file:
+        with open(handle, "wb") as file:
             write(file)
             file.flush()
             os.fsync(file.fileno())  # the bytes reach the disk before the rename makes them the file
+        os.chmod(temporary, 0o666 & ~current_umask())  # mkstemp makes it private; path is an ordinary file
         os.replace(temporary, path)
     finally:
         with suppress(FileNotFoundError):
-            temporary.unlink()
+            os.unlink(temporary)
+
+
+def current_umask():  # -> the process's umask; reading it means setting it, so it is set straight back
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask

@@ -32,6 +32,7 @@ from gpt2_numpy.catalog import MODEL_SIZES, SOURCES, model_folder
 from gpt2_numpy.console import log
 from gpt2_numpy.errors import CheckpointError, DownloadError, Interrupted, TokenizerError, UsageError
 from gpt2_numpy.formats import SETTINGS_LIMIT, parse_json, read_regular
+from gpt2_numpy.save import atomic_write
 from gpt2_numpy.tokenizer import read_encoder, read_merges
 
 # The lock: flock where there is fcntl (POSIX), else msvcrt's byte lock (Windows). Both end with their process, so a
@@ -140,10 +141,8 @@ def make_ready(folder, size, source):  # -> None: every file present, verified a
     log(f"GPT-2 {size} is ready in {folder}")
 
 
-def record(folder, verified):  # -> None: the marker, written whole under a temporary name first
-    temporary = folder / f"{MARKER}.tmp"
-    temporary.write_text(json.dumps(verified))
-    os.replace(temporary, folder / MARKER)
+def record(folder, verified):  # -> None: the marker, written whole or not at all
+    atomic_write(folder / MARKER, lambda file: file.write(json.dumps(verified).encode()))
 
 
 def download_and_install(folder, size, source, missing):  # -> stamps of the files verified, now all in folder
