@@ -253,7 +253,7 @@ def state_problem(state, params):  # -> what makes train_state.npz's arrays unfi
     try:
         settings = parse_json(str(state["settings"]))
         np.random.PCG64().state = parse_json(str(state["data_rng"]))  # what Batches.restore sets: PCG64's state
-    except (ValueError, TypeError, KeyError) as error:
+    except (ValueError, TypeError, KeyError, OverflowError) as error:
         return f"its settings or data_rng are not what was saved: {error}"
     if not isinstance(settings, dict):
         return "its settings are not a JSON object"

@@ -9,6 +9,7 @@ by the test from the seed; nothing else is committed.
 Rerun (reference tools live in a venv outside the repo; they are never runtime dependencies):
     ../refvenv/bin/python scripts/make_epsilon_reference.py
 """
+import argparse
 import json
 import sys
 import tempfile
@@ -20,7 +21,7 @@ FIXTURES = REPO / "tests" / "fixtures"
 EPSILONS = (1e-5, 1e-2)  # GPT-2's own, and one that changes the logits visibly
 N_IDS = 8
 
-try:  # the reference tools live in a venv of their own: without them, one line says what to install
+try:  # the reference tools live in a venv of their own: without them, --help still works and a run says what to install
     import numpy as np
     import torch
     import transformers
@@ -29,8 +30,9 @@ try:  # the reference tools live in a venv of their own: without them, one line 
     from gpt2_numpy.save import save_model
     from gpt2_numpy.tokenizer import PACKAGED_VOCABULARY
 except ModuleNotFoundError as error:
-    sys.exit(f"error: {error.name.partition('.')[0]} is missing: run this script in the venv with torch and "
-             "transformers (see its docstring)")
+    MISSING = error.name.partition(".")[0]  # the package to install, not its submodule
+else:
+    MISSING = None
 
 
 def hf_logits(folder, epsilon, ids):  # -> float32 [n_ids, n_vocab]: transformers' logits with config.json's epsilon
@@ -46,6 +48,10 @@ def hf_logits(folder, epsilon, ids):  # -> float32 [n_ids, n_vocab]: transformer
 
 
 def main():
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
+    if MISSING:
+        sys.exit(f"error: {MISSING} is missing: run this script in the venv of the reference tools, made from the repo "
+                 "root with: python3 -m venv ../refvenv && ../refvenv/bin/pip install torch transformers -e .")
     config = json.loads((FIXTURES / "configs.json").read_text())["tiny"]
     hparams, seed = config["hparams"], config["seed"]
     ids = np.random.default_rng(seed + 2000).integers(0, hparams["n_vocab"], N_IDS)
