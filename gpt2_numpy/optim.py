@@ -32,12 +32,14 @@ def clip_grads(grads, max_norm=CLIP):  # scales grads in place so their global n
 
 
 def learning_rate(step, peak, warmup, total, schedule="cosine"):  # step 0, 1, ... -> the rate for that step
-    """Linear warmup over `warmup` steps, then the peak ("constant") or a cosine down to 10% of it at step `total`."""
+    """Linear warmup over `warmup` steps, then the peak ("constant") or a cosine down to 10% of it at step `total`;
+    past `total` the rate stays at step `total`'s."""
+    step = min(step, total)  # else the cosine would climb back toward the peak
     if step < warmup:
         return peak * (step + 1) / warmup  # linear warmup, reaching the peak at the last warmup step
     if schedule == "constant":
         return peak
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))  # 0 after warmup -> 1 at the end
+    progress = (step - warmup) / max(1, total - warmup)  # 0 after warmup -> 1 at the end
     min_lr = MIN_LR_RATIO * peak
     return min_lr + 0.5 * (1 + math.cos(math.pi * progress)) * (peak - min_lr)  # cosine from the peak to min_lr
 

@@ -1,7 +1,9 @@
-"""Training GPT-2 in NumPy: from scratch, or fine-tuning an official model, on a UTF-8 text file. And the command line.
+"""Training GPT-2 in NumPy: from scratch, or fine-tuning an official model or a model folder, on a UTF-8 text file. And
+the command line.
 
     python -m gpt2_numpy.train --data plays.txt --out my-gpt --n-layer 4 --n-head 4 --n-embd 256 --n-ctx 128
     python -m gpt2_numpy.train --data notes.txt --out tuned --init 124M --schedule constant --lr 3e-5
+    python -m gpt2_numpy.train --data notes.txt --out tuned-mine --model my-gpt    # fine-tune a model folder
     python -m gpt2_numpy.train --data plays.txt --out my-gpt --steps 4000 --resume
 
 --out becomes a model folder in Hugging Face's layout (gpt2_numpy/save.py), which every command loads with
@@ -21,6 +23,7 @@ import math
 import signal
 import sys
 import time
+import zipfile
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -29,11 +32,11 @@ from tqdm import tqdm
 
 from gpt2_numpy.backward import loss_and_grads  # re-exported: gpt2_numpy.train.loss_and_grads is the documented name
 from gpt2_numpy.checkpoint import load_params
-from gpt2_numpy.commands.common import check_models_dir, whole_number
-from gpt2_numpy.commands.common import ArgumentParser, run_cli
+from gpt2_numpy.commands.common import ArgumentParser, check_models_dir, load_folder, run_cli, whole_number
 from gpt2_numpy.console import log, plural
 from gpt2_numpy.errors import Interrupted, UsageError
 from gpt2_numpy.fast import lm_head, log_softmax_at, transformer
+from gpt2_numpy.formats import parse_json
 from gpt2_numpy.formats.safetensors import read_metadata
 from gpt2_numpy.catalog import MODEL_SIZES, models_dir_path
 from gpt2_numpy.optim import adamw_state, adamw_step, clip_grads, learning_rate
@@ -95,7 +98,10 @@ class Batches:
         return {"data_order": self.order, "data_position": np.array(self.position),
                 "data_rng": np.array(json.dumps(self.rng.bit_generator.state))}
 
-    def restore(self, state):
+    def restore(self, state):  # state: arrays load_run checked
+        if len(state["data_order"]) != self.n_windows:  # the same text and --seq-len: only a hand-edited order differs
+            raise UsageError(f"--resume: the saved data order covers {len(state['data_order']):,} windows, but the "
+                             f"data has {self.n_windows:,}: start a new run in another folder")
         self.order, self.position = state["data_order"], int(state["data_position"])
         self.rng.bit_generator.state = json.loads(str(state["data_rng"]))
 
@@ -117,15 +123,29 @@ def split_tokens(ids, val_fraction, seq_len):  # -> train, val: int32 arrays; Us
     """The held-out tail (val_fraction of the tokens) gives the validation loss; the rest is for training. Each part
     needs at least one window of seq_len + 1 tokens (inputs and their targets)."""
     ids = np.asarray(ids, dtype=np.int32)
-    n_val = round(len(ids) * val_fraction)
-    train, val = ids[: len(ids) - n_val], ids[len(ids) - n_val :]
-    for name, part, share in (("training", train, 1 - val_fraction), ("validation", val, val_fraction)):
+    n_train, _ = split_sizes(len(ids), val_fraction)
+    train, val = ids[:n_train], ids[n_train:]
+    for name, part in (("training", train), ("validation", val)):
         if len(part) < seq_len + 1:
-            needed = math.ceil((seq_len + 1) / share)
             raise UsageError(f"the data is too short: its {plural(len(ids), 'token')} leave {len(part):,} for "
                              f"{name}, fewer than one sequence of {seq_len + 1} (--seq-len + 1); give at least "
-                             f"{needed:,} tokens of text, or a smaller --seq-len")
+                             f"{fewest_tokens(val_fraction, seq_len):,} tokens of text, or a smaller --seq-len")
     return train, val
+
+
+def split_sizes(n_tokens, val_fraction):  # -> (training tokens, held-out tokens)
+    n_val = round(n_tokens * val_fraction)
+    return n_tokens - n_val, n_val
+
+
+def fewest_tokens(val_fraction, seq_len):  # -> the fewest tokens whose two parts each hold a window of seq_len + 1
+    window, smaller_share = seq_len + 1, min(val_fraction, 1 - val_fraction)
+    # a part is its share of the tokens to within rounding (half a token), so no count below this one fits; and each
+    # part grows by 0 or 1 token per token added, so the first count up from here that fits is the fewest
+    n_tokens = max(2 * window, math.floor((window - 1) / smaller_share))
+    while min(split_sizes(n_tokens, val_fraction)) < window:
+        n_tokens += 1
+    return n_tokens
 
 
 def val_windows(val, seq_len, n_windows):  # -> int [n, seq_len + 1]: the first n windows of the held-out tokens
@@ -146,21 +166,76 @@ def save_run(out, hparams, params, opt_state, batches, step, seconds, settings):
     atomic_write(out / STATE, lambda file: np.savez(file, **arrays))
 
 
-def load_run(out):  # -> (hparams, params, state arrays) of the run saved in out; UsageError if there is none
+def load_run(out):  # -> (hparams, params, state arrays) of the run saved in out, all checked; UsageError if none
+    # every check of a resumed run is here, before anything is written: what comes later trusts the state
     if not (out / STATE).is_file():
         raise UsageError(f"--resume: {out} holds no training state ({STATE}): start the run without --resume")
+    hparams, params = load_params(out)  # CheckpointError names what is wrong with the weights
     try:
         with np.load(out / STATE, allow_pickle=False) as file:
             state = dict(file)
-        hparams, params = load_params(out)
-        model_step = read_metadata(out / "model.safetensors").get("step")
-    except (OSError, ValueError, KeyError) as error:
-        raise UsageError(f"--resume: {out / STATE} cannot be read ({error}): start a new run in another folder") \
-            from None
+    except (OSError, EOFError, ValueError, zipfile.BadZipFile) as error:
+        raise damaged_state(out, f"it cannot be read: {error}") from None
+    problem = state_problem(state, params)
+    if problem:
+        raise damaged_state(out, problem)
+    model_step = read_metadata(out / "model.safetensors").get("step")
     if model_step != str(int(state["step"])):
         raise UsageError(f"--resume: {out}'s weights are from step {model_step} but its {STATE} from step "
                          f"{int(state['step'])} (a save was cut off): start a new run in another folder")
+    read_log(out / LOG)  # its rows' steps, checked now; open_log keeps the rows up to the saved step
     return hparams, params, state
+
+
+def damaged_state(out, problem):  # -> UsageError for a train_state.npz that cannot be resumed
+    return UsageError(f"--resume: {out / STATE} is damaged ({problem}): start a new run in another folder (--init "
+                      f"{out} starts it from the saved weights)")
+
+
+SCALARS = {"step": "iu", "opt/step": "iu", "data_position": "iu", "seconds": "fiu", "settings": "U", "data_rng": "U"}
+SETTING_CHECKS = {  # a saved setting -> is its value one that the flags could have given
+    **dict.fromkeys(("batch_size", "seq_len", "eval_batches"), lambda value: type(value) is int and value >= 1),
+    **dict.fromkeys(("seed", "warmup", "steps"), lambda value: type(value) is int and value >= 0),
+    "lr": lambda value: type(value) in (int, float) and 0 < value < math.inf,
+    "val_fraction": lambda value: type(value) in (int, float) and 0 < value < 1,
+    "schedule": lambda value: value in ("cosine", "constant"),
+    "data_sha256": lambda value: isinstance(value, str),
+    "init": lambda value: value is None or isinstance(value, str),
+}
+
+
+def state_problem(state, params):  # -> what makes train_state.npz's arrays unfit to resume these params, or None
+    missing = next((name for name in (*SCALARS, "data_order") if name not in state), None)
+    if missing:
+        return f"no {missing}"
+    for name, kinds in SCALARS.items():
+        if state[name].shape != () or state[name].dtype.kind not in kinds:
+            return f"{name} is not a single {'text' if kinds == 'U' else 'number'}"
+    step, order, position = int(state["step"]), state["data_order"], int(state["data_position"])
+    if step < 0 or int(state["opt/step"]) != step:
+        return f"step {step}, AdamW's step {int(state['opt/step'])}"
+    try:
+        settings = parse_json(str(state["settings"]))
+        np.random.PCG64().state = parse_json(str(state["data_rng"]))  # what Batches.restore sets: PCG64's state
+    except (ValueError, TypeError, KeyError, OverflowError) as error:
+        return f"its settings or data_rng are not what was saved: {error}"
+    if not isinstance(settings, dict):
+        return "its settings are not a JSON object"
+    wrong = next((name for name, check in SETTING_CHECKS.items() if name not in settings or not check(settings[name])),
+                 None)
+    if wrong:
+        return f"the setting {wrong} is {settings.get(wrong, 'missing')!r}"
+    if order.ndim != 1 or order.dtype.kind not in "iu" or not np.array_equal(np.sort(order), np.arange(len(order))):
+        return "data_order is not an order of the data's windows"
+    if not 0 <= position <= len(order):
+        return f"data_position {position} is outside the order of {len(order):,} windows"
+    for key, param in flatten(params):
+        for moment in ("m", "v"):
+            name = f"opt/{moment}/{'/'.join(map(str, key))}"
+            if name not in state or state[name].shape != param.shape or state[name].dtype.kind != "f":
+                found = state[name].shape if name in state else "missing"
+                return f"the moment {name} should be {param.shape} floats, found {found}"
+    return None
 
 
 def restore_moments(template, state):  # -> optimizer state shaped like template, its leaves from state's "opt/" arrays
@@ -175,12 +250,26 @@ def restore_moments(template, state):  # -> optimizer state shaped like template
     return fill(template, ())
 
 
+def read_log(path):  # -> log.csv's rows, none if it is missing; UsageError when a row's step is not a whole number
+    if not path.is_file():
+        return []
+    try:
+        with path.open(newline="", encoding="utf-8") as file:
+            reader, rows = csv.DictReader(file), []
+            for row in reader:
+                if not str(row.get("step")).isdecimal():
+                    raise UsageError(f"--resume: line {reader.line_num} of {path} has the step {row.get('step')!r}, "
+                                     "not a whole number: correct that line (or delete it)")
+                rows.append(row)
+    except (UnicodeDecodeError, csv.Error) as error:
+        raise UsageError(f"--resume: {path} is not a CSV log ({error}): delete it (the run resumes, its earlier "
+                         "rows are lost)") from None
+    return rows
+
+
 def open_log(out, step):  # -> csv writer appending to out/log.csv, which keeps only the rows up to step
     path = out / LOG
-    rows = []
-    if step and path.is_file():
-        with path.open(newline="") as file:
-            rows = [row for row in csv.DictReader(file) if int(row["step"]) <= step]
+    rows = [row for row in read_log(path) if int(row["step"]) <= step] if step else []
     text = io.StringIO()
     writer = csv.DictWriter(text, LOG_FIELDS)
     writer.writeheader()
@@ -204,11 +293,13 @@ def parse_args(argv):  # -> argparse.Namespace
     parser.add_argument("--out", required=True, type=Path, metavar="DIR",
                         help="the model folder to write (Hugging Face layout), with the resume state and log.csv")
     parser.add_argument("--resume", action="store_true", help="continue the run saved in --out")
-    parser.add_argument("--init", choices=MODEL_SIZES, metavar="SIZE",
-                        help="fine-tune this official GPT-2 (124M, 355M, 774M or 1558M), downloaded on first use")
+    parser.add_argument("--init", "--model", metavar="SIZE|DIR",
+                        help="fine-tune this official GPT-2 (124M, 355M, 774M or 1558M, downloaded on first use), or "
+                        "the model in folder DIR (e.g. one trained here; a folder named like a size: ./124M); "
+                        "--model DIR is the same flag")
     parser.add_argument("--models-dir", metavar="DIR",
-                        help="folder of <size>/ folders ($GPT2_NUMPY_WEIGHTS, weights): --init's model, and the "
-                        "tokenizer of a model trained from scratch (124M/'s)")
+                        help="folder of <size>/ folders ($GPT2_NUMPY_WEIGHTS, weights) where --init SIZE finds its "
+                        "model")
     for name, default in SHAPE_DEFAULTS.items():
         parser.add_argument(f"--{name.replace('_', '-')}", type=whole_number(1), metavar="N",
                             help=f"train from scratch with this {name} ({default})")
@@ -254,25 +345,36 @@ def fraction(text):  # -> an argparse type for a number in (0, 1)
 fraction.__name__ = "fraction between 0 and 1"
 
 
-def settings_of(args, init, saved=None):  # -> the run's settings: the flags given, else the saved run's, else defaults
+def settings_of(args, init, saved=None, shape=None):  # -> the run's settings: the flags given, else the saved run's,
+    # else defaults. saved, shape: a resumed run's settings and hparams, which flags given again must repeat
     defaults = {"batch_size": 8, "seq_len": 128, "lr": 3e-5 if init else 6e-4, "warmup": 100, "schedule": "cosine",
                 "val_fraction": 0.1, "seed": 0, "eval_batches": 4}
     settings = dict(saved or defaults)
-    for name in KEPT:
-        given = getattr(args, name)
-        if given is None:
-            continue
-        if saved is not None and given != saved[name]:
-            flag = "--" + name.replace("_", "-")
-            raise UsageError(f"{flag} {given} differs from the saved run's {saved[name]}: a resumed run keeps its "
-                             "settings (only --steps, --eval-every and --save-every may change); start a new run in "
-                             "another folder to change it")
-        settings[name] = given
+    if saved is not None:
+        refuse_changes(args, {**saved, **shape})
+    settings.update({name: getattr(args, name) for name in KEPT if getattr(args, name) is not None})
     if saved is not None and saved["schedule"] == "cosine" and args.steps != saved["steps"]:
         log(f"note: the cosine schedule changes: it now decays over {args.steps} steps instead of {saved['steps']}, "
             "so the learning rate from here on differs from the first run's plan")
     settings.update(steps=args.steps, eval_every=args.eval_every, save_every=args.save_every)
     return settings
+
+
+def refuse_changes(args, saved):  # -> None, or UsageError for a flag given with another value than the saved run's
+    # the command that started the run may be given again with --resume (Ctrl-C's advice), so equal values are fine
+    given = {name: getattr(args, name) for name in (*KEPT, *SHAPE_DEFAULTS)}
+    given["init"] = None if args.init is None else init_name(args.init)
+    for name, value in given.items():
+        if value is not None and value != saved[name]:
+            flag = "--init" if name == "init" else "--" + name.replace("_", "-")
+            was = saved[name] if name != "init" or saved[name] else "none (it trained from scratch)"
+            raise UsageError(f"{flag} {getattr(args, name)} differs from the saved run's {was}: a resumed run keeps "
+                             "its model and settings (only --steps, --eval-every and --save-every may change); start "
+                             "a new run in another folder to change them")
+
+
+def init_name(init):  # -> --init as the run records it: an official size, or the model folder's absolute path
+    return init if init in MODEL_SIZES else str(Path(init).resolve())
 
 
 def check_out(out, resume):  # -> None, or UsageError for an --out that cannot hold a run
@@ -284,11 +386,18 @@ def check_out(out, resume):  # -> None, or UsageError for an --out that cannot h
 
 
 def start_model(args):  # -> hparams, params, the folder holding the tokenizer files
-    if args.init:
+    if args.init in MODEL_SIZES:
         check_models_dir(models_dir_path(args.models_dir))
         folder = ensure_model(args.init, args.models_dir)
         hparams, params = load_params(folder)
         log(f"fine-tuning GPT-2 {args.init} from {folder}")
+        return hparams, params, folder
+    if args.init is not None:  # a model folder: its shape, weights and tokenizer, as --model DIR loads them elsewhere
+        folder = Path(args.init)
+        if not folder.is_dir():
+            raise UsageError(f"--init {args.init} is neither an official size ({', '.join(MODEL_SIZES)}) nor a model "
+                             "folder: pass a size, or the folder of the model to fine-tune")
+        hparams, params, _ = load_folder(folder)
         return hparams, params, folder
     hparams = {name: getattr(args, name) or default for name, default in SHAPE_DEFAULTS.items()}
     if hparams["n_embd"] % hparams["n_head"]:
@@ -301,11 +410,9 @@ def start_model(args):  # -> hparams, params, the folder holding the tokenizer f
 def run(argv=None):  # -> exit status
     args = parse_args(argv)
     shape_flags = [name for name in SHAPE_DEFAULTS if getattr(args, name) is not None]
-    if args.init and shape_flags:
+    if args.init is not None and shape_flags:
         raise UsageError(f"--init {args.init} fine-tunes a model of its own shape: drop --{shape_flags[0]}, or drop "
                          "--init to train from scratch")
-    if args.resume and (args.init or shape_flags):
-        raise UsageError("--resume continues the model saved in --out: drop --init and the shape flags")
     out = args.out
     check_out(out, args.resume)
     text, digest = read_text(args.data)
@@ -315,11 +422,11 @@ def run(argv=None):  # -> exit status
         if saved["data_sha256"] != digest:
             raise UsageError(f"{args.data} is not the text the run in {out} trained on: pass the same --data to "
                              "--resume")
-        settings, tokenizer_dir, step = settings_of(args, saved["init"], saved), out, int(state["step"])
+        settings, tokenizer_dir, step = settings_of(args, saved["init"], saved, hparams), out, int(state["step"])
     else:
         hparams, params, tokenizer_dir = start_model(args)
         settings, state, step = settings_of(args, args.init), None, 0
-        settings.update(data_sha256=digest, init=args.init)
+        settings.update(data_sha256=digest, init=None if args.init is None else init_name(args.init))
         params = params or gpt2_init(hparams, settings["seed"])
     if settings["seq_len"] > hparams["n_ctx"]:
         raise UsageError(f"--seq-len {settings['seq_len']} is over the model's context of {hparams['n_ctx']} tokens: "
