@@ -23,16 +23,16 @@ def generate(inputs, params, n_head, n_tokens_to_generate, **options):  # -> lis
 
 def iter_generate(
     inputs, params, n_head, n_tokens_to_generate, *, temperature=0.0, top_k=None, top_p=None, seed=None,
-    stop_at_eos=True,
+    stop_at_eos=True, eos_id=EOT_ID,
 ):  # -> iterator of new ids, for streaming
     """Yields up to n_tokens_to_generate new ids, one per step. Greedy when temperature is 0 (the default);
     otherwise sampled (see sampling.py) with numpy.random.default_rng(seed). With stop_at_eos, generation ends at
-    <|endoftext|> (id 50256), which is not yielded. The arguments are checked here, before the first id is asked for:
-    ValueError for bad token ids, UsageError for everything else."""
+    <|endoftext|> (eos_id: GPT-2's 50256, or a trained tokenizer's eot_id), which is not yielded. The arguments are
+    checked here, before the first id is asked for: ValueError for bad token ids, UsageError for everything else."""
     inputs = check_prompt(inputs, n_tokens_to_generate, params)
     check_sampling_args(temperature, top_k, top_p, seed)
     choose = sampler(temperature, top_k, top_p, seed)
-    return decode_loop(inputs, params, n_head, n_tokens_to_generate, choose, EOT_ID if stop_at_eos else None)
+    return decode_loop(inputs, params, n_head, n_tokens_to_generate, choose, eos_id if stop_at_eos else None)
 
 
 def decode_loop(inputs, params, n_head, n_tokens, choose, stop_id):  # -> iterator of new ids
@@ -50,21 +50,21 @@ def decode_loop(inputs, params, n_head, n_tokens, choose, stop_id):  # -> iterat
 
 def generate_batch(
     prompts, params, n_head, n_tokens_to_generate, *, temperature=0.0, top_k=None, top_p=None, seed=None,
-    stop_at_eos=True,
+    stop_at_eos=True, eos_id=EOT_ID,
 ):  # -> list of new-id lists, one per prompt
     """Continue every prompt (token-id lists of any lengths) in one batch; each row gets exactly the ids `generate`
     would give it alone, with seed + i for row i (each row has its own numpy.random.default_rng). A row that reaches
     <|endoftext|> stops there (with stop_at_eos) while the others go on."""
     continuations = [None] * len(prompts)
     for row, ids in iter_batch(prompts, params, n_head, n_tokens_to_generate, temperature=temperature, top_k=top_k,
-                               top_p=top_p, seed=seed, stop_at_eos=stop_at_eos):
+                               top_p=top_p, seed=seed, stop_at_eos=stop_at_eos, eos_id=eos_id):
         continuations[row] = ids
     return continuations
 
 
 def iter_batch(
     prompts, params, n_head, n_tokens_to_generate, *, temperature=0.0, top_k=None, top_p=None, seed=None,
-    stop_at_eos=True,
+    stop_at_eos=True, eos_id=EOT_ID,
 ):  # -> iterator of (row, new ids), as each row finishes
     """generate_batch, yielding each row's continuation as soon as it is complete. Arguments are checked up front:
     ValueError for bad token ids, UsageError (naming the prompt by index) for everything else."""
@@ -73,7 +73,7 @@ def iter_batch(
     prompts = [check_prompt(ids, n_tokens_to_generate, params, f"prompt {row}") for row, ids in enumerate(prompts)]
     check_sampling_args(temperature, top_k, top_p, seed)
     choosers = [sampler(temperature, top_k, top_p, None if seed is None else seed + row) for row in range(len(prompts))]
-    return batch_decode_loop(prompts, params, n_head, n_tokens_to_generate, choosers, EOT_ID if stop_at_eos else None)
+    return batch_decode_loop(prompts, params, n_head, n_tokens_to_generate, choosers, eos_id if stop_at_eos else None)
 
 
 def batch_decode_loop(prompts, params, n_head, n_tokens, choosers, stop_id):  # -> iterator of (row, new ids)

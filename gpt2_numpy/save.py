@@ -18,7 +18,7 @@ from pathlib import Path
 from gpt2_numpy.params import flatten
 from gpt2_numpy.errors import TokenizerError
 from gpt2_numpy.formats.safetensors import write_safetensors
-from gpt2_numpy.tokenizer import EOT_ID, FILE_NAMES
+from gpt2_numpy.tokenizer import FILE_NAMES
 
 LEAF_NAMES = {"w": "weight", "g": "weight", "b": "bias"}  # ours -> Hugging Face's (a norm's gain is its weight)
 
@@ -58,8 +58,9 @@ def hf_config(hparams):  # -> GPT2Config's fields for a GPT-2 of these sizes
         "layer_norm_epsilon": 1e-5,
         "initializer_range": 0.02,
         "tie_word_embeddings": True,
-        "bos_token_id": EOT_ID,
-        "eos_token_id": EOT_ID,
+        # <|endoftext|>: the last id, in GPT-2's vocabulary as in one trained here
+        "bos_token_id": hparams["n_vocab"] - 1,
+        "eos_token_id": hparams["n_vocab"] - 1,
     }
 
 

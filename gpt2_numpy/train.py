@@ -43,14 +43,15 @@ from gpt2_numpy.optim import adamw_state, adamw_step, clip_grads, learning_rate
 from gpt2_numpy.params import flatten, gpt2_init, map_leaves
 from gpt2_numpy.save import atomic_write, save_model
 from gpt2_numpy.tokenizer import PACKAGED_VOCABULARY, load_tokenizer
+from gpt2_numpy.tokenizer_train import merges_to_make, save_tokenizer, train_bpe, trained_tokenizer
 from gpt2_numpy.weights import ensure_model
 
 __all__ = ["loss_and_grads", "main"]
 
 STATE = "train_state.npz"
 LOG = "log.csv"
-LOG_FIELDS = ("step", "train_loss", "val_loss", "lr", "grad_norm", "tokens", "seconds")
-GPT2_VOCAB = 50257  # a model trained from scratch uses GPT-2's tokenizer, so its vocabulary
+LOG_FIELDS = ("step", "train_loss", "val_loss", "val_bits_per_byte", "lr", "grad_norm", "tokens", "seconds")
+GPT2_VOCAB = 50257  # a model trained from scratch without --vocab-size uses GPT-2's tokenizer, so its vocabulary
 SHAPE_DEFAULTS = {"n_layer": 4, "n_head": 4, "n_embd": 256, "n_ctx": 256}
 # settings a resumed run keeps (changing one would make it a different run); --steps, --eval-every, --save-every may
 # change
@@ -60,13 +61,21 @@ KEPT = ("batch_size", "seq_len", "val_fraction", "seed", "lr", "warmup", "schedu
 # --- The model ---
 
 
-def eval_loss(windows, params, n_head):  # int [n_windows, seq_len + 1] -> mean next-token cross-entropy (nats)
-    # one window at a time: a batch's logits would take n_windows x seq_len x 50257 floats at once
+def eval_loss(windows, params, n_head, token_lengths):  # int [n_windows, seq_len + 1], int [n_vocab] -> (nats, bits)
+    """The mean next-token cross-entropy over the windows' targets (nats per token), and the same total loss per byte
+    of the text those targets spell, in bits: a tokenizer with longer tokens has fewer, harder tokens to predict, so
+    only bits per byte compares runs with different vocabularies."""
+    # one window at a time: a batch's logits would take n_windows x seq_len x n_vocab floats at once
     total = 0.0
     for window in windows:
         logits = lm_head(transformer(window[:-1], **params, n_head=n_head), params["wte"])
         total -= log_softmax_at(logits, window[1:]).sum()
-    return total / windows[:, 1:].size
+    return total / windows[:, 1:].size, total / math.log(2) / token_lengths[windows[:, 1:]].sum()
+
+
+def validation_row(windows, params, n_head, token_lengths):  # -> log.csv's validation columns
+    nats, bits_per_byte = eval_loss(windows, params, n_head, token_lengths)
+    return {"val_loss": f"{nats:.6f}", "val_bits_per_byte": f"{bits_per_byte:.6f}"}
 
 
 # --- The data ---
@@ -117,6 +126,20 @@ def read_text(path):  # -> the file's text; UsageError for a missing, unreadable
     except UnicodeDecodeError as error:
         raise UsageError(f"the data file {path} is not UTF-8 text (byte {error.start:,}): convert it to UTF-8") \
             from None
+
+
+def split_text(text, val_fraction):  # -> (training text, held-out text): the tail of the characters held out
+    # a tokenizer trained for the run learns from the training part alone, so the parts are split before tokenizing
+    n_val = round(len(text) * val_fraction)
+    return text[: len(text) - n_val], text[len(text) - n_val :]
+
+
+def check_parts(train, val, seq_len):  # -> None, or UsageError when a part holds no window of seq_len + 1 tokens
+    for name, part in (("training", train), ("validation", val)):
+        if len(part) < seq_len + 1:
+            raise UsageError(f"the data is too short: its {name} part has {plural(len(part), 'token')} in the run's "
+                             f"own vocabulary, fewer than one sequence of {seq_len + 1} (--seq-len + 1); give a longer "
+                             "text, or a smaller --seq-len")
 
 
 def split_tokens(ids, val_fraction, seq_len):  # -> train, val: int32 arrays; UsageError if too short
@@ -297,6 +320,12 @@ def parse_args(argv):  # -> argparse.Namespace
                         help="fine-tune this official GPT-2 (124M, 355M, 774M or 1558M, downloaded on first use), or "
                         "the model in folder DIR (e.g. one trained here; a folder named like a size: ./124M); "
                         "--model DIR is the same flag")
+    parser.add_argument("--vocab-size", type=whole_number(257), metavar="N",
+                        help="train the model's own byte-level BPE tokenizer of N tokens (256 bytes, N - 257 merges, "
+                        "<|endoftext|>) on the training part of the text first, instead of using GPT-2's 50,257: a "
+                        "small vocabulary spends a CPU's time on the transformer rather than the output layer")
+    parser.add_argument("--min-frequency", type=whole_number(1), metavar="N",
+                        help="with --vocab-size: merge only pairs seen at least N times (2)")
     parser.add_argument("--models-dir", metavar="DIR",
                         help="folder of <size>/ folders ($GPT2_NUMPY_WEIGHTS, weights) where --init SIZE finds its "
                         "model")
@@ -364,10 +393,11 @@ def refuse_changes(args, saved):  # -> None, or UsageError for a flag given with
     # the command that started the run may be given again with --resume (Ctrl-C's advice), so equal values are fine
     given = {name: getattr(args, name) for name in (*KEPT, *SHAPE_DEFAULTS)}
     given["init"] = None if args.init is None else init_name(args.init)
+    given.update(vocab_size=args.vocab_size, min_frequency=args.min_frequency)
     for name, value in given.items():
-        if value is not None and value != saved[name]:
+        if value is not None and value != saved.get(name):
             flag = "--init" if name == "init" else "--" + name.replace("_", "-")
-            was = saved[name] if name != "init" or saved[name] else "none (it trained from scratch)"
+            was = saved.get(name) if name != "init" or saved[name] else "none (it trained from scratch)"
             raise UsageError(f"{flag} {getattr(args, name)} differs from the saved run's {was}: a resumed run keeps "
                              "its model and settings (only --steps, --eval-every and --save-every may change); start "
                              "a new run in another folder to change them")
@@ -402,17 +432,33 @@ def start_model(args):  # -> hparams, params, the folder holding the tokenizer f
     hparams = {name: getattr(args, name) or default for name, default in SHAPE_DEFAULTS.items()}
     if hparams["n_embd"] % hparams["n_head"]:
         raise UsageError(f"--n-embd {hparams['n_embd']} must be a multiple of --n-head {hparams['n_head']}")
-    hparams["n_vocab"] = GPT2_VOCAB
+    hparams["n_vocab"] = args.vocab_size or GPT2_VOCAB
     log(f"training from scratch: {hparams}")
     return hparams, None, PACKAGED_VOCABULARY  # GPT-2's tokenizer, shipped with the package: nothing to download
 
 
+def own_vocabulary(text, vocab_size, min_frequency, data):  # -> merges of a vocab_size-token BPE trained on text
+    log(f"training a {vocab_size:,}-token tokenizer on the training part of {data}")
+    merges = train_bpe(text, vocab_size, min_frequency)
+    if len(merges) < merges_to_make(vocab_size):
+        raise UsageError(f"--vocab-size {vocab_size}: the training part of {data} has only "
+                         f"{plural(len(merges), 'pair')} to merge seen at least {min_frequency} times, which make a "
+                         f"vocabulary of {257 + len(merges):,} tokens: ask for --vocab-size {257 + len(merges)} or "
+                         "less, lower --min-frequency, or give more text")
+    return merges
+
+
 def run(argv=None):  # -> exit status
     args = parse_args(argv)
-    shape_flags = [name for name in SHAPE_DEFAULTS if getattr(args, name) is not None]
+    shape_flags = ["--" + name.replace("_", "-") for name in SHAPE_DEFAULTS if getattr(args, name) is not None]
     if args.init is not None and shape_flags:
-        raise UsageError(f"--init {args.init} fine-tunes a model of its own shape: drop --{shape_flags[0]}, or drop "
+        raise UsageError(f"--init {args.init} fine-tunes a model of its own shape: drop {shape_flags[0]}, or drop "
                          "--init to train from scratch")
+    if args.init is not None and args.vocab_size:
+        raise UsageError(f"--vocab-size trains a new tokenizer for a model trained from scratch, but --init "
+                         f"{args.init} keeps its model's own vocabulary: drop --vocab-size, or drop --init")
+    if args.min_frequency and not args.vocab_size and not args.resume:
+        raise UsageError("--min-frequency sets how --vocab-size trains the tokenizer: add --vocab-size N, or drop it")
     out = args.out
     check_out(out, args.resume)
     text, digest = read_text(args.data)
@@ -426,32 +472,51 @@ def run(argv=None):  # -> exit status
     else:
         hparams, params, tokenizer_dir = start_model(args)
         settings, state, step = settings_of(args, args.init), None, 0
-        settings.update(data_sha256=digest, init=None if args.init is None else init_name(args.init))
+        settings.update(data_sha256=digest, init=None if args.init is None else init_name(args.init),
+                        vocab_size=args.vocab_size,
+                        min_frequency=(args.min_frequency or 2) if args.vocab_size else None)
         params = params or gpt2_init(hparams, settings["seed"])
     if settings["seq_len"] > hparams["n_ctx"]:
         raise UsageError(f"--seq-len {settings['seq_len']} is over the model's context of {hparams['n_ctx']} tokens: "
                          "pass a smaller --seq-len")
-    tokenizer = load_tokenizer(tokenizer_dir)
-    log(f"tokenizing {args.data} ({len(text):,} characters)")
-    ids = tokenizer.encode(text, allowed_special="all")
-    outside = next((token_id for token_id in ids if token_id >= hparams["n_vocab"]), None)
-    if outside is not None:
-        raise UsageError(f"the data holds the token {outside} ({tokenizer.decode([outside])!r}), outside the model's "
-                         f"vocabulary of {hparams['n_vocab']} tokens: train a model with GPT-2's full vocabulary")
-    train_ids, val_ids = split_tokens(ids, settings["val_fraction"], settings["seq_len"])
+    merges = None
+    if settings.get("vocab_size"):  # the run's own tokenizer, which never sees the held-out tail
+        train_text, val_text = split_text(text, settings["val_fraction"])
+        if state is None:
+            merges = own_vocabulary(train_text, settings["vocab_size"], settings["min_frequency"], args.data)
+        tokenizer = trained_tokenizer(merges) if merges else load_tokenizer(out)
+        log(f"tokenizing {args.data} ({len(text):,} characters) with the run's {tokenizer.n_vocab:,}-token vocabulary")
+        train_ids, val_ids = (np.array(tokenizer.encode(part, allowed_special="all"), dtype=np.int32)
+                              for part in (train_text, val_text))
+        check_parts(train_ids, val_ids, settings["seq_len"])
+    else:
+        tokenizer = load_tokenizer(tokenizer_dir)
+        log(f"tokenizing {args.data} ({len(text):,} characters)")
+        ids = tokenizer.encode(text, allowed_special="all")
+        outside = next((token_id for token_id in ids if token_id >= hparams["n_vocab"]), None)
+        if outside is not None:
+            raise UsageError(f"the data holds the token {outside} ({tokenizer.decode([outside])!r}), outside the "
+                             f"model's vocabulary of {hparams['n_vocab']} tokens: train a model with GPT-2's full "
+                             "vocabulary")
+        train_ids, val_ids = split_tokens(ids, settings["val_fraction"], settings["seq_len"])
     log(f"{len(train_ids):,} training tokens, {len(val_ids):,} held out")
     try:
         out.mkdir(parents=True, exist_ok=True)
-        if tokenizer_dir != out:
+        if merges:
+            save_tokenizer(out, merges)
+            tokenizer_dir = out
+        if state is None:
             save_model(out, hparams, params, tokenizer_dir, metadata={"step": "0"})  # whole from the start
         # loaded arrays are read-only views of memory-mapped files: training updates copies of its own
-        return train(out, hparams, map_leaves(np.array, params), state, step, settings, train_ids, val_ids)
+        token_lengths = np.array([len(tokenizer.token_bytes(token_id)) for token_id in range(tokenizer.n_vocab)])
+        return train(out, hparams, map_leaves(np.array, params), state, step, settings, train_ids, val_ids,
+                     token_lengths)
     except OSError as error:  # every read is done by now: this is --out's disk (full, read-only, gone)
         raise UsageError(f"cannot write {error.filename or out} ({error.strerror or error}): free some disk space or "
                          "choose another --out; the last save stays as it was") from None
 
 
-def train(out, hparams, params, state, step, settings, train_ids, val_ids):  # -> exit status
+def train(out, hparams, params, state, step, settings, train_ids, val_ids, token_lengths):  # -> exit status
     batches = Batches(train_ids, settings["seq_len"], settings["batch_size"], settings["seed"])
     opt_state = adamw_state(params)
     if state is not None:
@@ -466,7 +531,7 @@ def train(out, hparams, params, state, step, settings, train_ids, val_ids):  # -
     log_file, log_writer = open_log(out, step)
     tokens_per_step = settings["batch_size"] * settings["seq_len"]
     if step == 0:
-        log_writer.writerow({"step": 0, "val_loss": f"{eval_loss(validation, params, n_head):.6f}", "tokens": 0,
+        log_writer.writerow({"step": 0, **validation_row(validation, params, n_head, token_lengths), "tokens": 0,
                              "seconds": 0})
 
     # the seconds column counts this run's time on from the saved run's
@@ -486,10 +551,12 @@ def train(out, hparams, params, state, step, settings, train_ids, val_ids):  # -
                    "tokens": step * tokens_per_step,
                    "seconds": f"{time.perf_counter() - started:.1f}"}
             if step % settings["eval_every"] == 0 or step == steps:
-                row["val_loss"] = f"{eval_loss(validation, params, n_head):.6f}"
+                row.update(validation_row(validation, params, n_head, token_lengths))
             log_writer.writerow(row)
             log_file.flush()
-            bar.set_postfix_str(f"loss {loss:.3f}" + (f", val {row['val_loss']}" if "val_loss" in row else "") +
+            bar.set_postfix_str(f"loss {loss:.3f}" + (f", val {float(row['val_loss']):.3f} "
+                                                      f"({float(row['val_bits_per_byte']):.3f} bits/byte)"
+                                                      if "val_loss" in row else "") +
                                 f", {(step - bar.initial) * tokens_per_step / train_seconds:,.0f} tokens/s")
             bar.update()
             if step % settings["save_every"] == 0 or step == steps or stop.requested:

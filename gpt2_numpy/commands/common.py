@@ -17,7 +17,7 @@ from gpt2_numpy.catalog import MODEL_SIZES, OFFICIAL_HPARAMS, SOURCES, models_di
 from gpt2_numpy.checkpoint import load_params
 from gpt2_numpy.console import log, plural
 from gpt2_numpy.errors import Gpt2NumpyError, Interrupted, OutOfMemory, OutputError, UsageError
-from gpt2_numpy.tokenizer import EOT_ID, check_in_vocabulary, load_tokenizer
+from gpt2_numpy.tokenizer import check_in_vocabulary, load_tokenizer
 from gpt2_numpy.weights import ensure_model
 
 DEFAULT_SIZE = "124M"
@@ -262,6 +262,6 @@ def read_prompt(argument):  # -> prompt text; "-" reads stdin
 
 def prompt_ids(tokenizer, prompt, n_vocab, name="the prompt"):  # -> ids to feed the model, all < n_vocab
     # "<|endoftext|>" typed in a prompt is the document separator; an empty prompt starts from it, as GPT-2 was trained
-    ids = tokenizer.encode(prompt, allowed_special="all") or [EOT_ID]
+    ids = tokenizer.encode(prompt, allowed_special="all") or [tokenizer.eot_id]
     return check_in_vocabulary(tokenizer, ids, n_vocab, name,
                                "use a model with GPT-2's full vocabulary, or a prompt of other words")

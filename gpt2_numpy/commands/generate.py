@@ -86,7 +86,8 @@ def run(argv=None):  # -> exit status
     prompts = [prompt_ids(tokenizer, text, hparams["n_vocab"], name) for text, name in zip(texts, names)]
     for prompt, name in zip(prompts, names):  # every prompt is checked before any text is printed
         check_room(len(prompt), args.n_tokens, hparams["n_ctx"], name)
-    options = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, stop_at_eos=not args.ignore_eos)
+    options = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, stop_at_eos=not args.ignore_eos,
+                   eos_id=tokenizer.eot_id)
     # the k-th continuation printed is row k - 1, seeded args.seed + k - 1; greedy rows of one prompt are all equal,
     # so each prompt runs once and its continuation is printed num_samples times
     rows = [prompt for prompt in prompts for _ in range(1 if greedy else args.num_samples)]
