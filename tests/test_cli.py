@@ -16,7 +16,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpt2_numpy import decode
 from gpt2_numpy.checkpoint import load_params
 from gpt2_numpy.commands import generate as generate_command
 from gpt2_numpy.commands.common import prompt_ids, run_cli
@@ -228,10 +227,21 @@ def test_a_reader_that_quits_early_ends_generation_quietly(models_dir):
 # --- in-process: end of text, notes, streaming, Ctrl-C and the empty prompt ---
 
 
+def with_end_of_text(monkeypatch, eot_id):  # the tiny vocabulary has no id 50256: a stand-in plays <|endoftext|>
+    load_model = generate_command.load_model
+
+    def load(args):
+        hparams, params, tokenizer = load_model(args)
+        tokenizer.eot_id = eot_id
+        return hparams, params, tokenizer
+
+    monkeypatch.setattr(generate_command, "load_model", load)
+
+
 def test_ignore_eos_keeps_going_past_end_of_text(models_dir, tokenizer, params, monkeypatch, capsys):
     ids = generate(tokenizer.encode(PROMPT), params, TINY["hparams"]["n_head"], N_TOKENS)
     stop = next(i for i, token_id in enumerate(ids) if token_id not in ids[:i] and i >= 3)
-    monkeypatch.setattr(decode, "EOT_ID", ids[stop])  # the tiny vocabulary has no id 50256: pick a stand-in
+    with_end_of_text(monkeypatch, ids[stop])
     args = [PROMPT, "--n-tokens", str(N_TOKENS), "--models-dir", str(models_dir)]
     assert run(args) == 0
     out, err = capsys.readouterr()
@@ -378,7 +388,7 @@ def test_rows_finishing_out_of_order_print_in_order(models_dir, tokenizer, param
     ids = [generate(tokenizer.encode(p), params, n_head, N_TOKENS) for p in prompts]
     # a stand-in end of text that only the second row reaches, mid-way: it finishes before the first
     stop = next(i for i, token in enumerate(ids[1]) if i >= 1 and token not in ids[1][:i] and token not in ids[0])
-    monkeypatch.setattr(decode, "EOT_ID", ids[1][stop])
+    with_end_of_text(monkeypatch, ids[1][stop])
     assert run([*prompts, "--n-tokens", str(N_TOKENS), "--models-dir", str(models_dir)]) == 0
     out, err = capsys.readouterr()
     assert out == tokenizer.decode(ids[0]) + "\n\n" + tokenizer.decode(ids[1][:stop]) + "\n"
@@ -450,7 +460,7 @@ def test_json_says_which_samples_stopped_at_end_of_text(models_dir, tokenizer, p
     ids = [generate(tokenizer.encode(p), params, n_head, N_TOKENS) for p in prompts]
     # a stand-in end of text that only the second row reaches, mid-way (the tiny vocabulary has no id 50256)
     stop = next(i for i, token in enumerate(ids[1]) if i >= 1 and token not in ids[1][:i] and token not in ids[0])
-    monkeypatch.setattr(decode, "EOT_ID", ids[1][stop])
+    with_end_of_text(monkeypatch, ids[1][stop])
     args = [*prompts, "--n-tokens", str(N_TOKENS), "--json", "--models-dir", str(models_dir)]
     assert run(args) == 0
     records = json_records(capsys.readouterr().out)

@@ -80,13 +80,12 @@ def test_same_seed_same_ids(tiny):
     assert sample(1) != sample(2)
 
 
-def test_stops_at_end_of_text_without_yielding_it(tiny, monkeypatch):
+def test_stops_at_end_of_text_without_yielding_it(tiny):
     hparams, params, prompt, hf_ids = tiny
     # the tiny vocabulary has no id 50256: let the 6th greedy id (first seen there) play <|endoftext|>
     assert hf_ids[5] not in hf_ids[:5]
-    monkeypatch.setattr(decode, "EOT_ID", hf_ids[5])
-    assert generate(prompt, params, hparams["n_head"], len(hf_ids)) == hf_ids[:5]
-    assert generate(prompt, params, hparams["n_head"], len(hf_ids), stop_at_eos=False) == hf_ids
+    assert generate(prompt, params, hparams["n_head"], len(hf_ids), eos_id=hf_ids[5]) == hf_ids[:5]
+    assert generate(prompt, params, hparams["n_head"], len(hf_ids), stop_at_eos=False, eos_id=hf_ids[5]) == hf_ids
 
 
 def test_prompt_plus_new_tokens_must_fit_the_context(tiny):
@@ -151,25 +150,23 @@ def test_batch_greedy_equals_hugging_face_batched_and_each_prompt_alone(tiny, ba
     assert batch == [generate(prompt, params, hparams["n_head"], n_new) for prompt in prompts]
 
 
-def test_a_row_that_reaches_end_of_text_stops_and_the_others_go_on(tiny, batch_reference, monkeypatch):
+def test_a_row_that_reaches_end_of_text_stops_and_the_others_go_on(tiny, batch_reference):
     hparams, params, _, _ = tiny
     prompts, hf_ids, eos_id, hf_eos_rows = batch_reference
     assert eos_id > 256  # above CPython's cached small ints: `is` instead of `==` would never stop
-    monkeypatch.setattr(decode, "EOT_ID", eos_id)
-    batch = generate_batch(prompts, params, hparams["n_head"], len(hf_ids[0]))
+    batch = generate_batch(prompts, params, hparams["n_head"], len(hf_ids[0]), eos_id=eos_id)
     assert batch == hf_eos_rows
     assert sum(len(row) < len(hf_ids[0]) for row in batch) == 1  # exactly one row stopped early
-    assert batch == [generate(prompt, params, hparams["n_head"], len(hf_ids[0])) for prompt in prompts]
+    assert batch == [generate(prompt, params, hparams["n_head"], len(hf_ids[0]), eos_id=eos_id) for prompt in prompts]
 
 
 def test_finished_rows_leave_the_batch(tiny, batch_reference, monkeypatch):
     hparams, params, _, _ = tiny
     prompts, hf_ids, eos_id, hf_eos_rows = batch_reference
-    monkeypatch.setattr(decode, "EOT_ID", eos_id)
     rows_per_step = []
     real_lm_head = model_module.lm_head
     monkeypatch.setattr(model_module, "lm_head", lambda x, wte: rows_per_step.append(len(x)) or real_lm_head(x, wte))
-    generate_batch(prompts, params, hparams["n_head"], len(hf_ids[0]))
+    generate_batch(prompts, params, hparams["n_head"], len(hf_ids[0]), eos_id=eos_id)
     stopped_after = min(len(row) for row in hf_eos_rows) + 1  # the step that chose the end id
     assert rows_per_step == [4] * stopped_after + [3] * (len(hf_ids[0]) - stopped_after)
 
@@ -241,12 +238,12 @@ def test_a_bad_seed_is_a_usage_error(tiny, seed):
         generate(prompt, params, hparams["n_head"], 1, temperature=1.0, seed=seed)
 
 
-def test_batch_without_stop_at_eos_goes_past_end_of_text(tiny, batch_reference, monkeypatch):
+def test_batch_without_stop_at_eos_goes_past_end_of_text(tiny, batch_reference):
     hparams, params, _, _ = tiny
     prompts, hf_ids, eos_id, _ = batch_reference
-    monkeypatch.setattr(decode, "EOT_ID", eos_id)
     assert any(eos_id in row for row in hf_ids)
-    assert generate_batch(prompts, params, hparams["n_head"], len(hf_ids[0]), stop_at_eos=False) == hf_ids
+    n_new = len(hf_ids[0])
+    assert generate_batch(prompts, params, hparams["n_head"], n_new, stop_at_eos=False, eos_id=eos_id) == hf_ids
 
 
 def test_when_the_new_tokens_alone_fill_the_context_only_fewer_tokens_can_help():
