@@ -57,6 +57,9 @@ MUTANTS = [  # (what, file, text, replacement)
      "if actual[:32] == digest[:32]:"),
     ('download: a weak X-Linked-Etag (W/"...") leaves the file unchecked', "gpt2_numpy/download.py",
      '.removeprefix("W/")', ""),
+    # caught by tests/test_explain_page.py (a page of 300 tokens, whose map pixels cover 2 x 2 weights)
+    ("explain page: a map pixel shows the last weight it covers, not the largest", "gpt2_numpy/explain/page.html",
+     "cells[cell] = Math.max(cells[cell], values[s] / DATA.scale);", "cells[cell] = values[s] / DATA.scale;"),
 ]
 
 
