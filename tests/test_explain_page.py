@@ -43,17 +43,16 @@ def model_case():  # -> hparams, params, ids, trace, lens: "five_heads" (3 layer
 
 
 @pytest.fixture(scope="module")
-def scored(model_case):  # -> the head scores' JSON object, with <|endoftext|> as the vocabulary's last id
-    hparams, params, ids, _, _ = model_case
-    repeated = repeated_tokens(hparams["n_vocab"], hparams["n_vocab"] - 1, repeat_length(hparams["n_ctx"]), 0)
-    return heads_json(ids, repeated, head_scores(ids, repeated, params, hparams["n_head"]), range(hparams["n_layer"]))
+def repeated(model_case):  # -> <|endoftext|> R R, with <|endoftext|> as the vocabulary's last id
+    hparams = model_case[0]
+    return repeated_tokens(hparams["n_vocab"], hparams["n_vocab"] - 1, repeat_length(hparams["n_ctx"]), 0)
 
 
 @pytest.fixture(scope="module")
-def page_path(model_case, scored, tmp_path_factory):
+def page_path(model_case, repeated, tmp_path_factory):
     hparams, params, ids, _, _ = model_case
     path = tmp_path_factory.mktemp("page") / "page.html"
-    path.write_text(page_html(ids, params, hparams["n_head"], text_of, "a test page", scored), encoding="utf-8")
+    path.write_text(page_html(ids, params, hparams["n_head"], text_of, "a test page", repeated), encoding="utf-8")
     return path
 
 
@@ -366,9 +365,12 @@ def shown_scores(browser):  # -> [[cell text, ...] per row] of the head scores' 
                                   ".map(r => [...r.cells].map(c => c.textContent))")
 
 
-def test_the_page_shows_the_head_scores_and_a_row_chooses_its_head(reopened, model_case, scored):
+def test_the_page_shows_the_head_scores_and_a_row_chooses_its_head(reopened, page_path, model_case, repeated):
     opened = reopened
-    hparams, _, _, names, _ = model_case
+    hparams, params, ids, names, _ = model_case
+    scores = head_scores(ids, repeated, params, hparams["n_head"])  # what --heads prints
+    scored = heads_json(ids, repeated, scores, range(hparams["n_layer"]))
+    assert page_data(page_path)["heads"] == scored  # the page's scores, from its own pass, are --heads's
     rows = shown_scores(opened)
     assert rows[0] == ["layer", "head", "previous", "first", "self", "duplicate", "induction"]
     assert len(rows) - 1 == hparams["n_layer"] * hparams["n_head"] == len(scored["heads"])

@@ -98,7 +98,7 @@ def run(argv=None):  # -> exit status
     n_head, n_layer = hparams["n_head"], hparams["n_layer"]
     label = functools.partial(token_label, tokenizer)
     # every output is computed before any is written: a model that fails one (NaN weights) leaves nothing behind
-    printed, steps, scored, page = [], None, None, None
+    printed, steps, repeated, page = [], None, None, None
     show_walkthrough = args.walkthrough or not (args.lens or args.heads or args.plot or args.html)
     if show_walkthrough or args.plot is not None:
         steps = walkthrough(ids, params, n_head, layer, progress=progress_bar("walkthrough"))
@@ -108,16 +108,16 @@ def run(argv=None):  # -> exit status
         printed.append(lens_table(ids, params, n_head, label, progress=progress_bar("logit lens")))
     eot_id = tokenizer.special_tokens[EOT]
     if args.heads or (args.html is not None and not repetition_problem(hparams["n_vocab"], hparams["n_ctx"], eot_id)):
+        # the page shows the head scores whenever they can be computed
         repeated = repeated_tokens(hparams["n_vocab"], eot_id, repeat_length(hparams["n_ctx"]), args.seed)
-        scores = head_scores(ids, repeated, params, n_head, progress=progress_bar("head scores"))
-        scored = heads_json(ids, repeated, scores, range(n_layer))  # the page shows them when they could be computed
     if args.heads:
+        scores = head_scores(ids, repeated, params, n_head, progress=progress_bar("head scores"))
         layers = range(n_layer) if args.layer is None else [args.layer]
         printed.append(json.dumps(heads_json(ids, repeated, scores, layers)) + "\n" if args.json
                        else heads_table(ids, repeated, scores, layers, args.seed))
     if args.html is not None:
         page = page_html(ids, params, n_head, functools.partial(token_text, tokenizer),
-                         page_title(args, hparams, len(ids)), scored, progress_bar("page"))
+                         page_title(args, hparams, len(ids)), repeated, progress_bar("page"))
     if args.plot is not None:
         title = f"GPT-2 attention weights, layer {layer}" + (f", head {heads[0]}" if len(heads) == 1 else "")
         save_figure(attention_figure(steps["attn.weights"][heads], heads, list(map(label, ids)), title), args.plot)

@@ -30,14 +30,19 @@ def head_scores(ids, repeated, params, n_head, progress=no_progress):  # -> {pat
     """The five scores (module docstring) of every head: the prompt's patterns on token ids `ids`, the repetition's on
     `repeated` (<|endoftext|> R R, see repeated_tokens). previous_token is NaN for a one-token prompt, which has no
     query i >= 1. progress(items, total) wraps the loop over the layers. NonFiniteError when a weight is NaN."""
-    length = (len(repeated) - 1) // 2
-    scores = []
     layers = zip(layer_weights(ids, params, n_head), layer_weights(repeated, params, n_head))
-    for prompt, repeat in progress(layers, len(params["blocks"])):
-        check_finite(prompt)  # a NaN weight would make its head's scores NaN: the model is refused instead
-        check_finite(repeat)
-        scores.append({**prompt_scores(prompt), **repeat_scores(repeat, length)})
-    return {pattern: np.array([layer[pattern] for layer in scores]) for pattern in PATTERNS}
+    return stacked([layer_scores(prompt, repeat) for prompt, repeat in progress(layers, len(params["blocks"]))])
+
+
+def layer_scores(prompt, repeat):  # [n_head, n_seq, n_seq], [n_head, 2 L + 1, 2 L + 1] -> {pattern: [n_head]}
+    """One layer's scores, from its weights on the prompt and on <|endoftext|> R R; NonFiniteError for NaN weights."""
+    check_finite(prompt)  # a NaN weight would make its head's scores NaN: the model is refused instead
+    check_finite(repeat)
+    return {**prompt_scores(prompt), **repeat_scores(repeat, (repeat.shape[-1] - 1) // 2)}
+
+
+def stacked(layers):  # [{pattern: [n_head]}] a layer each -> {pattern: [n_layer, n_head]}
+    return {pattern: np.array([layer[pattern] for layer in layers]) for pattern in PATTERNS}
 
 
 def prompt_scores(weights):  # [..., n_seq, n_seq] -> {pattern: [...]}, the prompt's three patterns

@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from gpt2_numpy.explain.files import check_output_file, write_atomically
-from gpt2_numpy.explain.tracing import block_traces, embedding, lens, no_progress
+from gpt2_numpy.explain.heads import heads_json, layer_scores, stacked
+from gpt2_numpy.explain.tracing import block_traces, embedding, layer_weights, lens, no_progress
 from gpt2_numpy.generate import check_finite
 
 WEIGHT_SCALE = 1000  # weights stored as round(w * 1000): exactly the 3 decimals shown, an error of at most 0.0005
@@ -27,26 +28,31 @@ HTML_SUFFIXES = (".html", ".htm")
 DATA_SLOT = "/*DATA*/null"  # the template's placeholder for the JSON data: valid JavaScript before it is filled
 
 
-def page_html(ids, params, n_head, text, title, heads=None, progress=no_progress):  # -> the page's text
+def page_html(ids, params, n_head, text, title, repeated=None, progress=no_progress):  # -> the page's text
     """The page for token ids `ids` under `params`, text(token_id) giving a token's text: page.html with page_data
-    inline. heads: the head scores' JSON object (heads.heads_json), or None when they could not be computed."""
+    inline."""
     template = resources.files("gpt2_numpy.explain").joinpath("page.html").read_text(encoding="utf-8")
-    data = {"title": title, **page_data(ids, params, n_head, text, progress), "heads": heads}
+    data = {"title": title, **page_data(ids, params, n_head, text, repeated, progress)}
     # "<" as \u003c: a token "</script>" must not end the script that holds the data
     return template.replace(DATA_SLOT, json.dumps(data, ensure_ascii=False).replace("<", "\\u003c"), 1)
 
 
-def page_data(ids, params, n_head, text, progress=no_progress):  # -> the JSON-ready data the page's script reads
-    """One forward pass: every block's attention weights, encoded (module docstring), and the logit lens's LENS_TOP
-    tokens at each position after the embedding and after each block. progress(items, total) wraps the loop over the
-    blocks. NonFiniteError when the model computes NaN or infinity."""
+def page_data(ids, params, n_head, text, repeated=None, progress=no_progress):  # -> the data the page's script reads
+    """One forward pass: every block's attention weights, encoded (module docstring), the logit lens's LENS_TOP tokens
+    at each position after the embedding and after each block, and, given `repeated` (<|endoftext|> R R, see
+    heads.repeated_tokens), the head scores' JSON object (heads.heads_json), else None. progress(items, total) wraps
+    the loop over the blocks. NonFiniteError when the model computes NaN or infinity."""
     x = embedding(ids, params["wte"], params["wpe"])
     lens_top = [finite_top_tokens(lens(x, params["ln_f"], params["wte"]))]
-    counts, gaps, values = [], [], []
+    counts, gaps, values, scores = [], [], [], []
+    # the head scores use the prompt's weights traced here, not a second pass over a prompt of maybe 1024 tokens
+    repeated_weights = None if repeated is None else layer_weights(repeated, params, n_head)
     for steps in progress(block_traces(x, params["blocks"], n_head), len(params["blocks"])):
         for section, array in zip((counts, gaps, values), sparse_weights(steps["attn.weights"])):
             section.append(array)
         lens_top.append(finite_top_tokens(lens(steps["out"], params["ln_f"], params["wte"])))
+        if repeated is not None:
+            scores.append(layer_scores(steps["attn.weights"], next(repeated_weights)))
     stream = b"".join(np.concatenate(section).astype("<u2").tobytes() for section in (counts, gaps, values))
     token_ids = sorted({*map(int, ids), *(token_id for layer in lens_top for row in layer for token_id, _ in row)})
     return {
@@ -57,6 +63,7 @@ def page_data(ids, params, n_head, text, progress=no_progress):  # -> the JSON-r
         "scale": WEIGHT_SCALE,
         "weights": base64.b64encode(zlib.compress(stream, 6)).decode("ascii"),
         "lens": lens_top,  # [layer + 1][position] -> [[token id, probability in thousandths], ...], likeliest first
+        "heads": None if repeated is None else heads_json(ids, repeated, stacked(scores), range(len(params["blocks"]))),
     }
 
 
