@@ -178,3 +178,11 @@ def test_a_vocabulary_without_endoftext_is_one_error_line(tmp_path):
     result = run_explain(PROMPT, "--heads", models_dir=tiny_models_dir(tmp_path))
     assert_one_error_line(result, "--heads: the repeated sequence starts with <|endoftext|> (id 50256), which is "
                                   "outside this model's vocabulary of 512 tokens")
+
+
+def test_an_empty_prompt_starts_from_the_model_s_own_endoftext(byte_model):
+    # the byte-level vocabulary's <|endoftext|> is 256, not GPT-2's 50256
+    printed = json.loads(explain("", "--heads", "--json", model=byte_model).stdout)
+    assert printed["prompt_ids"] == [256]
+    assert {row["previous_token"] for row in printed["heads"]} == {None}  # one token: no previous one
+    assert {row["first_token"] for row in printed["heads"]} == {1.0}

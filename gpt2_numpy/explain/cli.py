@@ -24,7 +24,6 @@ from gpt2_numpy.explain.page import check_page_file, page_html, write_page
 from gpt2_numpy.explain.plot import PLOT_INSTALL, attention_figure, check_plot_file, save_figure
 from gpt2_numpy.explain.stepwise import check_index, report, token_label, walkthrough
 from gpt2_numpy.models import OFFICIAL_HPARAMS
-from gpt2_numpy.tokenizer import EOT
 
 HEADS_SEED = 0  # --heads's random tokens: the same table for the same model, unless --seed asks for others
 PROGRESS_DELAY = 2  # seconds a stage runs before its progress bar appears: a quick run prints none
@@ -106,7 +105,7 @@ def run(argv=None):  # -> exit status
         printed.append(report(text, ids, label, steps, hparams, layer, heads[0]))
     if args.lens:
         printed.append(lens_table(ids, params, n_head, label, progress=progress_bar("logit lens")))
-    eot_id = tokenizer.special_tokens[EOT]
+    eot_id = tokenizer.eot_id
     if args.heads or (args.html is not None and not repetition_problem(hparams["n_vocab"], hparams["n_ctx"], eot_id)):
         # the page shows the head scores whenever they can be computed
         repeated = repeated_tokens(hparams["n_vocab"], eot_id, repeat_length(hparams["n_ctx"]), args.seed)
@@ -139,7 +138,7 @@ def check_request(args, hparams, tokenizer, text):  # -> prompt ids, layer, head
     if len(ids) > hparams["n_ctx"]:
         raise UsageError(f"the prompt's {plural(len(ids), 'token')} exceed the model's context of {hparams['n_ctx']} "
                          "tokens: shorten it")
-    problem = repetition_problem(hparams["n_vocab"], hparams["n_ctx"], tokenizer.special_tokens[EOT])
+    problem = repetition_problem(hparams["n_vocab"], hparams["n_ctx"], tokenizer.eot_id)
     if args.heads and problem:
         raise UsageError(f"--heads: {problem}")
     if args.head == "all" and args.plot is None:
