@@ -8,7 +8,6 @@ import csv
 import json
 import os
 import random
-import runpy
 import shutil
 import signal
 import subprocess
@@ -99,20 +98,6 @@ def test_a_saved_folder_generates_hugging_faces_text(tmp_path, models_dir):
     assert config["model_type"] == "gpt2" and config["activation_function"] == "gelu_new"
     assert {key: config[key] for key in ("vocab_size", "n_positions", "n_embd", "n_head", "n_layer")} == {
         "vocab_size": 512, "n_positions": 64, "n_embd": 64, "n_head": 4, "n_layer": 2}
-
-
-def test_head_scores_find_a_previous_token_head():
-    head_scores = runpy.run_path(str(REPO / "scripts" / "attention_heads.py"))["head_scores"]
-    n = 6
-    previous = np.eye(n, k=-1)
-    previous[0, 0] = 1  # each query attends to the key before it (query 0, which has none, to itself)
-    uniform = np.tril(np.ones((n, n))) / np.arange(1, n + 1)[:, None]
-    punct = np.array([False, False, True, False, False, False])  # key 2 is, say, a comma
-    scores = head_scores(np.stack([uniform, previous]), punct)
-    assert scores["previous"] == pytest.approx([np.mean(1 / np.arange(2, n + 1)), 1])
-    assert scores["first"] == pytest.approx([np.mean(1 / np.arange(2, n + 1)), 1 / (n - 1)])  # query 1's previous
-    assert scores["self"][1] == 0
-    assert scores["punct"] == pytest.approx([np.mean([0, 1 / 3, 1 / 4, 1 / 5, 1 / 6]), 1 / (n - 1)])  # query 3's
 
 
 def test_atomic_write_leaves_the_old_file_when_writing_fails(tmp_path):
