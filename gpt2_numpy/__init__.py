@@ -4,6 +4,7 @@ from gpt2_numpy.checkpoint import load_params, verify_checkpoint
 from gpt2_numpy.decode import generate, generate_batch, iter_generate
 from gpt2_numpy.errors import CheckpointError, DownloadError, Gpt2NumpyError, TokenizerError, UsageError
 from gpt2_numpy.fast import gpt2, gpt2_cached, new_cache
+from gpt2_numpy.interpret import attention_weights, logit_lens, trace
 from gpt2_numpy.likelihood import token_log_probs
 from gpt2_numpy.tokenizer import EOT_ID, load_tokenizer
 
@@ -20,6 +21,9 @@ __all__ = [
     "generate_batch",
     "iter_generate",
     "token_log_probs",
+    "trace",
+    "logit_lens",
+    "attention_weights",
     "Gpt2NumpyError",
     "UsageError",
     "CheckpointError",

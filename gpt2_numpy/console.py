@@ -26,11 +26,11 @@ class QuietStderr:
     for it must not stop a run."""
 
     def write(self, text):
-        with suppress(OSError):
+        with suppress(OSError, ValueError):  # ValueError: stderr was closed under us
             sys.stderr.write(text)
 
     def flush(self):
-        with suppress(OSError):
+        with suppress(OSError, ValueError):
             sys.stderr.flush()
 
     def __getattr__(self, name):  # encoding, isatty, fileno: stderr's, so the bar looks as it would there

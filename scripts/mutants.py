@@ -95,7 +95,7 @@ MUTANTS = [  # (what, file, text, replacement)
     ("save: config.json's layer_norm_epsilon 1e-6", "gpt2_numpy/save.py", '"layer_norm_epsilon": 1e-5,',
      '"layer_norm_epsilon": 1e-6,'),
     # caught by tests/test_explain_page.py (a page of 300 tokens, whose map pixels cover 2 x 2 weights)
-    ("explain page: a map pixel shows the last weight it covers, not the largest", "gpt2_numpy/explain/page.html",
+    ("explain page: a map pixel shows the last weight it covers, not the largest", "gpt2_numpy/interpret/page.html",
      "cells[cell] = Math.max(cells[cell], values[s] / DATA.scale);", "cells[cell] = values[s] / DATA.scale;"),
 ]
 

@@ -20,9 +20,10 @@ import pytest
 from gpt2_numpy import model
 from gpt2_numpy.errors import UsageError
 from gpt2_numpy.explain import attention_weights, report, token_label, walkthrough
-from gpt2_numpy.explain import cli as explain_cli, plot, stepwise as explain
-from gpt2_numpy.explain.cli import run
-from gpt2_numpy.explain.plot import attention_figure
+from gpt2_numpy.commands import explain as explain_cli
+from gpt2_numpy.interpret import plot, stepwise as explain
+from gpt2_numpy.commands.explain import run
+from gpt2_numpy.interpret.plot import attention_figure
 from gpt2_numpy.model import block, gpt2
 from gpt2_numpy.params import random_params
 from gpt2_numpy.tokenizer import load_tokenizer
@@ -315,9 +316,8 @@ def test_head_all_plots_every_head_of_the_layer_and_prints_head_0(tiny, monkeypa
 
 
 class FailingFigure:  # a figure whose saving fails midway, as on a full disk
-    def savefig(self, path, **options):
-        with open(path, "wb") as file:
-            file.write(b"\x89PNG half of it")
+    def savefig(self, file, **options):
+        file.write(b"\x89PNG half of it")
         raise OSError(28, "No space left on device")
 
 
@@ -422,7 +422,7 @@ class Hide(importlib.abc.MetaPathFinder):  # as if matplotlib were not installed
             raise ModuleNotFoundError(f"No module named {name!r}", name=name)
 
 sys.meta_path.insert(0, Hide())
-from gpt2_numpy.explain import main
+from gpt2_numpy.commands.explain import main
 main(sys.argv[1:])
 """
 

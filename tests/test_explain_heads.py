@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 from gpt2_numpy.errors import UsageError
-from gpt2_numpy.explain.heads import (
+from gpt2_numpy.interpret.heads import (
     PATTERNS, head_scores, heads_json, heads_table, repeat_length, repeated_tokens, repetition_problem,
 )
-from gpt2_numpy.explain.tracing import attention_weights
+from gpt2_numpy.interpret.tracing import attention_weights, logit_lens
 from gpt2_numpy.params import random_params
-from gpt2_numpy.tokenizer import bytes_to_unicode
+from gpt2_numpy.tokenizer import EOT, bytes_to_unicode
 from tests.conftest import FIXTURES, assert_one_error_line, byte_model_dir, run_explain, tiny_models_dir
 
 HF_TOLERANCE = 1e-5  # max |score - HF's|: a mean of float32 weights that agree with HF's to about 1e-6
@@ -163,9 +163,10 @@ def test_the_context_caps_the_repeated_sequence(tmp_path):
 
 
 @pytest.mark.parametrize("args, fragment", [
-    (["--json"], "--json belongs to --heads: add --heads, or drop --json"),
+    (["--json"], "--json belongs to --heads or --lens: add one of them, or drop --json"),
     (["--seed", "3"], "--seed belongs to --heads: add --heads, or drop --seed"),
-    (["--heads", "--json", "--lens"], "--json prints one JSON object of head scores, and nothing else"),
+    (["--heads", "--json", "--lens"], "--json prints one JSON object, of head scores (--heads) or of the lens"),
+    (["--lens", "--json", "--walkthrough"], "--json prints one JSON object, of head scores (--heads) or of the lens"),
     (["--heads", "--layer", "2"], "--layer 2 is out of range: this model has 2 layers"),
     (["--heads", "--seed", "-1"], "argument --seed: must be at least 0, got -1"),
 ])
@@ -186,3 +187,21 @@ def test_an_empty_prompt_starts_from_the_model_s_own_endoftext(byte_model):
     assert printed["prompt_ids"] == [256]
     assert {row["previous_token"] for row in printed["heads"]} == {None}  # one token: no previous one
     assert {row["first_token"] for row in printed["heads"]} == {1.0}
+
+
+def test_lens_json_is_the_logit_lens_at_every_position(byte_model):
+    # the lens's numbers against logit_lens (held to Hugging Face's hidden states in test_explain_trace.py)
+    result = explain(PROMPT, "--lens", "--json", model=byte_model)
+    assert result.returncode == 0, result.stderr
+    printed = json.loads(result.stdout)
+    byte_order = list(bytes_to_unicode())  # ids 0-255 are the bytes in GPT-2's order, 256 is <|endoftext|>
+    ids = printed["prompt_ids"]
+    assert ids == [byte_order.index(byte) for byte in PROMPT.encode()]
+    lens = logit_lens(ids, random_params(BYTES, 6), BYTES["n_head"])  # [n_layer + 1, n_seq, n_vocab]
+    assert [layer["layer"] for layer in printed["layers"]] == ["embed", *range(BYTES["n_layer"])]
+    for layer, log_probs in zip(printed["layers"], lens):
+        assert layer["top_ids"] == log_probs.argmax(-1).tolist()
+        np.testing.assert_allclose(layer["probabilities"], np.exp(log_probs.max(-1)), rtol=1e-5)
+        texts = [EOT if token_id == 256 else bytes([byte_order[token_id]]).decode("utf-8", "backslashreplace")
+                 for token_id in layer["top_ids"]]
+        assert layer["top_texts"] == texts

@@ -8,8 +8,8 @@ import pytest
 
 from gpt2_numpy import model
 from gpt2_numpy.explain import logit_lens, trace
-from gpt2_numpy.explain import lens as lens_module, token_label
-from gpt2_numpy.explain.stepwise import fit
+from gpt2_numpy.interpret import lens as lens_module, token_label
+from gpt2_numpy.interpret.stepwise import fit
 from gpt2_numpy.params import random_params
 from tests.conftest import FIXTURES, run_explain, tiny_models_dir
 

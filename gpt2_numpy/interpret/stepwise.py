@@ -11,7 +11,7 @@ import numpy as np
 from gpt2_numpy.console import plural
 from gpt2_numpy.decode import check_finite
 from gpt2_numpy.errors import UsageError
-from gpt2_numpy.explain.tracing import block_trace, embedding, no_progress, residual_stream, unembedding
+from gpt2_numpy.interpret.tracing import block_trace, embedding, no_progress, residual_stream, unembedding
 from gpt2_numpy.model import causal_mask, layer_norm, merge_heads, softmax
 
 SHOWN = 8  # rows, columns and dimensions of one head's matrices printed: a longer prompt shows its top-left corner

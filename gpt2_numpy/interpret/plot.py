@@ -5,7 +5,7 @@ import math
 import numpy as np
 
 from gpt2_numpy.errors import UsageError
-from gpt2_numpy.explain.files import check_output_file, write_atomically
+from gpt2_numpy.interpret.files import check_output_file, write_atomically
 from gpt2_numpy.model import causal_mask
 
 PLOT_SUFFIXES = (".png", ".svg")
@@ -53,7 +53,7 @@ def plain_text(label):  # -> label as matplotlib shows it literally: a pair of "
 def save_figure(figure, path):  # -> None; path then holds the whole image, or is left as it was
     suffix = path.suffix.lower()[1:]
     metadata = {"Date": None} if suffix == "svg" else None  # an SVG without its date: the same prompt, the same file
-    write_atomically(path, lambda temporary: figure.savefig(temporary, format=suffix, metadata=metadata), "the plot")
+    write_atomically(path, lambda file: figure.savefig(file, format=suffix, metadata=metadata), "the plot")
 
 
 def check_plot_file(path):  # -> None; UsageError for a bad file name or folder, or no matplotlib

@@ -1,29 +1,31 @@
-"""The command line: python -m gpt2_numpy.explain PROMPT [--layer L] [--head H] [--lens] [--heads [--json]]
-[--plot FILE] [--html FILE] [--walkthrough].
+"""`gpt2-numpy explain PROMPT [--layer L] [--head H] [--lens [--json]] [--heads [--json]] [--plot FILE] [--html FILE]
+[--walkthrough]`: look inside GPT-2 on a prompt (gpt2_numpy/interpret/ computes what it shows).
 
-stdout gets what is asked for: the logit lens's table (--lens), the head scores (--heads, or one JSON object with
---json), and the walkthrough (the prompt's tokens, the shape of every step, one head's attention step by step, the
+stdout gets what is asked for: the logit lens's table (--lens), the head scores (--heads), each one JSON object with
+--json, and the walkthrough (the prompt's tokens, the shape of every step, one head's attention step by step, the
 next-token prediction). The walkthrough prints when nothing else is asked for, or with --walkthrough; a command that
 writes a file (--plot, --html) otherwise prints only, on stderr, where the file went. Long stages show a progress bar
 on stderr."""
 import functools
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
-from tqdm import tqdm
 
-from gpt2_numpy.cli import add_model_args, load_model, prompt_ids, read_prompt, whole_number, write_stdout
-from gpt2_numpy.errors import ArgumentParser, UsageError, log, open_stdout, plural, run_cli
-from gpt2_numpy.explain.heads import (
+from gpt2_numpy.catalog import OFFICIAL_HPARAMS
+from gpt2_numpy.commands.common import (
+    ArgumentParser, add_model_args, load_model, model_size, open_stdout, prompt_ids, read_prompt, run_cli,
+    whole_number, write_stdout,
+)
+from gpt2_numpy.console import log, plural, progress_bar
+from gpt2_numpy.errors import UsageError
+from gpt2_numpy.interpret.heads import (
     head_scores, heads_json, heads_table, repeat_length, repeated_tokens, repetition_problem,
 )
-from gpt2_numpy.explain.lens import lens_table
-from gpt2_numpy.explain.page import check_page_file, page_html, write_page
-from gpt2_numpy.explain.plot import PLOT_INSTALL, attention_figure, check_plot_file, save_figure
-from gpt2_numpy.explain.stepwise import check_index, report, token_label, walkthrough
-from gpt2_numpy.models import OFFICIAL_HPARAMS
+from gpt2_numpy.interpret.lens import lens_json, lens_table
+from gpt2_numpy.interpret.page import check_page_file, page_html, write_page
+from gpt2_numpy.interpret.plot import PLOT_INSTALL, attention_figure, check_plot_file, save_figure
+from gpt2_numpy.interpret.stepwise import check_index, report, token_label, walkthrough
 
 HEADS_SEED = 0  # --heads's random tokens: the same table for the same model, unless --seed asks for others
 PROGRESS_DELAY = 2  # seconds a stage runs before its progress bar appears: a quick run prints none
@@ -38,12 +40,12 @@ head_number.__name__ = "head number or 'all'"
 
 def parse_args(argv):  # -> argparse.Namespace, checked
     parser = ArgumentParser(
-        prog="python -m gpt2_numpy.explain",
+        prog="gpt2-numpy explain",
         description="Show GPT-2 attention at work on a prompt: its tokens, the shape of every step of the forward "
         "pass, one head's attention step by step, and the next-token prediction (the walkthrough); or the logit lens "
         "(--lens), a score per head for five attention patterns (--heads), a heatmap (--plot), an interactive page "
         "of every head (--html).",
-        dash_hint='a prompt that begins with \'-\' goes last, after \'--\': python -m gpt2_numpy.explain -- "-x"',
+        dash_hint='a prompt that begins with \'-\' goes last, after \'--\': gpt2-numpy explain -- "-x"',
     )
     parser.add_argument("prompt", metavar="PROMPT",
                         help='the text to explain; "-" reads stdin; "" starts from <|endoftext|>; a prompt beginning '
@@ -65,7 +67,9 @@ def parse_args(argv):  # -> argparse.Namespace, checked
                         "token and self on the prompt; duplicate token and induction on <|endoftext|> and random "
                         "tokens fed twice")
     parser.add_argument("--json", action="store_true",
-                        help="with --heads: print the scores and the token ids they come from as one JSON object")
+                        help="with --heads: print the scores and the token ids they come from as one JSON object; "
+                        "with --lens: the top next token's id, text and probability after each layer at every "
+                        "position")
     parser.add_argument("--seed", type=whole_number(0), metavar="S",
                         help=f"with --heads: the seed of the random tokens ({HEADS_SEED})")
     parser.add_argument("--html", type=Path, metavar="FILE",
@@ -73,12 +77,13 @@ def parse_args(argv):  # -> argparse.Namespace, checked
                         "scores and the logit lens in a browser, offline")
     add_model_args(parser)
     args = parser.parse_args(argv)
-    for flag in ("json", "seed"):
-        if getattr(args, flag) not in (None, False) and not args.heads:
-            raise UsageError(f"--{flag} belongs to --heads: add --heads, or drop --{flag}")
-    if args.json and (args.lens or args.walkthrough):
-        raise UsageError("--json prints one JSON object of head scores, and nothing else: drop --lens and "
-                         "--walkthrough, or --json")
+    if args.seed is not None and not args.heads:
+        raise UsageError("--seed belongs to --heads: add --heads, or drop --seed")
+    if args.json and not (args.heads or args.lens):
+        raise UsageError("--json belongs to --heads or --lens: add one of them, or drop --json")
+    if args.json and (args.heads and args.lens or args.walkthrough):
+        raise UsageError("--json prints one JSON object, of head scores (--heads) or of the lens (--lens), and nothing "
+                         "else: keep one of them and drop --walkthrough, or drop --json")
     args.seed = HEADS_SEED if args.seed is None else args.seed
     return args
 
@@ -100,23 +105,26 @@ def run(argv=None):  # -> exit status
     printed, steps, repeated, page = [], None, None, None
     show_walkthrough = args.walkthrough or not (args.lens or args.heads or args.plot or args.html)
     if show_walkthrough or args.plot is not None:
-        steps = walkthrough(ids, params, n_head, layer, progress=progress_bar("walkthrough"))
+        steps = walkthrough(ids, params, n_head, layer, progress=stage_bar("walkthrough"))
     if show_walkthrough:
         printed.append(report(text, ids, label, steps, hparams, layer, heads[0]))
-    if args.lens:
-        printed.append(lens_table(ids, params, n_head, label, progress=progress_bar("logit lens")))
+    if args.lens and args.json:
+        text = functools.partial(token_text, tokenizer)
+        printed.append(json.dumps(lens_json(ids, params, n_head, text, progress=stage_bar("logit lens"))) + "\n")
+    elif args.lens:
+        printed.append(lens_table(ids, params, n_head, label, progress=stage_bar("logit lens")))
     eot_id = tokenizer.eot_id
     if args.heads or (args.html is not None and not repetition_problem(hparams["n_vocab"], hparams["n_ctx"], eot_id)):
         # the page shows the head scores whenever they can be computed
         repeated = repeated_tokens(hparams["n_vocab"], eot_id, repeat_length(hparams["n_ctx"]), args.seed)
     if args.heads:
-        scores = head_scores(ids, repeated, params, n_head, progress=progress_bar("head scores"))
+        scores = head_scores(ids, repeated, params, n_head, progress=stage_bar("head scores"))
         layers = range(n_layer) if args.layer is None else [args.layer]
         printed.append(json.dumps(heads_json(ids, repeated, scores, layers)) + "\n" if args.json
                        else heads_table(ids, repeated, scores, layers, args.seed))
     if args.html is not None:
         page = page_html(ids, params, n_head, functools.partial(token_text, tokenizer),
-                         page_title(args, hparams, len(ids)), repeated, progress_bar("page"))
+                         page_title(args, hparams, len(ids)), repeated, stage_bar("page"))
     if args.plot is not None:
         title = f"GPT-2 attention weights, layer {layer}" + (f", head {heads[0]}" if len(heads) == 1 else "")
         save_figure(attention_figure(steps["attn.weights"][heads], heads, list(map(label, ids)), title), args.plot)
@@ -148,12 +156,13 @@ def check_request(args, hparams, tokenizer, text):  # -> prompt ids, layer, head
 
 def page_title(args, hparams, n_tokens):  # -> "GPT-2 124M on 6 tokens", or what was loaded when it is another model
     shape = f"{plural(hparams['n_layer'], 'layer')} of {plural(hparams['n_head'], 'head')}, {hparams['n_embd']} wide"
-    if args.model is not None:
+    size = model_size(args)
+    if size is None:
         name = f"{args.model.resolve().name} ({shape})"
-    elif hparams == OFFICIAL_HPARAMS[args.model_size]:
-        name = f"GPT-2 {args.model_size}"
+    elif hparams == OFFICIAL_HPARAMS[size]:
+        name = f"GPT-2 {size}"
     else:  # a folder of --models-dir holding another shape than its name says
-        name = f"the {args.model_size} folder's GPT-2 ({shape})"
+        name = f"the {size} folder's GPT-2 ({shape})"
     return f"{name} on {plural(n_tokens, 'token')}"
 
 
@@ -162,24 +171,9 @@ def file_size(path):  # -> "42 KB" or "3.4 MB": a small page must not read "0.0 
     return f"{n_bytes / 1e6:.1f} MB" if n_bytes >= 1e6 else f"{max(1, round(n_bytes / 1e3))} KB"
 
 
-class QuietStderr:  # stderr for progress bars: a closed or full stderr loses the bar, never the run (as log() does)
-    def write(self, text):
-        try:
-            sys.stderr.write(text)
-        except (OSError, ValueError):  # ValueError: stderr was closed under us
-            pass
-
-    def flush(self):
-        try:
-            sys.stderr.flush()
-        except (OSError, ValueError):
-            pass
-
-
-def progress_bar(stage):  # -> progress(items, total): items wrapped in a bar on stderr, counting layers
+def stage_bar(stage):  # -> progress(items, total): items wrapped in a bar on stderr, counting layers
     def progress(items, total):
-        return tqdm(items, total=total, desc=stage, unit="layer", leave=False, delay=PROGRESS_DELAY,
-                    file=QuietStderr())
+        return progress_bar(iterable=items, total=total, desc=stage, unit="layer", leave=False, delay=PROGRESS_DELAY)
 
     return progress
 
@@ -188,6 +182,6 @@ def token_text(tokenizer, token_id):  # -> a token's text; a piece of a characte
     return tokenizer.token_bytes(token_id).decode("utf-8", errors="backslashreplace")
 
 
-def main(argv=None):  # entry point: errors become one line on stderr and an exit status
+def main(argv=None):  # -> never returns; errors become one line on stderr and an exit status
     with np.errstate(invalid="ignore", over="ignore"):  # NaN or inf from the weights: NonFiniteError says it once
         run_cli(run, argv)

@@ -13,14 +13,13 @@ import base64
 import json
 import zlib
 from importlib import resources
-from pathlib import Path
 
 import numpy as np
 
-from gpt2_numpy.explain.files import check_output_file, write_atomically
-from gpt2_numpy.explain.heads import heads_json, layer_scores, stacked
-from gpt2_numpy.explain.tracing import block_traces, embedding, layer_weights, lens, no_progress
-from gpt2_numpy.generate import check_finite
+from gpt2_numpy.interpret.files import check_output_file, write_atomically
+from gpt2_numpy.interpret.heads import heads_json, layer_scores, stacked
+from gpt2_numpy.interpret.tracing import block_traces, embedding, layer_weights, lens, no_progress
+from gpt2_numpy.decode import check_finite
 
 WEIGHT_SCALE = 1000  # weights stored as round(w * 1000): exactly the 3 decimals shown, an error of at most 0.0005
 LENS_TOP = 5  # logit-lens tokens kept per layer and position
@@ -31,7 +30,7 @@ DATA_SLOT = "/*DATA*/null"  # the template's placeholder for the JSON data: vali
 def page_html(ids, params, n_head, text, title, repeated=None, progress=no_progress):  # -> the page's text
     """The page for token ids `ids` under `params`, text(token_id) giving a token's text: page.html with page_data
     inline."""
-    template = resources.files("gpt2_numpy.explain").joinpath("page.html").read_text(encoding="utf-8")
+    template = resources.files("gpt2_numpy.interpret").joinpath("page.html").read_text(encoding="utf-8")
     data = {"title": title, **page_data(ids, params, n_head, text, repeated, progress)}
     # "<" as \u003c: a token "</script>" must not end the script that holds the data
     return template.replace(DATA_SLOT, json.dumps(data, ensure_ascii=False).replace("<", "\\u003c"), 1)
@@ -96,4 +95,4 @@ def check_page_file(path):  # -> None; UsageError for a bad file name or folder
 
 
 def write_page(path, html):  # -> None; path then holds the whole page, or is left as it was
-    write_atomically(path, lambda temporary: Path(temporary).write_text(html, encoding="utf-8"), "the page")
+    write_atomically(path, lambda file: file.write(html.encode("utf-8")), "the page")

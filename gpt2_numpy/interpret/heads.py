@@ -15,9 +15,10 @@ import math
 
 import numpy as np
 
-from gpt2_numpy.errors import UsageError, plural
-from gpt2_numpy.explain.tracing import layer_weights, no_progress
-from gpt2_numpy.generate import check_finite
+from gpt2_numpy.console import plural
+from gpt2_numpy.errors import UsageError
+from gpt2_numpy.interpret.tracing import layer_weights, no_progress
+from gpt2_numpy.decode import check_finite
 
 PROMPT_PATTERNS = ("previous_token", "first_token", "self")
 REPEAT_PATTERNS = ("duplicate_token", "induction")

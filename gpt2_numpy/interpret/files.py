@@ -1,9 +1,9 @@
 """The files explain writes (--plot's picture, --html's page): checked before the model loads, so a typo costs no
 load, and written whole or not at all."""
 import os
-import tempfile
 
 from gpt2_numpy.errors import UsageError
+from gpt2_numpy.save import atomic_write
 
 
 def check_output_file(path, flag, suffixes):  # -> None, or UsageError saying what is wrong with the file name
@@ -27,26 +27,8 @@ def check_output_file(path, flag, suffixes):  # -> None, or UsageError saying wh
                          "permissions or choose another file")
 
 
-def write_atomically(path, write, what):  # -> None; path then holds all that write(temporary) wrote, or is unchanged
-    """Calls write(temporary_path) for a new file beside `path`, then renames it to `path`: a reader never sees half a
-    file, and a failure leaves the old one whole. The temporary name is short, whatever the length of path's name."""
+def write_atomically(path, write, what):  # write(binary file) -> None; save.atomic_write, saying what failed
     try:
-        handle, temporary = tempfile.mkstemp(prefix=".gpt2_numpy-", suffix=".tmp", dir=path.parent)
+        atomic_write(path, write)
     except OSError as error:
         raise UsageError(f"cannot write {what} {path}: {error.strerror or error}") from None
-    os.close(handle)
-    try:
-        write(temporary)
-        os.chmod(temporary, 0o666 & ~current_umask())  # mkstemp makes it private; the page is an ordinary file
-        os.replace(temporary, path)
-    except OSError as error:
-        raise UsageError(f"cannot write {what} {path}: {error.strerror or error}") from None
-    finally:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-
-
-def current_umask():  # -> the process's umask; reading it means setting it, so it is set straight back
-    umask = os.umask(0)
-    os.umask(umask)
-    return umask

@@ -1,0 +1,17 @@
+"""Look inside GPT-2: the attention blog posts' walkthrough on the model's own weights, every activation by name, the
+logit lens, head scores and an interactive page of every head, all composed of model.py's textbook functions. The
+command line that prints and writes them is gpt2_numpy/commands/explain.py (`gpt2-numpy explain`).
+
+    activations = trace(ids, params, n_head)   # every activation by name: "blocks.3.attn.weights", ...
+    logits = logit_lens(ids, params, n_head)   # [n_layer + 1, n_seq, n_vocab]: the next token after each layer
+
+The rooms: stepwise.py (the walkthrough: one head step by step, printed), tracing.py (trace and logit_lens),
+lens.py (the lens's table), heads.py (the head scores), page.py with page.html (the page), plot.py (--plot) and
+files.py (the files written).
+"""
+from gpt2_numpy.interpret.heads import head_scores, repeated_tokens
+from gpt2_numpy.interpret.stepwise import report, token_label, walkthrough
+from gpt2_numpy.interpret.tracing import attention_weights, logit_lens, trace
+
+__all__ = ["attention_weights", "head_scores", "logit_lens", "repeated_tokens", "report", "token_label", "trace",
+           "walkthrough"]
