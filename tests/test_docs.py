@@ -20,7 +20,6 @@ import pytest
 from tests.conftest import REPO
 
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-DOCS_PAGES = PAGES[1:]
 RUNNERS = {"bash": ["bash", "-e", "-o", "pipefail", "-c"], "python": [sys.executable, "-c"]}
 BLOCK_SECONDS = 120  # a block is a few commands on a 2-layer model: seconds each, on a loaded 2-core machine
 FENCE = re.compile(r"^\s*(`{3,})(.*)$")
@@ -155,6 +154,9 @@ def run_blocks(name, text, folder, env):  # -> None; fails naming the page, line
                         f"stdout:\n{result.stdout[-2000:]}\nstderr:\n{result.stderr[-2000:]}")
 
 
+RUNNABLE_DOCS = [page for page in PAGES[1:] if runnable(page.read_text(encoding="utf-8"))]
+
+
 @pytest.fixture(scope="module")
 def first_run(tmp_path_factory):  # -> the folder where README.md's blocks ran: it holds my-gpt, the tiny model
     folder = tmp_path_factory.mktemp("readme")
@@ -166,21 +168,20 @@ def first_run(tmp_path_factory):  # -> the folder where README.md's blocks ran: 
 
 @pytest.mark.timeout(600)
 def test_the_readme_blocks_run_and_make_the_tiny_model(first_run):
-    assert runnable((REPO / "README.md").read_text(encoding="utf-8"))  # the offline first run and the Python block
-    assert (first_run / "my-gpt" / "model.safetensors").is_file()
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    python_section = readme[readme.index("## Use it from Python") :].split("\n## ")[0]
+    assert [language for _, language, _ in runnable(python_section)] == ["python"]  # it runs as pasted
+    assert (first_run / "my-gpt" / "model.safetensors").is_file()  # the offline first run made the tiny model
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("page", DOCS_PAGES, ids=page_name)
+@pytest.mark.parametrize("page", RUNNABLE_DOCS, ids=page_name)
 def test_the_runnable_blocks_of_each_page_run(page, first_run, tmp_path):
-    text = page.read_text(encoding="utf-8")
-    if not runnable(text):
-        return
     folder = tmp_path / "page"
     folder.mkdir()
     shutil.copy(REPO / "README.md", folder)
     shutil.copytree(first_run / "my-gpt", folder / "my-gpt")  # a copy: a page may train it further
-    run_blocks(page_name(page), text, folder, environment(tmp_path))
+    run_blocks(page_name(page), page.read_text(encoding="utf-8"), folder, environment(tmp_path))
 
 
 def test_a_failing_block_fails_and_only_marked_blocks_run(tmp_path):
