@@ -8,7 +8,7 @@ from pathlib import Path
 from gpt2_numpy import loading
 from gpt2_numpy.allocator import keep_freed_memory
 from gpt2_numpy.checkpoint import load_params
-from gpt2_numpy.errors import UsageError, log, writing_stdout
+from gpt2_numpy.errors import UsageError, log, plural, writing_stdout
 from gpt2_numpy.models import MODEL_SIZES, OFFICIAL_HPARAMS, SOURCES, models_dir_path
 from gpt2_numpy.loading import prompt_ids  # noqa: F401 (the command lines import it from here)
 from gpt2_numpy.tokenizer import load_tokenizer
@@ -87,8 +87,8 @@ def load_folder(model_dir):  # -> hparams, params, tokenizer of the model in a f
     keep_freed_memory()
     start = time.perf_counter()
     hparams, params, tokenizer = loading.load_folder(model_dir, name=f"--model {model_dir}")
-    log(f"loaded the GPT-2 ({hparams['n_layer']} layers, {hparams['n_embd']} wide) in {model_dir} in "
-        f"{time.perf_counter() - start:.1f} s")
+    log(f"loaded a GPT-2 of {plural(hparams['n_layer'], 'layer')}, {hparams['n_embd']} wide, "
+        f"{plural(hparams['n_head'], 'head')}, from {model_dir} in {time.perf_counter() - start:.1f} s")
     return hparams, params, tokenizer
 
 

@@ -8,22 +8,14 @@ import math
 
 import numpy as np
 
-from gpt2_numpy.checkpoint import flatten
+from gpt2_numpy.params import flatten, map_leaves
 
 BETAS, EPS, WEIGHT_DECAY, CLIP = (0.9, 0.95), 1e-8, 0.1, 1.0
 MIN_LR_RATIO = 0.1  # the cosine decays to 10% of the peak rate
 
 
-def zeros_like(tree):  # nested params -> the same structure, all zeros
-    if isinstance(tree, dict):
-        return {key: zeros_like(value) for key, value in tree.items()}
-    if isinstance(tree, list):
-        return [zeros_like(value) for value in tree]
-    return np.zeros_like(tree)
-
-
 def adamw_state(params):  # -> a fresh state: no steps taken, both moments zero
-    return {"step": 0, "m": zeros_like(params), "v": zeros_like(params)}
+    return {"step": 0, "m": map_leaves(np.zeros_like, params), "v": map_leaves(np.zeros_like, params)}
 
 
 def global_norm(grads):  # -> √(Σ g²) over every gradient, as one vector

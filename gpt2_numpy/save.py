@@ -14,7 +14,7 @@ import os
 from contextlib import suppress
 from pathlib import Path
 
-from gpt2_numpy.checkpoint import flatten
+from gpt2_numpy.params import flatten
 from gpt2_numpy.errors import TokenizerError
 from gpt2_numpy.formats.safetensors import write_safetensors
 from gpt2_numpy.tokenizer import EOT_ID, FILE_NAMES
@@ -26,6 +26,7 @@ def save_model(folder, hparams, params, tokenizer_dir, metadata=None):  # -> Non
     """Write params and hparams as model.safetensors + config.json, and copy the tokenizer files from tokenizer_dir
     (either layout) as vocab.json + merges.txt. metadata ({str: str}) goes into the safetensors header."""
     folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
     copy_tokenizer(tokenizer_dir, folder)
     tensors = {hf_name(key): array for key, array in flatten(params)}
     atomic_write(folder / "config.json", lambda file: file.write(json.dumps(hf_config(hparams), indent=2).encode()))

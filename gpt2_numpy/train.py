@@ -28,68 +28,31 @@ import numpy as np
 from tqdm import tqdm
 
 from gpt2_numpy.backward import loss_and_grads  # re-exported: gpt2_numpy.train.loss_and_grads is the documented name
-from gpt2_numpy.checkpoint import flatten, load_params
+from gpt2_numpy.checkpoint import load_params
 from gpt2_numpy.cli import check_models_dir, whole_number
 from gpt2_numpy.errors import ArgumentParser, Interrupted, UsageError, log, plural, run_cli
 from gpt2_numpy.fast import lm_head, log_softmax_at, transformer
 from gpt2_numpy.formats.safetensors import read_metadata
 from gpt2_numpy.models import MODEL_SIZES, models_dir_path
 from gpt2_numpy.optim import adamw_state, adamw_step, clip_grads, learning_rate
+from gpt2_numpy.params import flatten, gpt2_init, map_leaves
 from gpt2_numpy.save import atomic_write, save_model
 from gpt2_numpy.tokenizer import PACKAGED_VOCABULARY, load_tokenizer
 from gpt2_numpy.weights import ensure_model
 
-__all__ = ["loss_and_grads", "init_params", "main"]
+__all__ = ["loss_and_grads", "main"]
 
 STATE = "train_state.npz"
 LOG = "log.csv"
 LOG_FIELDS = ("step", "train_loss", "val_loss", "lr", "grad_norm", "tokens", "seconds")
 GPT2_VOCAB = 50257  # a model trained from scratch uses GPT-2's tokenizer, so its vocabulary
 SHAPE_DEFAULTS = {"n_layer": 4, "n_head": 4, "n_embd": 256, "n_ctx": 256}
-# every params key, in the order loss_and_grads lists the grads' keys (see writable)
-KEY_ORDER = ("wte", "wpe", "blocks", "ln_f", "ln_1", "attn", "ln_2", "mlp", "c_attn", "c_fc", "c_proj", "g", "w", "b")
 # settings a resumed run keeps (changing one would make it a different run); --steps, --eval-every, --save-every may
 # change
 KEPT = ("batch_size", "seq_len", "val_fraction", "seed", "lr", "warmup", "schedule", "eval_batches")
 
 
 # --- The model ---
-
-
-def init_params(hparams, seed):  # -> params in our layout, float32
-    """GPT-2's initialisation: every weight matrix and embedding N(0, 0.02); the residual projections (attn.c_proj.w,
-    mlp.c_proj.w) scaled by 1/sqrt(2 n_layer), so the residual stream's variance does not grow with depth; biases 0;
-    layer norms g = 1, b = 0."""
-    rng = np.random.default_rng(seed)
-    n_embd, n_layer = hparams["n_embd"], hparams["n_layer"]
-    residual_std = 0.02 / math.sqrt(2 * n_layer)
-
-    def normal(*shape, std=0.02):
-        return (rng.standard_normal(shape, dtype=np.float32) * np.float32(std))
-
-    def dense(n_in, n_out, std=0.02):
-        return {"w": normal(n_in, n_out, std=std), "b": np.zeros(n_out, np.float32)}
-
-    def norm():
-        return {"g": np.ones(n_embd, np.float32), "b": np.zeros(n_embd, np.float32)}
-
-    blocks = [{"ln_1": norm(),
-               "attn": {"c_attn": dense(n_embd, 3 * n_embd), "c_proj": dense(n_embd, n_embd, residual_std)},
-               "ln_2": norm(),
-               "mlp": {"c_fc": dense(n_embd, 4 * n_embd), "c_proj": dense(4 * n_embd, n_embd, residual_std)}}
-              for _ in range(n_layer)]
-    return {"wte": normal(hparams["n_vocab"], n_embd), "wpe": normal(hparams["n_ctx"], n_embd), "blocks": blocks,
-            "ln_f": norm()}
-
-
-def writable(tree):  # -> params as fresh float32 arrays, their keys in loss_and_grads' order
-    # loaded arrays are read-only views of memory-mapped files, and come in the file's order; AdamW walks params,
-    # grads and moments side by side, so every dict must list its keys in the same order as the grads
-    if isinstance(tree, list):
-        return [writable(value) for value in tree]
-    if isinstance(tree, dict):
-        return {key: writable(tree[key]) for key in sorted(tree, key=KEY_ORDER.index)}
-    return np.array(tree, dtype=np.float32)
 
 
 def eval_loss(windows, params, n_head):  # int [n_windows, seq_len + 1] -> mean next-token cross-entropy (nats)
@@ -355,7 +318,7 @@ def run(argv=None):  # -> exit status
         hparams, params, tokenizer_dir = start_model(args)
         settings, state, step = settings_of(args, args.init), None, 0
         settings.update(data_sha256=digest, init=args.init)
-        params = params or init_params(hparams, settings["seed"])
+        params = params or gpt2_init(hparams, settings["seed"])
     if settings["seq_len"] > hparams["n_ctx"]:
         raise UsageError(f"--seq-len {settings['seq_len']} is over the model's context of {hparams['n_ctx']} tokens: "
                          "pass a smaller --seq-len")
@@ -372,7 +335,8 @@ def run(argv=None):  # -> exit status
         out.mkdir(parents=True, exist_ok=True)
         if tokenizer_dir != out:
             save_model(out, hparams, params, tokenizer_dir, metadata={"step": "0"})  # whole from the start
-        return train(out, hparams, writable(params), state, step, settings, train_ids, val_ids)
+        # loaded arrays are read-only views of memory-mapped files: training updates copies of its own
+        return train(out, hparams, map_leaves(np.array, params), state, step, settings, train_ids, val_ids)
     except OSError as error:  # every read is done by now: this is --out's disk (full, read-only, gone)
         raise UsageError(f"cannot write {error.filename or out} ({error.strerror or error}): free some disk space or "
                          "choose another --out; the last save stays as it was") from None

@@ -1,4 +1,5 @@
-"""Plausible bugs in model.py, fast.py and cores.py, each applied alone to a copy of the repo: the tests that catch it.
+"""Plausible bugs in model.py, fast.py, cores.py and download.py, each applied alone to a copy of the repo: the tests
+that catch it.
 
     python scripts/mutants.py [TEST_FILE ...]     (default: tests/test_model.py tests/test_fast.py tests/test_cores.py)
 
@@ -41,7 +42,21 @@ MUTANTS = [  # (what, file, text, replacement)
     ("cores: OpenBLAS's threads not restored", "gpt2_numpy/cores.py",
      'blas[0](passes["n_threads"])', "pass"),
     ("cores: a forked child keeps its parent's pool", "gpt2_numpy/cores.py",
-     "os.register_at_fork(after_in_child=helpers.cache_clear)\n", ""),
+     "    helpers.cache_clear()  # the parent's pool", "    pass  # the parent's pool"),
+    ("cores: the first of two passes to end restores OpenBLAS's threads", "gpt2_numpy/cores.py",
+     'passes["running"] -= 1\n                if passes["running"] == 0:',
+     'passes["running"] -= 1\n                if True:'),
+    ("cores: a forked child keeps its parent's lock", "gpt2_numpy/cores.py",
+     "    passes_lock = threading.Lock()\n", ""),
+    ("cores: a forked child keeps the count a parent's pass set", "gpt2_numpy/cores.py",
+     'openblas()[0](passes["n_threads"])', "pass"),
+    ("cores: a forked child restores the count only for a counted pass", "gpt2_numpy/cores.py",
+     '(passes["running"] or passes_lock.locked())', 'passes["running"]'),
+    # their tests are in tests/test_download.py, which is not among the default TEST_FILEs
+    ("download: the SHA-256 compared on its first 32 digits", "gpt2_numpy/download.py", "if actual == digest:",
+     "if actual[:32] == digest[:32]:"),
+    ('download: a weak X-Linked-Etag (W/"...") leaves the file unchecked', "gpt2_numpy/download.py",
+     '.removeprefix("W/")', ""),
 ]
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpt2_numpy.random_params import random_params
+from gpt2_numpy.params import random_params
 from gpt2_numpy.tokenizer import PACKAGED_VOCABULARY
 
 REPO = Path(__file__).resolve().parents[1]

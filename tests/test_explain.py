@@ -23,7 +23,7 @@ from gpt2_numpy.explain import cli as explain_cli, plot, stepwise as explain
 from gpt2_numpy.explain.cli import run
 from gpt2_numpy.explain.plot import attention_figure
 from gpt2_numpy.model import block, gpt2
-from gpt2_numpy.random_params import random_params
+from gpt2_numpy.params import random_params
 from gpt2_numpy.tokenizer import load_tokenizer
 from tests.conftest import FIXTURES, assert_one_error_line, run_explain, tiny_models_dir
 

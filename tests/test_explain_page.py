@@ -14,7 +14,7 @@ import pytest
 
 from gpt2_numpy.explain import logit_lens, trace
 from gpt2_numpy.explain.page import WEIGHT_SCALE, page_html
-from gpt2_numpy.random_params import random_params
+from gpt2_numpy.params import random_params
 from tests.conftest import FIXTURES, assert_one_error_line, run_explain, tiny_models_dir
 
 INSTALL = "apt-get install chromium chromium-driver; pip install selenium"

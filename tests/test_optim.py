@@ -7,9 +7,9 @@ import math
 import numpy as np
 import pytest
 
-from gpt2_numpy.checkpoint import flatten
+from gpt2_numpy.params import flatten
 from gpt2_numpy.optim import adamw_state, adamw_step, clip_grads, global_norm, learning_rate
-from gpt2_numpy.random_params import random_params
+from gpt2_numpy.params import random_params
 from tests.conftest import FIXTURES
 
 
