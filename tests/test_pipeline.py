@@ -18,7 +18,7 @@ from gpt2_numpy import complete, load_model, score_text, stream
 from gpt2_numpy.errors import UsageError
 from gpt2_numpy.generate import generate
 from gpt2_numpy.pipeline import text_pieces
-from gpt2_numpy.random_params import random_params
+from gpt2_numpy.params import random_params
 from gpt2_numpy.save import save_model
 from gpt2_numpy.score import token_log_probs
 from gpt2_numpy.tokenizer import EOT_ID, PACKAGED_VOCABULARY, load_tokenizer
@@ -94,7 +94,6 @@ def test_score_text_puts_end_of_text_first_and_sums_up_token_log_probs(full_voca
 
 def test_score_text_equals_the_score_command(full_vocab, tmp_path):
     folder = tmp_path / "model"
-    folder.mkdir()
     save_model(folder, FULL_VOCAB, full_vocab.params, PACKAGED_VOCABULARY)
     env = {**os.environ, "PYTHONPATH": str(REPO), "GPT2_NUMPY_BASE_URL": UNREACHABLE}
     result = subprocess.run([sys.executable, "-m", "gpt2_numpy.score", "--model", str(folder), "--json", "Hi there"],
