@@ -28,7 +28,8 @@ def stream(model, prompt, n_tokens=40, *, temperature=0.0, top_k=None, top_p=Non
     arguments are checked here, before the first piece: UsageError for a prompt that does not fit, or bad options."""
     ids = prompt_ids(model.tokenizer, prompt, model.hparams["n_vocab"])
     new_ids = iter_generate(ids, model.params, model.hparams["n_head"], n_tokens, temperature=temperature,
-                            top_k=top_k, top_p=top_p, seed=seed, stop_at_eos=stop_at_eos)
+                            top_k=top_k, top_p=top_p, seed=seed, stop_at_eos=stop_at_eos,
+                            eos_id=model.tokenizer.eot_id)
     return text_pieces(new_ids, model.tokenizer.stream_decoder())
 
 
