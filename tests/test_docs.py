@@ -7,6 +7,8 @@ runs its blocks in order in a folder of its own, with copies of README.md and my
 the package is this checkout; the models dir is empty and downloads go to a closed port on 127.0.0.1, so nothing is
 fetched. Each block must exit 0 within BLOCK_SECONDS.
 """
+import importlib
+import inspect
 import os
 import re
 import shutil
@@ -190,3 +192,16 @@ def test_a_failing_block_fails_and_only_marked_blocks_run(tmp_path):
     assert [(number, language) for number, language, _ in runnable(text)] == [(5, "bash"), (9, "python"), (13, "bash")]
     with pytest.raises(pytest.fail.Exception, match=r"page.md:13: the bash block exited with 1"):
         run_blocks("page.md", text, tmp_path, environment(tmp_path))
+
+
+@pytest.mark.parametrize("function", ["gpt2_numpy.tokenizer:Tokenizer._textbook_bpe",
+                                      "gpt2_numpy.tokenizer:replace_pair",
+                                      "gpt2_numpy.tokenizer_train:train_bpe_textbook"])
+def test_the_tokenizer_page_prints_the_textbook_code_as_it_is(function):  # as README.md prints model.py
+    module_name, qualified = function.split(":")
+    target = importlib.import_module(module_name)
+    for part in qualified.split("."):
+        target = getattr(target, part)
+    listings = [code for _, info, code in blocks((REPO / "docs" / "tokenizer.md").read_text(encoding="utf-8"))
+                if info == "python"]
+    assert textwrap.dedent(inspect.getsource(target)) in listings
