@@ -1,12 +1,21 @@
 """GPT-2 in pure NumPy: run, score, look inside and train."""
+import importlib
+
 from gpt2_numpy.allocator import keep_freed_memory
 from gpt2_numpy.checkpoint import load_params, verify_checkpoint
-from gpt2_numpy.decode import generate, generate_batch, iter_generate
 from gpt2_numpy.errors import CheckpointError, DownloadError, Gpt2NumpyError, TokenizerError, UsageError
 from gpt2_numpy.fast import gpt2, gpt2_cached, new_cache
-from gpt2_numpy.interpret import attention_weights, logit_lens, trace
-from gpt2_numpy.likelihood import token_log_probs
 from gpt2_numpy.tokenizer import EOT_ID, load_tokenizer
+
+# imported on first use (PEP 562), so that `import gpt2_numpy` stays quick. `generate` is also the name of a submodule,
+# which replaces this attribute once imported: that module, called, is the same function (see generate.py).
+LAZY = {
+    "gpt2_numpy.pipeline": ("Model", "load_model", "complete", "stream", "score_text"),
+    "gpt2_numpy.decode": ("generate", "generate_batch", "iter_generate"),
+    "gpt2_numpy.likelihood": ("token_log_probs",),
+    "gpt2_numpy.interpret": ("trace", "logit_lens", "attention_weights"),
+}
+LAZY_HOME = {name: module for module, names in LAZY.items() for name in names}
 
 __all__ = [
     "gpt2",
@@ -17,16 +26,16 @@ __all__ = [
     "verify_checkpoint",
     "load_tokenizer",
     "EOT_ID",
-    "generate",
-    "generate_batch",
-    "iter_generate",
-    "token_log_probs",
-    "trace",
-    "logit_lens",
-    "attention_weights",
     "Gpt2NumpyError",
     "UsageError",
     "CheckpointError",
     "TokenizerError",
     "DownloadError",
+    *LAZY_HOME,
 ]
+
+
+def __getattr__(name):  # -> a name of LAZY, imported from its module the first time it is asked for
+    if name in LAZY_HOME:
+        return getattr(importlib.import_module(LAZY_HOME[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -79,6 +79,10 @@ def summary(log_probs, n_bytes):  # float [n] -> {n_tokens, nll, perplexity, bit
             "bits_per_byte": total / math.log(2) / n_bytes, "n_bytes": n_bytes}
 
 
+def scored_bytes(tokenizer, ids):  # -> the UTF-8 bytes the scored tokens spell: every id's but the first, only context
+    return sum(len(tokenizer.token_bytes(token_id)) for token_id in ids[1:])
+
+
 def perplexity(nll):  # -> e^nll; inf where that exceeds the largest double (nll above 709.78 nats)
     try:
         return math.exp(nll)

@@ -32,11 +32,12 @@ from tqdm import tqdm
 
 from gpt2_numpy.backward import loss_and_grads  # re-exported: gpt2_numpy.train.loss_and_grads is the documented name
 from gpt2_numpy.checkpoint import load_params
-from gpt2_numpy.commands.common import ArgumentParser, check_models_dir, load_folder, run_cli, whole_number
+from gpt2_numpy.commands.common import ArgumentParser, check_models_dir, run_cli, whole_number
 from gpt2_numpy.console import log, plural
 from gpt2_numpy.errors import Interrupted, UsageError
 from gpt2_numpy.fast import lm_head, log_softmax_at, transformer
 from gpt2_numpy.formats import parse_json
+from gpt2_numpy.loading import load_folder
 from gpt2_numpy.formats.safetensors import read_metadata
 from gpt2_numpy.catalog import MODEL_SIZES, models_dir_path
 from gpt2_numpy.optim import adamw_state, adamw_step, clip_grads, learning_rate

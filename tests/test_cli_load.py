@@ -258,7 +258,7 @@ def test_a_folder_holding_another_shape_than_its_size_says_what_was_loaded(model
 def test_a_model_folder_says_its_shape_in_words(tmp_path, capsys, n_layer, n_head, words):
     hparams = {"n_vocab": 512, "n_ctx": 16, "n_embd": 32, "n_head": n_head, "n_layer": n_layer}
     save_model(tmp_path, hparams, random_params(hparams, 0), PACKAGED_VOCABULARY)
-    cli.load_folder(tmp_path)
+    cli.load_model(Namespace(model=tmp_path, models_dir=None, source="openai"))
     [line] = capsys.readouterr().err.splitlines()
     assert re.fullmatch(f"loaded a GPT-2 of {words}, from {re.escape(str(tmp_path))} in [0-9]+\\.[0-9] s", line), line
 

@@ -1,6 +1,6 @@
 """What the command lines share: the parser and its argument types, running a command (errors become one line on
 stderr and an exit status), stdout, the flags that choose a model and loading it (downloading it first if missing),
-and the prompt and its ids. No command imports another; they all import this."""
+and reading the prompt. No command imports another; they all import this."""
 import argparse
 import contextlib
 import errno
@@ -14,10 +14,9 @@ from pathlib import Path
 
 from gpt2_numpy.allocator import keep_freed_memory
 from gpt2_numpy.catalog import MODEL_SIZES, OFFICIAL_HPARAMS, SOURCES, models_dir_path
-from gpt2_numpy.checkpoint import load_params
 from gpt2_numpy.console import log, plural
 from gpt2_numpy.errors import Gpt2NumpyError, Interrupted, OutOfMemory, OutputError, UsageError
-from gpt2_numpy.tokenizer import check_in_vocabulary, load_tokenizer
+from gpt2_numpy.loading import load_folder
 from gpt2_numpy.weights import ensure_model
 
 DEFAULT_SIZE = "124M"
@@ -180,50 +179,29 @@ def model_size(args):  # -> the official size add_model_args's flags name, or No
 
 def load_model(args):  # -> hparams, params, tokenizer of the model add_model_args's flags name, verified before use
     size = model_size(args)
-    if size is None:
-        return load_folder(args.model)
-    models_dir, source = args.models_dir, args.source
-    check_models_dir(models_dir_path(models_dir))
-    # missing files are downloaded; files never verified are verified once (a damaged file placed by hand is refused
-    # with the downloader's own error instead of generating garbage); then loading only memory-maps
-    model_dir = ensure_model(size, models_dir, source)
+    if size is None:  # a folder, used as it is: nothing is downloaded or recorded there
+        model_dir, name = args.model, f"--model {args.model}"
+    else:
+        check_models_dir(models_dir_path(args.models_dir))
+        # missing files are downloaded; files never verified are verified once (a damaged file placed by hand is
+        # refused with the downloader's own error instead of generating garbage); then loading only memory-maps
+        model_dir, name = ensure_model(size, args.models_dir, args.source), None
     keep_freed_memory()  # every command runs forward passes next, which free and reallocate the same large arrays
     start = time.perf_counter()
-    hparams, params = load_params(model_dir)
-    tokenizer = load_tokenizer(model_dir)
+    hparams, params, tokenizer = load_folder(model_dir, name)
     log(f"loaded {loaded_name(size, hparams)} from {model_dir} in {time.perf_counter() - start:.1f} s")
     return hparams, params, tokenizer
 
 
-def loaded_name(size, hparams):  # -> "GPT-2 124M", or what a size's folder holds when it has another shape
+def loaded_name(size, hparams):  # -> "GPT-2 124M", or the shape of what a folder holds
+    if size is None:
+        return (f"a GPT-2 of {plural(hparams['n_layer'], 'layer')}, {hparams['n_embd']} wide, "
+                f"{plural(hparams['n_head'], 'head')},")
     if hparams == OFFICIAL_HPARAMS[size]:
         return f"GPT-2 {size}"
     shape = ", ".join(f"{key} {value}" for key, value in hparams.items())
     other = next((f"GPT-2 {name}'s shape, " for name, official in OFFICIAL_HPARAMS.items() if official == hparams), "")
     return f"a GPT-2 of {other}{shape} (not the {size} that --model asked for)"
-
-
-def load_folder(model_dir):  # -> hparams, params, tokenizer of the model in a folder given by --model, used as it is
-    # nothing is downloaded or recorded in the user's folder; the loaders check every file's structure and shape
-    check_model_folder(model_dir, "--model")
-    keep_freed_memory()
-    start = time.perf_counter()
-    hparams, params = load_params(model_dir)
-    tokenizer = load_tokenizer(model_dir)
-    if tokenizer.n_vocab < hparams["n_vocab"]:  # the model could choose ids the tokenizer cannot print
-        raise UsageError(f"--model {model_dir}: the model has {hparams['n_vocab']:,} tokens but its vocabulary files "
-                         f"only {tokenizer.n_vocab:,}: put the model's own vocabulary files beside it")
-    log(f"loaded a GPT-2 of {plural(hparams['n_layer'], 'layer')}, {hparams['n_embd']} wide, "
-        f"{plural(hparams['n_head'], 'head')}, from {model_dir} in {time.perf_counter() - start:.1f} s")
-    return hparams, params, tokenizer
-
-
-def check_model_folder(model_dir, flag):  # -> None, or UsageError when a model named as a folder is none
-    if not model_dir.is_dir():
-        problem = "is a file" if model_dir.exists() else "does not exist"
-        raise UsageError(f"{flag} {model_dir} {problem}: pass a model folder (model.safetensors + config.json + "
-                         "vocab.json + merges.txt, or OpenAI's checkpoint files) or an official size "
-                         f"({', '.join(MODEL_SIZES)})")
 
 
 def check_models_dir(models_root):  # -> None, or UsageError when the models dir is a file or cannot be read
@@ -258,10 +236,3 @@ def read_prompt(argument):  # -> prompt text; "-" reads stdin
     except UnicodeEncodeError:
         raise UsageError("the prompt is not valid UTF-8 text: pass it in UTF-8, or through stdin with '-'") from None
     return text
-
-
-def prompt_ids(tokenizer, prompt, n_vocab, name="the prompt"):  # -> ids to feed the model, all < n_vocab
-    # "<|endoftext|>" typed in a prompt is the document separator; an empty prompt starts from it, as GPT-2 was trained
-    ids = tokenizer.encode(prompt, allowed_special="all") or [tokenizer.eot_id]
-    return check_in_vocabulary(tokenizer, ids, n_vocab, name,
-                               "use a model with GPT-2's full vocabulary, or a prompt of other words")

@@ -14,11 +14,12 @@ import numpy as np
 
 from gpt2_numpy.catalog import OFFICIAL_HPARAMS
 from gpt2_numpy.commands.common import (
-    ArgumentParser, add_model_args, load_model, model_size, open_stdout, prompt_ids, read_prompt, run_cli,
+    ArgumentParser, add_model_args, load_model, model_size, open_stdout, read_prompt, run_cli,
     whole_number, write_stdout,
 )
 from gpt2_numpy.console import log, plural, progress_bar
 from gpt2_numpy.errors import UsageError
+from gpt2_numpy.loading import prompt_ids
 from gpt2_numpy.interpret.heads import (
     head_scores, heads_json, heads_table, repeat_length, repeated_tokens, repetition_problem,
 )

@@ -15,12 +15,13 @@ import numpy as np
 
 from gpt2_numpy.catalog import OFFICIAL_HPARAMS
 from gpt2_numpy.commands.common import (
-    ArgumentParser, add_model_args, load_model, model_size, open_stdout, prompt_ids, read_prompt, run_cli,
+    ArgumentParser, add_model_args, load_model, model_size, open_stdout, read_prompt, run_cli,
     whole_number, write_stdout,
 )
 from gpt2_numpy.console import log, plural
 from gpt2_numpy.decode import BATCH_SIZE, check_room, iter_batch, iter_generate
 from gpt2_numpy.errors import Interrupted, UsageError
+from gpt2_numpy.loading import prompt_ids
 from gpt2_numpy.sampling import check_sampling_args
 
 SUMMARY = "continue prompts (greedy or sampled), streaming the text"

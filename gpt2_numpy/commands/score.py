@@ -19,7 +19,7 @@ from gpt2_numpy.commands.common import (
 from gpt2_numpy.console import plural, progress_bar
 from gpt2_numpy.errors import UsageError
 from gpt2_numpy.formats import read_text
-from gpt2_numpy.likelihood import iter_log_probs, score_windows, summary, text_ids
+from gpt2_numpy.likelihood import iter_log_probs, score_windows, scored_bytes, summary, text_ids
 from gpt2_numpy.tokenizer import EOT
 
 SUMMARY = "how likely a text is: loss, perplexity, bits per byte, per token"
@@ -74,7 +74,7 @@ def run(argv=None):  # -> exit status
     hparams, params, tokenizer = load_model(args)
     ids = text_ids(tokenizer, text, hparams["n_vocab"], bos=not args.no_bos)
     log_probs = scored_with_progress(ids, params, hparams["n_head"], args.stride)
-    scores = summary(log_probs, sum(len(tokenizer.token_bytes(token_id)) for token_id in ids[1:]))
+    scores = summary(log_probs, scored_bytes(tokenizer, ids))
     rows = [(position, ids[position], log_prob) for position, log_prob in enumerate(log_probs, start=1)]
     if args.json:
         if args.per_token:
