@@ -20,7 +20,7 @@ from gpt2_numpy.checkpoint import load_params
 from gpt2_numpy.params import gpt2_init, random_params
 from gpt2_numpy.save import save_model
 from gpt2_numpy.tokenizer import PACKAGED_VOCABULARY
-from gpt2_numpy.train import Batches, val_windows
+from gpt2_numpy.training import Batches, val_windows
 from tests.conftest import FIXTURES, HF_TOLERANCE, REPO, assert_one_error_line
 from tests.test_train import SHAPE, assert_same_weights, log_rows, run_cli, weights
 
@@ -146,9 +146,10 @@ def saved_run(tmp_path_factory, short_text):  # -> the folder of a real 2-step r
 
 INTERRUPTED_TRAIN = """
 import os, signal, sys
-import gpt2_numpy.train as train
+import gpt2_numpy.training as training
+from gpt2_numpy.commands.train import main
 signal.signal(signal.SIGINT, signal.default_int_handler)  # pytest's runner may have started us with SIGINT ignored
-at_step, next_batch, taken = int(sys.argv[1]), train.Batches.next, []
+at_step, next_batch, taken = int(sys.argv[1]), training.Batches.next, []
 
 def next_then_ctrl_c(batches):  # Ctrl-C while step at_step is in progress, as a user presses it mid-step
     taken.append(1)
@@ -156,8 +157,8 @@ def next_then_ctrl_c(batches):  # Ctrl-C while step at_step is in progress, as a
         os.kill(os.getpid(), signal.SIGINT)
     return next_batch(batches)
 
-train.Batches.next = next_then_ctrl_c
-train.main(sys.argv[2:])
+training.Batches.next = next_then_ctrl_c
+main(sys.argv[2:])
 """
 
 

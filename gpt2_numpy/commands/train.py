@@ -1,0 +1,236 @@
+"""`gpt2-numpy train`: train GPT-2 on a UTF-8 text file, from scratch, or fine-tuning an official model or a model
+folder (gpt2_numpy/training.py holds the loop and the run folder).
+
+    gpt2-numpy train --data plays.txt --out my-gpt --n-layer 4 --n-head 4 --n-embd 256 --n-ctx 128
+    gpt2-numpy train --data notes.txt --out tuned --init 124M --schedule constant --lr 3e-5
+    gpt2-numpy train --data notes.txt --out tuned-mine --init my-gpt    # fine-tune a model folder
+    gpt2-numpy train --data plays.txt --out my-gpt --steps 4000 --resume
+"""
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+
+from gpt2_numpy.catalog import MODEL_SIZES, models_dir_path
+from gpt2_numpy.checkpoint import load_params
+from gpt2_numpy.commands.common import (
+    ArgumentParser, check_models_dir, fraction, positive_float, run_cli, whole_number,
+)
+from gpt2_numpy.console import log, plural
+from gpt2_numpy.errors import UsageError
+from gpt2_numpy.formats import read_text
+from gpt2_numpy.loading import load_folder
+from gpt2_numpy.params import gpt2_init, map_leaves
+from gpt2_numpy.save import save_model
+from gpt2_numpy.tokenizer import PACKAGED_VOCABULARY, load_tokenizer
+from gpt2_numpy.tokenizer_train import merges_to_make, save_tokenizer, train_bpe, trained_tokenizer
+from gpt2_numpy.training import STATE, data_tokens, load_run, split_text, train
+from gpt2_numpy.weights import ensure_model
+
+GPT2_VOCAB = 50257  # a model trained from scratch without --vocab-size uses GPT-2's tokenizer, so its vocabulary
+
+
+SHAPE_DEFAULTS = {"n_layer": 4, "n_head": 4, "n_embd": 256, "n_ctx": 256}
+
+
+# settings a resumed run keeps (changing one would make it a different run); --steps, --eval-every, --save-every may
+# change
+KEPT = ("batch_size", "seq_len", "val_fraction", "seed", "lr", "warmup", "schedule", "eval_batches")
+
+
+def parse_args(argv):  # -> argparse.Namespace
+    parser = ArgumentParser(
+        prog="gpt2-numpy train",
+        description="Train GPT-2 (pure NumPy) on a UTF-8 text file, from scratch or from an official model, into a "
+        "model folder that every command loads with --model DIR.")
+    parser.add_argument("--data", required=True, metavar="FILE",
+                        help="UTF-8 text to train on, tokenized with GPT-2's tokenizer; <|endoftext|> in it is the "
+                        "end-of-text token")
+    parser.add_argument("--out", required=True, type=Path, metavar="DIR",
+                        help="the model folder to write (Hugging Face layout), with the resume state and log.csv")
+    parser.add_argument("--resume", action="store_true", help="continue the run saved in --out")
+    parser.add_argument("--init", "--model", metavar="SIZE|DIR",
+                        help="fine-tune this official GPT-2 (124M, 355M, 774M or 1558M, downloaded on first use), or "
+                        "the model in folder DIR (e.g. one trained here; a folder named like a size: ./124M); "
+                        "--model DIR is the same flag")
+    parser.add_argument("--vocab-size", type=whole_number(257), metavar="N",
+                        help="train the model's own byte-level BPE tokenizer of N tokens (256 bytes, N - 257 merges, "
+                        "<|endoftext|>) on the training part of the text first, instead of using GPT-2's 50,257: a "
+                        "small vocabulary spends a CPU's time on the transformer rather than the output layer")
+    parser.add_argument("--min-frequency", type=whole_number(1), metavar="N",
+                        help="with --vocab-size: merge only pairs seen at least N times (2)")
+    parser.add_argument("--models-dir", metavar="DIR",
+                        help="folder of <size>/ folders ($GPT2_NUMPY_WEIGHTS, weights) where --init SIZE finds its "
+                        "model")
+    for name, default in SHAPE_DEFAULTS.items():
+        parser.add_argument(f"--{name.replace('_', '-')}", type=whole_number(1), metavar="N",
+                            help=f"train from scratch with this {name} ({default})")
+    parser.add_argument("--steps", type=whole_number(0), default=1000, metavar="N",
+                        help="train up to this step (1000); with --resume, the step to continue to")
+    parser.add_argument("--batch-size", type=whole_number(1), metavar="B",
+                        help="sequences computed together, one step's batch (8)")
+    parser.add_argument("--seq-len", type=whole_number(1), metavar="T", help="tokens per sequence (128)")
+    parser.add_argument("--lr", type=positive_float, metavar="LR",
+                        help="peak learning rate (6e-4 from scratch, 3e-5 with --init)")
+    parser.add_argument("--warmup", type=whole_number(0), metavar="N",
+                        help="steps of linear warmup to the peak rate (100)")
+    parser.add_argument("--schedule", choices=("cosine", "constant"),
+                        help="after warmup: cosine decay to 10%% of the peak at --steps (default), or constant")
+    parser.add_argument("--val-fraction", type=fraction, metavar="F",
+                        help="the tail of the data held out for the validation loss (0.1)")
+    parser.add_argument("--seed", type=whole_number(0), metavar="S", help="seed of the init and the data order (0)")
+    parser.add_argument("--eval-every", type=whole_number(1), default=100, metavar="N",
+                        help="compute the validation loss every N steps, and at the end (100)")
+    parser.add_argument("--eval-batches", type=whole_number(1), metavar="N",
+                        help="the validation loss covers the first N x batch-size sequences of the held-out tail (4)")
+    parser.add_argument("--save-every", type=whole_number(1), default=500, metavar="N",
+                        help="save the model and the resume state every N steps, and at the end (500)")
+    return parser.parse_args(argv)
+
+
+def settings_of(args, init, saved=None, shape=None):  # -> the run's settings: the flags given, else the saved run's,
+    # else defaults. saved, shape: a resumed run's settings and hparams, which flags given again must repeat
+    defaults = {"batch_size": 8, "seq_len": 128, "lr": 3e-5 if init else 6e-4, "warmup": 100, "schedule": "cosine",
+                "val_fraction": 0.1, "seed": 0, "eval_batches": 4}
+    settings = dict(saved or defaults)
+    if saved is not None:
+        refuse_changes(args, {**saved, **shape})
+    settings.update({name: getattr(args, name) for name in KEPT if getattr(args, name) is not None})
+    if saved is not None and saved["schedule"] == "cosine" and args.steps != saved["steps"]:
+        log(f"note: the cosine schedule changes: it now decays over {args.steps} steps instead of {saved['steps']}, "
+            "so the learning rate from here on differs from the first run's plan")
+    settings.update(steps=args.steps, eval_every=args.eval_every, save_every=args.save_every)
+    return settings
+
+
+def refuse_changes(args, saved):  # -> None, or UsageError for a flag given with another value than the saved run's
+    # the command that started the run may be given again with --resume (Ctrl-C's advice), so equal values are fine
+    given = {name: getattr(args, name) for name in (*KEPT, *SHAPE_DEFAULTS)}
+    given["init"] = None if args.init is None else init_name(args.init)
+    given.update(vocab_size=args.vocab_size, min_frequency=args.min_frequency)
+    for name, value in given.items():
+        if value is not None and value != saved.get(name):
+            flag = "--init" if name == "init" else "--" + name.replace("_", "-")
+            was = saved.get(name) if name != "init" or saved[name] else "none (it trained from scratch)"
+            raise UsageError(f"{flag} {getattr(args, name)} differs from the saved run's {was}: a resumed run keeps "
+                             "its model and settings (only --steps, --eval-every and --save-every may change); start "
+                             "a new run in another folder to change them")
+
+
+def init_name(init):  # -> --init as the run records it: an official size, or the model folder's absolute path
+    return init if init in MODEL_SIZES else str(Path(init).resolve())
+
+
+def check_out(out, resume):  # -> None, or UsageError for an --out that cannot hold a run
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is a file: pass a folder (it is created if missing)")
+    if not resume and (out / STATE).exists():
+        raise UsageError(f"--out {out} already holds a training run: add --resume to continue it, or choose another "
+                         "folder")
+
+
+def start_model(args):  # -> hparams, params, the folder holding the tokenizer files
+    if args.init in MODEL_SIZES:
+        check_models_dir(models_dir_path(args.models_dir))
+        folder = ensure_model(args.init, args.models_dir)
+        hparams, params = load_params(folder)
+        log(f"fine-tuning GPT-2 {args.init} from {folder}")
+        return hparams, params, folder
+    if args.init is not None:  # a model folder: its shape, weights and tokenizer, as --model DIR loads them elsewhere
+        folder = Path(args.init)
+        if not folder.is_dir():
+            raise UsageError(f"--init {args.init} is neither an official size ({', '.join(MODEL_SIZES)}) nor a model "
+                             "folder: pass a size, or the folder of the model to fine-tune")
+        hparams, params, _ = load_folder(folder)
+        return hparams, params, folder
+    hparams = {name: getattr(args, name) or default for name, default in SHAPE_DEFAULTS.items()}
+    if hparams["n_embd"] % hparams["n_head"]:
+        raise UsageError(f"--n-embd {hparams['n_embd']} must be a multiple of --n-head {hparams['n_head']}")
+    hparams["n_vocab"] = args.vocab_size or GPT2_VOCAB
+    log(f"training from scratch: {hparams}")
+    return hparams, None, PACKAGED_VOCABULARY  # GPT-2's tokenizer, shipped with the package: nothing to download
+
+
+def own_vocabulary(text, vocab_size, min_frequency, data):  # -> merges of a vocab_size-token BPE trained on text
+    log(f"training a {vocab_size:,}-token tokenizer on the training part of {data}")
+    merges = train_bpe(text, vocab_size, min_frequency)
+    if len(merges) < merges_to_make(vocab_size):
+        raise UsageError(f"--vocab-size {vocab_size}: the training part of {data} has only "
+                         f"{plural(len(merges), 'pair')} to merge seen at least {min_frequency} times, which make a "
+                         f"vocabulary of {257 + len(merges):,} tokens: ask for --vocab-size {257 + len(merges)} or "
+                         "less, lower --min-frequency, or give more text")
+    return merges
+
+
+def run(argv=None):  # -> exit status
+    args = parse_args(argv)
+    shape_flags = ["--" + name.replace("_", "-") for name in SHAPE_DEFAULTS if getattr(args, name) is not None]
+    if args.init is not None and shape_flags:
+        raise UsageError(f"--init {args.init} fine-tunes a model of its own shape: drop {shape_flags[0]}, or drop "
+                         "--init to train from scratch")
+    if args.init is not None and args.vocab_size:
+        raise UsageError(f"--vocab-size trains a new tokenizer for a model trained from scratch, but --init "
+                         f"{args.init} keeps its model's own vocabulary: drop --vocab-size, or drop --init")
+    if args.min_frequency and not args.vocab_size and not args.resume:
+        raise UsageError("--min-frequency sets how --vocab-size trains the tokenizer: add --vocab-size N, or drop it")
+    out = args.out
+    check_out(out, args.resume)
+    text = read_text(args.data, data_file_error(args.data))
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()  # the file's bytes: UTF-8 decodes and encodes exactly
+    if args.resume:
+        hparams, params, state = load_run(out)
+        saved = json.loads(str(state["settings"]))
+        if saved["data_sha256"] != digest:
+            raise UsageError(f"{args.data} is not the text the run in {out} trained on: pass the same --data to "
+                             "--resume")
+        settings, tokenizer_dir, step = settings_of(args, saved["init"], saved, hparams), out, int(state["step"])
+    else:
+        hparams, params, tokenizer_dir = start_model(args)
+        settings, state, step = settings_of(args, args.init), None, 0
+        settings.update(data_sha256=digest, init=None if args.init is None else init_name(args.init),
+                        vocab_size=args.vocab_size,
+                        min_frequency=(args.min_frequency or 2) if args.vocab_size else None)
+        params = params or gpt2_init(hparams, settings["seed"])
+    if settings["seq_len"] > hparams["n_ctx"]:
+        raise UsageError(f"--seq-len {settings['seq_len']} is over the model's context of {hparams['n_ctx']} tokens: "
+                         "pass a smaller --seq-len")
+    merges = None
+    if settings.get("vocab_size") and state is None:  # the run's own tokenizer, which never sees the held-out tail
+        train_text = split_text(text, settings["val_fraction"])[0]
+        merges = own_vocabulary(train_text, settings["vocab_size"], settings["min_frequency"], args.data)
+    tokenizer = trained_tokenizer(merges) if merges else load_tokenizer(out if settings.get("vocab_size") else
+                                                                         tokenizer_dir)
+    log(f"tokenizing {args.data} ({len(text):,} characters)" + (
+        f" with the run's {tokenizer.n_vocab:,}-token vocabulary" if settings.get("vocab_size") else ""))
+    train_ids, val_ids = data_tokens(text, tokenizer, hparams["n_vocab"], settings["val_fraction"],
+                                     settings["seq_len"], own_vocabulary=bool(settings.get("vocab_size")))
+    log(f"{len(train_ids):,} training tokens, {len(val_ids):,} held out")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        if merges:
+            save_tokenizer(out, merges)
+            tokenizer_dir = out
+        if state is None:
+            save_model(out, hparams, params, tokenizer_dir, metadata={"step": "0"})  # whole from the start
+        # loaded arrays are read-only views of memory-mapped files: training updates copies of its own
+        token_lengths = np.array([len(tokenizer.token_bytes(token_id)) for token_id in range(tokenizer.n_vocab)])
+        return train(out, hparams, map_leaves(np.array, params), state, step, settings, train_ids, val_ids,
+                     token_lengths)
+    except OSError as error:  # every read is done by now: this is --out's disk (full, read-only, gone)
+        raise UsageError(f"cannot write {error.filename or out} ({error.strerror or error}): free some disk space or "
+                         "choose another --out; the last save stays as it was") from None
+
+
+def data_file_error(path):  # -> read_text's fail: UsageError for a data file that cannot be read or is not UTF-8
+    def fail(error):
+        if isinstance(error, UnicodeDecodeError):
+            return UsageError(f"the data file {path} is not UTF-8 text (byte {error.start:,}): convert it to UTF-8")
+        return UsageError(f"cannot read the data file {path} ({error.strerror or error}): pass a readable UTF-8 text "
+                          "file with --data")
+
+    return fail
+
+
+def main(argv=None):  # -> never returns; errors become one line on stderr and an exit status
+    run_cli(run, argv)
