@@ -2,7 +2,8 @@
 
 Expected values come from outside the code under test: Hugging Face's greedy continuation of the tiny weights
 (tests/fixtures/reference_tiny.npz) for the folder writer; an uninterrupted run for a resumed or interrupted one; the
-definition of GPT-2's initialisation for init_params. scripts/check_train_hf.py loads a trained folder in transformers.
+definition of GPT-2's initialisation for init_params. scripts/dev/check_train_hf.py loads a trained folder in
+transformers.
 """
 import csv
 import json
@@ -24,7 +25,7 @@ from gpt2_numpy.save import atomic_write, save_model
 from gpt2_numpy.tokenizer import load_tokenizer
 from gpt2_numpy.train import init_params
 from tests.conftest import FIXTURES, REPO, assert_one_error_line, official_path, tiny_models_dir
-from tests.text_samples import WORDS
+from scripts.common.text_samples import WORDS
 
 TINY = json.loads((FIXTURES / "configs.json").read_text())["tiny"]
 PROMPT = "I will go to the"  # reference_tiny.npz's cli_prompt

@@ -8,7 +8,7 @@ must either
 - raise CheckpointError naming the damaged file (an index may also be blamed through the data file it describes),
   unless the mutation only re-encodes the same tensors validly, which must load;
 and never raise anything else, take over a second, or allocate more than a small multiple of the files' size.
-tests/test_fuzz_formats.py runs a fixed number of cases per format; scripts/fuzz_formats.py runs as many as asked.
+tests/test_fuzz_formats.py runs a fixed number of cases per format; scripts/dev/fuzz_formats.py runs as many as asked.
 """
 import json
 import math
@@ -29,7 +29,7 @@ from gpt2_numpy.formats.crc32c import masked_crc32c
 from gpt2_numpy.formats.safetensors import SafeTensor, read_safetensors, to_float32
 from gpt2_numpy.formats.tf_bundle import TABLE_MAGIC, TensorBundle, read_handle, read_index, read_varint, table_records
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures"
 INDEX, DATA, STATE = "model.ckpt.index", "model.ckpt.data-00000-of-00001", "checkpoint"
 SECONDS_LIMIT = 1.0  # per load: every fixture loads in milliseconds, so this only catches runaway work
 MEMORY_FACTOR, MEMORY_SLACK = 4, 2**20  # peak allocation allowed: 4x the files' bytes, plus 1 MiB for small files

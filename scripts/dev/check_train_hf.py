@@ -1,22 +1,20 @@
 """Check that Hugging Face transformers reads a folder written by `python -m gpt2_numpy.train` as our loader does.
 
-    /work/refvenv/bin/python scripts/check_train_hf.py MODEL_DIR ["TEXT"]
+    ../refvenv/bin/python -m scripts.dev.check_train_hf MODEL_DIR ["TEXT"]
 
 Loads MODEL_DIR with transformers.GPT2LMHeadModel.from_pretrained (which must find every weight and nothing extra) and
 with gpt2_numpy, runs both on TEXT, and prints the largest logit difference; exits 1 if it is over 1e-4 of the largest
 logit. Needs torch and transformers (the reference tools, never runtime dependencies).
 """
 import sys
-from pathlib import Path
 
 import numpy as np
 import torch
 from transformers import GPT2LMHeadModel
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's gpt2_numpy, not an installed one
-from gpt2_numpy.checkpoint import load_params  # noqa: E402
-from gpt2_numpy.fast import gpt2  # noqa: E402
-from gpt2_numpy.tokenizer import load_tokenizer  # noqa: E402
+from gpt2_numpy.checkpoint import load_params
+from gpt2_numpy.fast import gpt2
+from gpt2_numpy.tokenizer import load_tokenizer
 
 
 def main(model_dir, text="To be, or not to be, that is the question."):
