@@ -17,7 +17,7 @@ from gpt2_numpy.formats.tf_bundle import table_records
 from gpt2_numpy.model import gpt2
 from gpt2_numpy.random_params import random_params
 from tests.conftest import FIXTURES, HF_TOLERANCE
-from scripts.common.fuzzing import VARINT, fields_of, fields_of_value, proto, set_field, table
+from scripts.common.fuzzing.tf_index import VARINT, fields_of, fields_of_value, proto, set_field, table
 
 TINY = json.loads((FIXTURES / "configs.json").read_text())["tiny"]
 DATA, INDEX, SAFETENSORS = "model.ckpt.data-00000-of-00001", "model.ckpt.index", "model.safetensors"

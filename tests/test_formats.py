@@ -14,7 +14,7 @@ from gpt2_numpy.formats.crc32c import crc32c, masked_crc32c
 from gpt2_numpy.formats.safetensors import DTYPE_SIZES, read_safetensors, to_float32
 from gpt2_numpy.formats.tf_bundle import TensorBundle, read_index, table_records
 from tests.conftest import FIXTURES, official_path
-from scripts.common.fuzzing import BYTES, FIXED32, FIXED64, VARINT, fields_of, proto, set_field, table, varint
+from scripts.common.fuzzing.tf_index import BYTES, FIXED32, FIXED64, VARINT, fields_of, proto, set_field, table, varint
 
 # --- CRC32C ---
 

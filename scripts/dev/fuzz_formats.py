@@ -1,6 +1,6 @@
 """Fuzz the checkpoint readers: seeded random damage to the fixtures, each damaged file loaded and judged.
 
-The mutations and the rule each outcome must obey live in scripts/common/fuzzing.py, shared with
+The mutations and the rule each outcome must obey live in scripts/common/fuzzing/, shared with
 tests/test_fuzz_formats.py (which runs a fixed number of cases in CI). Every case is reproducible from its format,
 seed and number:
     python -m scripts.dev.fuzz_formats --cases 100000                 # both formats, 100,000 cases each
@@ -15,7 +15,8 @@ import tempfile
 import time
 from collections import Counter
 
-from scripts.common.fuzzing import FORMATS, Runner, cases
+from scripts.common.fuzzing.fixtures import FORMATS
+from scripts.common.fuzzing.runner import Runner, cases
 
 RUNAWAY_SECONDS = 10  # a case still running after this is stopped and counted as a failure, so the run goes on
 MEMORY_CAP = 4 * 2**30  # address space: a runaway allocation becomes a MemoryError (a failure) instead of swapping
