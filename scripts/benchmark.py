@@ -89,8 +89,8 @@ def parse_args(argv):
                         "weights of that shape, no TF load rows, and CRC32C on random bytes")
     parser.add_argument("--repeats", type=int, default=3, help="runs per measurement, of which the median counts")
     parser.add_argument("--only", nargs="+", choices=PARTS, metavar="PART",
-                        help=f"run only these parts: {', '.join(PARTS)} (default: all); score needs --compare-hf, "
-                        "peak memory a TF checkpoint or --compare-hf")
+                        help=f"run only these parts: {', '.join(PARTS)} (default: all); score needs --compare-hf, load "
+                        "and peak memory a TF checkpoint or --compare-hf")
     return parser.parse_args(argv)
 
 
