@@ -23,7 +23,7 @@ PACKAGED = {f"124M/{name}": PACKAGED_VOCABULARY / name for name in ("encoder.jso
 HF_TOLERANCE = 1e-4  # max |logit difference| vs HF in float32; measured about 2e-5 on all three configs
 
 
-def load_reference(name):  # -> hparams, params, reference arrays of an HF fixture (scripts/make_reference.py)
+def load_reference(name):  # -> hparams, params, reference arrays of an HF fixture (scripts/fixtures/make_reference.py)
     config = json.loads((FIXTURES / "configs.json").read_text())[name]
     reference = np.load(FIXTURES / f"reference_{name}.npz")
     return config["hparams"], random_params(config["hparams"], config["seed"]), reference

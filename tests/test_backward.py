@@ -1,5 +1,6 @@
-"""The backward pass against torch autograd on HF's GPT2LMHeadModel (fixtures from scripts/make_grad_reference.py),
-and against float64 finite differences of model.py's forward, which need no reference at all."""
+"""The backward pass against torch autograd on HF's GPT2LMHeadModel (fixtures from
+scripts/fixtures/make_grad_reference.py), and against float64 finite differences of model.py's forward, which need no
+reference at all."""
 import json
 
 import numpy as np

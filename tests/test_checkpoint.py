@@ -1,7 +1,7 @@
 """load_params on checkpoints written by TensorFlow and by Hugging Face, and every kind of damage to them.
 
 Expected weights are random_params of the "tiny" config (what both fixture scripts saved); expected logits are
-Hugging Face's (scripts/make_reference.py).
+Hugging Face's (scripts/fixtures/make_reference.py).
 """
 import json
 import shutil
@@ -17,7 +17,7 @@ from gpt2_numpy.formats.tf_bundle import table_records
 from gpt2_numpy.model import gpt2
 from gpt2_numpy.params import random_params
 from tests.conftest import FIXTURES, HF_TOLERANCE
-from tests.fuzzing import VARINT, fields_of, fields_of_value, proto, set_field, table
+from scripts.common.fuzzing.tf_index import VARINT, fields_of, fields_of_value, proto, set_field, table
 
 TINY = json.loads((FIXTURES / "configs.json").read_text())["tiny"]
 DATA, INDEX, SAFETENSORS = "model.ckpt.data-00000-of-00001", "model.ckpt.index", "model.safetensors"

@@ -36,7 +36,7 @@ from gpt2_numpy.params import random_params
 from gpt2_numpy.tokenizer import bytes_to_unicode
 from gpt2_numpy.weights import ensure_model
 from tests.conftest import FIXTURES, REPO
-from tests.fuzzing import FIXED32, fields_of, fields_of_value, proto, set_field, table
+from scripts.common.fuzzing.tf_index import FIXED32, fields_of, fields_of_value, proto, set_field, table
 from tests.http_server import Cut, FileServer, Throttle, hf_layout_files, official_layout_files
 
 OPENAI_FILES = ("checkpoint", "encoder.json", "hparams.json", "model.ckpt.index", "model.ckpt.data-00000-of-00001",

@@ -1,7 +1,7 @@
 """gpt2_numpy.explain's walkthrough and plot: the attention weights against Hugging Face's
-(scripts/make_explain_reference.py), the walkthrough against the textbook model and against math, the printed text
-against the arrays, and the command line end to end on the tiny TF checkpoint with the official tokenizer. The trace,
-the lens and the page have tests of their own (test_explain_trace.py, test_explain_page.py)."""
+(scripts/fixtures/make_explain_reference.py), the walkthrough against the textbook model and against math, the printed
+text against the arrays, and the command line end to end on the tiny TF checkpoint with the official tokenizer. The
+trace, the lens and the page have tests of their own (test_explain_trace.py, test_explain_page.py)."""
 import json
 import os
 import re

@@ -1,7 +1,7 @@
 """explain --heads: the five head scores against the same scores computed here, with a few lines of numpy, from
-Hugging Face's attention probabilities (scripts/make_heads_reference.py: configs the scores were never tuned to); the
-repeated sequence <|endoftext|> R R; the table and the JSON object on the command line, on a model with a vocabulary of
-its own. The page's table is tested in test_explain_page.py."""
+Hugging Face's attention probabilities (scripts/fixtures/make_heads_reference.py: configs the scores were never tuned
+to); the repeated sequence <|endoftext|> R R; the table and the JSON object on the command line, on a model with a
+vocabulary of its own. The page's table is tested in test_explain_page.py."""
 import json
 
 import numpy as np

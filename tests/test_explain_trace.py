@@ -1,6 +1,6 @@
 """gpt2_numpy.explain's trace and logit lens: every named activation against Hugging Face (forward hooks on each block
-and on ln_f, output_attentions with eager attention; scripts/make_explain_reference.py) on configs the model's tests
-were not written against, against the textbook model.py bit for bit, and the --lens table end to end."""
+and on ln_f, output_attentions with eager attention; scripts/fixtures/make_explain_reference.py) on configs the
+model's tests were not written against, against the textbook model.py bit for bit, and the --lens table end to end."""
 import json
 
 import numpy as np

@@ -14,7 +14,7 @@ from gpt2_numpy.formats.crc32c import crc32c, masked_crc32c
 from gpt2_numpy.formats.safetensors import DTYPE_SIZES, read_safetensors, to_float32
 from gpt2_numpy.formats.tf_bundle import TensorBundle, read_index, table_records
 from tests.conftest import FIXTURES, official_path
-from tests.fuzzing import BYTES, FIXED32, FIXED64, VARINT, fields_of, proto, set_field, table, varint
+from scripts.common.fuzzing.tf_index import BYTES, FIXED32, FIXED64, VARINT, fields_of, proto, set_field, table, varint
 
 # --- CRC32C ---
 
@@ -129,7 +129,7 @@ def test_tensorflow_written_half_precision_is_refused_by_name():
 
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])
 def test_half_precision_safetensors_convert_like_torch(dtype):
-    path = FIXTURES / "dtypes.safetensors"  # written by scripts/make_safetensors_fixture.py with torch
+    path = FIXTURES / "dtypes.safetensors"  # written by scripts/fixtures/make_safetensors_fixture.py with torch
     tensors = read_safetensors(path)
     assert tensors[dtype].dtype == dtype.upper()
     converted = to_float32(path, dtype, tensors[dtype])

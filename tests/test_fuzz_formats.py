@@ -1,6 +1,7 @@
 """Fuzzing the checkpoint readers: seeded damage to every fixture must load to exactly the expected arrays or raise
 CheckpointError naming the damaged file; never another exception, more than a second, or more than a small multiple of
-the files' size in memory. The mutations and that rule live in tests/fuzzing.py; scripts/fuzz_formats.py runs more.
+the files' size in memory. The mutations and that rule live in scripts/common/fuzzing/;
+scripts/dev/fuzz_formats.py runs more.
 """
 import shutil
 from collections import Counter
@@ -9,8 +10,9 @@ import pytest
 
 from gpt2_numpy.formats import tf_bundle
 from tests.conftest import FIXTURES, official_path
-from tests.fuzzing import (BYTES, DATA, FIXTURES_BY_NAME, FORMATS, INDEX, STATE, VARINT, Case, Runner, cases,
-                           fields_of, fields_of_value, proto, set_field, table)
+from scripts.common.fuzzing.fixtures import DATA, FIXTURES_BY_NAME, FORMATS, INDEX, STATE
+from scripts.common.fuzzing.runner import Case, Runner, cases
+from scripts.common.fuzzing.tf_index import BYTES, VARINT, fields_of, fields_of_value, proto, set_field, table
 from tests.test_cli import assert_one_error_line, cli
 
 CASES_PER_FORMAT = 800  # first a cut at every structural boundary (240 TF, 416 safetensors), then random damage

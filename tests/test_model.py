@@ -1,4 +1,5 @@
-"""The textbook model.py: against Hugging Face's logits (scripts/make_reference.py) and against the formulas."""
+"""The textbook model.py: against Hugging Face's logits (scripts/fixtures/make_reference.py) and against the
+formulas."""
 import math
 
 import numpy as np

@@ -1,5 +1,5 @@
-"""AdamW and clipping against torch.optim.AdamW and clip_grad_norm_ (fixture from scripts/make_grad_reference.py);
-the schedule and clipping against their formulas."""
+"""AdamW and clipping against torch.optim.AdamW and clip_grad_norm_ (fixture from
+scripts/fixtures/make_grad_reference.py); the schedule and clipping against their formulas."""
 import copy
 import json
 import math

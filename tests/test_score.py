@@ -1,9 +1,9 @@
 """Scoring text (gpt2_numpy/likelihood.py) against Hugging Face and against math, and its command line end to end.
 
 The reference log-probabilities and losses are HF's (tests/fixtures/reference_score.npz, from
-scripts/make_score_reference.py): one window on the "tiny" and "124M" configs, and the sliding-window loop of HF's
-guide "Perplexity of fixed-length models" on "tiny" (n_ctx 64) over 320 ids. The CLI runs in a subprocess on the tiny
-TF checkpoint (its vocabulary of 512 tokens has no <|endoftext|>), and on a one-layer model with GPT-2's full
+scripts/fixtures/make_score_reference.py): one window on the "tiny" and "124M" configs, and the sliding-window loop of
+HF's guide "Perplexity of fixed-length models" on "tiny" (n_ctx 64) over 320 ids. The CLI runs in a subprocess on the
+tiny TF checkpoint (its vocabulary of 512 tokens has no <|endoftext|>), and on a one-layer model with GPT-2's full
 vocabulary written here, for the default <|endoftext|> before the text.
 """
 import copy

@@ -1,5 +1,6 @@
 """The fixture scripts where their tools are missing: --help still works, and a run says in one line what to install
-where, with no traceback."""
+where, with no traceback. The benchmark's --markdown: its tables between a page's markers, the rest of the page kept."""
+import os
 import subprocess
 import sys
 
@@ -15,17 +16,18 @@ _, blocked, stubbed, *argv = sys.argv
 sys.modules.update({name: None for name in blocked.split(",") if name})
 sys.modules.update({name: types.ModuleType(name) for name in stubbed.split(",") if name})
 sys.argv = argv
-runpy.run_path(argv[0], run_name="__main__")
+runpy.run_module(argv[0], run_name="__main__", alter_sys=True)
 """
-TF_SCRIPT = REPO / "scripts" / "make_tf_fixture.py"
-SAFETENSORS_SCRIPT = REPO / "scripts" / "make_safetensors_fixture.py"
-CHECK_HF_SCRIPT = REPO / "scripts" / "check_train_hf.py"
+TF_SCRIPT = "scripts.fixtures.make_tf_fixture"
+SAFETENSORS_SCRIPT = "scripts.fixtures.make_safetensors_fixture"
+CHECK_HF_SCRIPT = "scripts.dev.check_train_hf"
 HF_INSTALL = "pip install torch==2.13.0 transformers safetensors"
 
 
-def run(script, *args, blocked=(), stubbed=(), cwd):  # -> CompletedProcess of the script under this Python
-    command = [sys.executable, "-c", RUNNER, ",".join(blocked), ",".join(stubbed), str(script), *args]
-    return subprocess.run(command, capture_output=True, text=True, cwd=cwd, timeout=60)
+def run(script, *args, blocked=(), stubbed=(), cwd):  # -> CompletedProcess of `python -m script` under this Python
+    command = [sys.executable, "-c", RUNNER, ",".join(blocked), ",".join(stubbed), script, *args]
+    return subprocess.run(command, capture_output=True, text=True, cwd=cwd, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})  # as from the repo root
 
 
 @pytest.mark.parametrize(
@@ -63,3 +65,46 @@ def test_a_missing_tool_is_one_line_saying_what_to_install_where(script, blocked
     assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
     assert f"{missing} is missing" in lines[0] and install in lines[0] and "venv" in lines[0]
     assert not (tmp_path / "out").exists() and fixture.read_bytes() == before  # nothing written
+
+
+# --- the benchmark's page ---
+
+PAGE_BEFORE, PAGE_AFTER = "# Performance\n\nMeasured with the benchmark.\n\n", "\n\nThe end of the page.\n"
+PAGE = PAGE_BEFORE + "<!-- benchmark:begin -->\n| old | table |\n<!-- benchmark:end -->" + PAGE_AFTER
+
+
+def benchmark(*args, cwd):  # -> CompletedProcess of `python -m scripts.benchmark` on the tiny TF checkpoint
+    command = [sys.executable, "-m", "scripts.benchmark", "--checkpoint", str(FIXTURES / "tf_tiny"), *args]
+    return subprocess.run(command, capture_output=True, text=True, cwd=cwd, timeout=100,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+def test_markdown_puts_the_tables_between_the_markers_and_keeps_the_rest(tmp_path):
+    page = tmp_path / "performance.md"
+    page.write_text(PAGE)
+    result = benchmark("--only", "load", "CRC32C", "--repeats", "1", "--markdown", str(page), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    tables = result.stdout.strip()
+    assert "| load 124M, OpenAI TF checkpoint, without CRC (s) |" in tables and "| CRC32C (MB/s) |" in tables
+    assert "Goals:" not in tables and "Where our time goes" not in tables  # no heading without rows under it
+    assert page.read_text() == (PAGE_BEFORE + "<!-- benchmark:begin -->\n" + tables + "\n<!-- benchmark:end -->"
+                                + PAGE_AFTER)
+
+
+@pytest.mark.parametrize("text", [None, "# Performance\n\n<!-- benchmark:begin -->\nno end marker\n",
+                                  "<!-- benchmark:end -->\nthe end before the beginning\n<!-- benchmark:begin -->\n"])
+def test_markdown_without_its_markers_is_one_error_line_before_any_run(text, tmp_path):
+    page = tmp_path / "performance.md"
+    if text is not None:
+        page.write_text(text)
+    result = benchmark("--only", "CRC32C", "--markdown", str(page), cwd=tmp_path)
+    assert result.returncode == 2 and result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and str(page) in lines[0], result.stderr
+    assert ("cannot read" in lines[0]) if text is None else ("<!-- benchmark:begin -->" in lines[0])
+    assert page.exists() == (text is not None) and (text is None or page.read_text() == text)  # nothing written
+
+
+def test_benchmark_help_says_what_runs_without_a_checkpoint(tmp_path):
+    result = benchmark("--help", cwd=tmp_path)
+    assert result.returncode == 0 and "random weights" in " ".join(result.stdout.split())

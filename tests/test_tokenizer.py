@@ -15,7 +15,7 @@ from gpt2_numpy import tokenizer as tokenizer_module
 from gpt2_numpy.errors import TokenizerError
 from gpt2_numpy.tokenizer import EOT, EOT_ID, PACKAGED_VOCABULARY, WORD_PATTERN, load_tokenizer
 from tests.conftest import shared_path
-from tests.text_samples import LONG_WORD_ALPHABETS, large_texts, long_word, sample_strings
+from scripts.common.text_samples import LONG_WORD_ALPHABETS, large_texts, long_word, sample_strings
 
 # the sha256 values tiktoken pins for its "gpt2" encoding: the reference is built from exactly OpenAI's files
 VOCAB_BPE_SHA256 = "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"
@@ -155,7 +155,7 @@ def test_textbook_bpe_matches_tiktoken_on_the_start_of_long_words(tokenizer, ref
     assert tokenizer._textbook_bpe(word.encode("utf-8")) == reference.encode_ordinary(word)
 
 
-BENCHMARK_PIECES = {  # scripts/benchmark_tokenizer.py's long pieces at its smaller size, and runs of one pair
+BENCHMARK_PIECES = {  # scripts/bench/tokenizer.py's long pieces at its smaller size, and runs of one pair
     **{f"random {kind}, 100 KB": partial(long_word, kind, 100_000, seed=0) for kind in ("letters", "digits")},
     "a run of one digit, 100 KB": partial(str.__mul__, "7", 100_000),
     "alternating letters, 100 KB": partial(str.__mul__, "ab", 50_000),

@@ -1,6 +1,6 @@
 """BPE training against Hugging Face's trainer, and trained vocabularies against transformers' GPT2TokenizerFast.
 
-The references come from scripts/make_bpe_reference.py (tests/fixtures/bpe_reference.json and
+The references come from scripts/fixtures/make_bpe_reference.py (tests/fixtures/bpe_reference.json and
 bpe_shakespeare_4096.merges.txt.gz); texts from the Shakespeare corpus are read from ../shared/corpus."""
 import gzip
 import hashlib
@@ -14,7 +14,7 @@ from gpt2_numpy.errors import TokenizerError
 from gpt2_numpy.tokenizer import EOT, PACKAGED_VOCABULARY, WORD_PATTERN, check_model_vocabulary, load_tokenizer
 from gpt2_numpy.tokenizer_train import save_tokenizer, spelled_tokens, train_bpe, train_bpe_textbook, trained_tokenizer
 from tests.conftest import FIXTURES, REPO, missing
-from tests.text_samples import few_letter_text, sample_strings
+from scripts.common.text_samples import few_letter_text, sample_strings
 
 REFERENCE = json.loads((FIXTURES / "bpe_reference.json").read_text(encoding="utf-8"))
 CASES = {case["name"]: case for case in REFERENCE["training"]}

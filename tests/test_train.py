@@ -2,7 +2,7 @@
 
 Expected values come from outside the code under test: Hugging Face's greedy continuation of the tiny weights
 (tests/fixtures/reference_tiny.npz) for the folder writer; an uninterrupted run for a resumed or interrupted
-one. scripts/check_train_hf.py loads a trained folder in transformers.
+one. scripts/dev/check_train_hf.py loads a trained folder in transformers.
 """
 import csv
 import json
@@ -18,12 +18,11 @@ import numpy as np
 import pytest
 
 from gpt2_numpy.checkpoint import load_params
-from gpt2_numpy.params import flatten
-from gpt2_numpy.params import random_params
+from gpt2_numpy.params import flatten, random_params
 from gpt2_numpy.save import atomic_write, save_model
 from gpt2_numpy.tokenizer import load_tokenizer
 from tests.conftest import FIXTURES, REPO, assert_one_error_line, official_path, tiny_models_dir
-from tests.text_samples import WORDS
+from scripts.common.text_samples import WORDS
 
 TINY = json.loads((FIXTURES / "configs.json").read_text())["tiny"]
 PROMPT = "I will go to the"  # reference_tiny.npz's cli_prompt

@@ -2,7 +2,8 @@
 
 Expected values come from outside the code under test: window counts and the schedule worked out by hand from their
 definitions, an uninterrupted run for an interrupted one, GPT-2's published layer-norm epsilon, and Hugging Face's
-logits for a folder written by save_model (tests/fixtures/reference_epsilon.npz: scripts/make_epsilon_reference.py).
+logits for a folder written by save_model (tests/fixtures/reference_epsilon.npz:
+scripts/fixtures/make_epsilon_reference.py).
 """
 import inspect
 import json

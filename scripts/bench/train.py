@@ -1,7 +1,7 @@
 """Training speed and memory: one step (loss and gradients, then clipping and AdamW) of gpt2_numpy against torch.
 
-    python scripts/benchmark_train.py                  # our numbers only
-    python scripts/benchmark_train.py --compare-torch  # also torch autograd on HF's GPT2LMHeadModel, in turns
+    python -m scripts.bench.train                  # our numbers only
+    python -m scripts.bench.train --compare-torch  # also torch autograd on HF's GPT2LMHeadModel, in turns
 
 Two configs: a small one (4 layers, 256 wide, 8 heads, 8 x 128 tokens) and the 124M shape (4 x 256 tokens), both with
 GPT-2's 50,257-token vocabulary and seeded random weights. torch runs HF's GPT2LMHeadModel (its default sdpa attention,
@@ -9,24 +9,19 @@ dropout off), `cross_entropy` on the logits, `clip_grad_norm_` and `torch.optim.
 as many threads as NumPy's BLAS uses. The engines take turns, step by step; each time is the median of `--repeats`
 steps after a warm-up. The peak memory of the 124M step is each engine's in a fresh process (VmHWM). Where our time
 goes: one more step with the backward's functions wrapped in stopwatches (exclusive times: a part's callees are not in
-it). scripts/benchmark.py runs these rows as its "training" part.
+it). scripts/benchmark.py runs these rows as its "training" part, with torch under HF's name.
 """
 import argparse
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "scripts")]
+from gpt2_numpy import backward, fast, keep_freed_memory, optim
+from gpt2_numpy.params import random_params
+from scripts.bench.harness import (OURS, PEAK_RSS_BYTES, blas_threads, comparison_table, fresh_process, in_turns, row,
+                                   wall_seconds)
 
-from benchmark import blas_threads, in_turns, row, wall_seconds  # noqa: E402
-from gpt2_numpy import backward, fast, keep_freed_memory, optim  # noqa: E402
-from gpt2_numpy.params import random_params  # noqa: E402
-
-OURS, TORCH = "gpt2_numpy", "torch"
+TORCH = "torch"
 CONFIGS = {  # name -> hparams, (batch, n_seq)
     "4 layers x 256 wide, 8 x 128 tokens": (
         {"n_vocab": 50257, "n_ctx": 1024, "n_embd": 256, "n_head": 8, "n_layer": 4}, (8, 128)),
@@ -53,7 +48,7 @@ def our_step(hparams, params, inputs, targets):  # -> step(): one training step 
 
 def torch_step(hparams, params, inputs, targets):  # -> step(): the same step in torch, on HF's GPT2LMHeadModel
     import torch
-    from make_reference import hf_model
+    from scripts.fixtures.make_reference import hf_model
 
     torch.set_num_threads(blas_threads())
     model = hf_model(hparams, params, attn_implementation="sdpa").train()  # HF's default attention; dropout is 0
@@ -115,26 +110,22 @@ def our_parts(step):  # -> {function: exclusive seconds, "total": seconds} of on
 
 # --- peak memory, each engine in a fresh process ---
 
-PEAK_RSS = """
+PEAK_RSS = PEAK_RSS_BYTES + """
 import sys
-sys.path[:0] = [sys.argv[1], sys.argv[1] + "/scripts"]
-import benchmark_train as b
+from scripts.bench import train as b
 b.keep_freed_memory()  # as the CLIs do
-hparams, shape = b.CONFIGS[sys.argv[2]]
+hparams, shape = b.CONFIGS[sys.argv[1]]
 params = b.random_params(hparams, seed=0)
-step = (b.our_step if sys.argv[3] == "ours" else b.torch_step)(hparams, params, *b.batch(hparams, shape))
+step = (b.our_step if sys.argv[2] == "ours" else b.torch_step)(hparams, params, *b.batch(hparams, shape))
 del params  # the step holds them
 step()
 step()  # the second step: the optimizer's moments exist now
-with open("/proc/self/status") as status:  # VmHWM: this process's peak resident memory
-    print(next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM:")))
+print(peak_rss_bytes())
 """
 
 
 def peak_rss_mb(config, engine):
-    out = subprocess.run([sys.executable, "-c", PEAK_RSS, str(REPO), config, engine], capture_output=True, text=True,
-                         check=True)
-    return int(out.stdout.split()[-1]) / 1e6
+    return int(fresh_process(PEAK_RSS, config, engine).split()[-1]) / 1e6
 
 
 def train_rows(repeats, compare_torch, theirs=TORCH):  # -> the table rows (torch's values under theirs), breakdown
@@ -166,17 +157,6 @@ def breakdown_lines(parts):
     return lines
 
 
-def table(rows, names):
-    lines = ["| metric | " + " | ".join(names) + (" | ours / torch |" if len(names) == 2 else " |"),
-             "|---|" + "---|" * (len(names) + (len(names) == 2))]
-    for r in rows:
-        cells = [f"{r[name]:,.3g}" for name in names]
-        if len(names) == 2:
-            cells.append(f"{r[OURS] / r[TORCH]:.2f}×")
-        lines.append(f"| {r['metric']} | " + " | ".join(cells) + " |")
-    return lines
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--compare-torch", action="store_true", help="also run torch on the same weights, in turns")
@@ -185,7 +165,7 @@ def main(argv=None):
     keep_freed_memory()  # as the CLIs and scripts/benchmark.py do
     rows, breakdown = train_rows(args.repeats, args.compare_torch)
     print(f"BLAS threads {blas_threads()}, numpy {np.__version__}\n")
-    print("\n".join(table(rows, [OURS, TORCH] if args.compare_torch else [OURS]) + [""] + breakdown))
+    print("\n".join(comparison_table(rows, [OURS, TORCH] if args.compare_torch else [OURS]) + [""] + breakdown))
 
 
 if __name__ == "__main__":

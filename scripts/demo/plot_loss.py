@@ -1,6 +1,6 @@
 """Plot a training run's loss curve from the log.csv that `python -m gpt2_numpy.train` writes in its --out folder.
 
-    python scripts/plot_loss.py OUT/log.csv loss.png
+    python -m scripts.demo.plot_loss OUT/log.csv loss.png
 """
 import csv
 import sys

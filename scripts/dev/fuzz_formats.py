@@ -1,9 +1,10 @@
 """Fuzz the checkpoint readers: seeded random damage to the fixtures, each damaged file loaded and judged.
 
-The mutations and the rule each outcome must obey live in tests/fuzzing.py, shared with tests/test_fuzz_formats.py
-(which runs a fixed number of cases in CI). Every case is reproducible from its format, seed and number:
-    python scripts/fuzz_formats.py --cases 100000                 # both formats, 100,000 cases each
-    python scripts/fuzz_formats.py --format tf --seed 3 --case 4242 # one case again, with its description
+The mutations and the rule each outcome must obey live in scripts/common/fuzzing/, shared with
+tests/test_fuzz_formats.py (which runs a fixed number of cases in CI). Every case is reproducible from its format,
+seed and number:
+    python -m scripts.dev.fuzz_formats --cases 100000                 # both formats, 100,000 cases each
+    python -m scripts.dev.fuzz_formats --format tf --seed 3 --case 4242 # one case again, with its description
 Run long fuzzing under `nice -n 10` on a shared machine. Exit status 1 when any case failed.
 """
 import argparse
@@ -13,12 +14,9 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO)]
-
-from tests.fuzzing import FORMATS, Runner, cases  # noqa: E402
+from scripts.common.fuzzing.fixtures import FORMATS
+from scripts.common.fuzzing.runner import Runner, cases
 
 RUNAWAY_SECONDS = 10  # a case still running after this is stopped and counted as a failure, so the run goes on
 MEMORY_CAP = 4 * 2**30  # address space: a runaway allocation becomes a MemoryError (a failure) instead of swapping

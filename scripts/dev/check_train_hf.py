@@ -1,6 +1,6 @@
 """Check that Hugging Face transformers reads a folder written by `python -m gpt2_numpy.train` as our loader does.
 
-    /work/refvenv/bin/python scripts/check_train_hf.py MODEL_DIR ["TEXT"]
+    ../refvenv/bin/python -m scripts.dev.check_train_hf MODEL_DIR ["TEXT"]
 
 Loads MODEL_DIR with transformers.GPT2LMHeadModel.from_pretrained (which must find every weight and nothing extra) and
 with gpt2_numpy, runs both on TEXT, and prints the largest logit difference; exits 1 if it is over 1e-4 of the largest
@@ -9,9 +9,7 @@ logit. Needs torch and transformers (the reference tools, never runtime dependen
 """
 import argparse
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's gpt2_numpy, not an installed one
 try:  # without the tools, --help still works and a run says in one line what to install where
     import numpy as np
     import torch

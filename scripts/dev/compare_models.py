@@ -1,25 +1,23 @@
 """Two versions of model.py side by side, interleaved in one process on the same weights: prefill and decode times.
 
     git show f174a5f:gpt2_numpy/model.py > /tmp/model_before.py
-    python scripts/compare_models.py /tmp/model_before.py gpt2_numpy/model.py --checkpoint /tmp/gpt2-tf-124M
+    python -m scripts.dev.compare_models /tmp/model_before.py gpt2_numpy/model.py --checkpoint /tmp/gpt2-tf-124M
 
 The machine drifts between runs, so only ratios from one interleaved run mean anything: the two versions take turns,
 --repeats times, and the medians are compared. The checkpoint is a 124M TF folder (the real one, or a 124M-shaped one
-from `scripts/make_tf_fixture.py --config 124M --out DIR`).
+from `python -m scripts.fixtures.make_tf_fixture --config 124M --out DIR`).
 """
 import argparse
 import importlib.util
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from gpt2_numpy import keep_freed_memory
+from gpt2_numpy.checkpoint import load_params
 
-from gpt2_numpy import keep_freed_memory  # noqa: E402
-from gpt2_numpy.checkpoint import load_params  # noqa: E402
+REPO = Path(__file__).resolve().parents[2]
 
 
 def load_module(path, name):  # -> the module in the file at path

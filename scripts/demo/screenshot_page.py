@@ -2,7 +2,8 @@
 (`python -m gpt2_numpy.explain PROMPT --model MODEL_DIR --html`), opens it in headless Chromium (selenium), clicks a
 token and saves a PNG.
 
-    python scripts/screenshot_page.py "The cat sat on the mat" weights/124M docs/look-inside.png [--query 4] [--layer 5]
+    python -m scripts.demo.screenshot_page PROMPT MODEL_DIR OUT.png [--query 4] [--layer 5]
+    python -m scripts.demo.screenshot_page "The cat sat on the mat" weights/124M docs/look-inside.png
 
 Needs the test extra's selenium and Debian's browser: apt-get install chromium chromium-driver; pip install selenium.
 """

@@ -1,14 +1,15 @@
-"""How long scoring a long text takes: gpt2_numpy's token_log_probs against the sliding-window loop of Hugging Face's
-guide "Perplexity of fixed-length models", on the same weights, the same ids and the same windows.
+"""How long scoring a long text takes (the "score" part of scripts/benchmark.py): gpt2_numpy's token_log_probs against
+the sliding-window loop of Hugging Face's guide "Perplexity of fixed-length models", on the same weights, the same ids
+and the same windows.
 
-    ../refvenv/bin/python scripts/score_benchmark.py --checkpoint /tmp/gpt2-tf-124M [--repeats 3]
+    ../refvenv/bin/python -m scripts.bench.score --checkpoint /tmp/gpt2-tf-124M [--repeats 3]
 
-`score_seconds` is the function scripts/benchmark.py calls for its row. The weights come from a TF checkpoint dir (the
-real 124M, or a 124M-shaped one from `scripts/make_tf_fixture.py --config 124M --out DIR`); the text is English from
-tests/text_samples.py, encoded with the official tokenizer. HF runs with its default attention (sdpa) and as many torch
-threads as NumPy's BLAS uses. The two take turns window by window, so load that comes and goes falls on both; each
-time is the median of --repeats runs after a one-window warm-up. On a machine where another process holds a core, two
-threads measure the machine, not the code: OpenBLAS stalls whenever one of its threads gets no core, far more than
+The weights come from a TF checkpoint dir (the real 124M, or a 124M-shaped one from
+`python -m scripts.fixtures.make_tf_fixture --config 124M --out DIR`); the text is English from
+scripts/common/text_samples.py, encoded with GPT-2's tokenizer. HF runs with its default attention (sdpa) and as many
+torch threads as NumPy's BLAS uses. The two take turns window by window, so load that comes and goes falls on both;
+each time is the median of --repeats runs after a one-window warm-up. On a machine where another process holds a core,
+two threads measure the machine, not the code: OpenBLAS stalls whenever one of its threads gets no core, far more than
 torch does. Compare one thread each there (OPENBLAS_NUM_THREADS=1 sets torch's threads to 1 as well).
 """
 import argparse
@@ -18,37 +19,33 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "scripts")]
-
-from gpt2_numpy import keep_freed_memory  # noqa: E402
-from gpt2_numpy.checkpoint import load_params  # noqa: E402
-from gpt2_numpy.score import iter_log_probs  # noqa: E402
-from gpt2_numpy.tokenizer import load_tokenizer  # noqa: E402
-from tests.text_samples import english_text  # noqa: E402
-
-OFFICIAL_124M = REPO.parent / "shared" / "gpt2-official" / "124M"
+from gpt2_numpy import keep_freed_memory
+from gpt2_numpy.checkpoint import load_params
+from gpt2_numpy.score import iter_log_probs
+from gpt2_numpy.tokenizer import load_tokenizer
+from scripts.bench.engines import HuggingFace, Ours
+from scripts.bench.harness import HF, OURS, REPO, row, vocabulary
+from scripts.common.text_samples import english_text
 
 
-def score_seconds(checkpoint_dir, threads, n_tokens=10_000, stride=512, repeats=1):  # -> (ours s, HF s)
+def score_rows(engines, vocab_dir, repeats):  # -> the row, or none without HF's engine to compare with
+    if len(engines) < 2:
+        return []
+    ours, hf = score_seconds(*engines, vocab_dir, n_tokens=10_000, stride=512, repeats=repeats)
+    return [row("score 10,000 tokens of English, stride 512 (s)", "lower", {OURS: ours, HF: hf})]
+
+
+def score_seconds(ours, hf, vocab_dir, n_tokens, stride, repeats):  # -> (ours s, HF s): engines.Ours, HuggingFace
     """Median seconds to score the first n_tokens ids of English text with windows of n_ctx and `stride`: ours
-    (token_log_probs, window by window) and HF's guide loop on the same weights, with `threads` torch threads (pass
-    the number NumPy's BLAS uses). The two take turns window by window, so load that comes and goes falls on both."""
-    import torch
-
-    from make_reference import hf_model
-
-    torch.set_num_threads(threads)
-    hparams, params = load_params(checkpoint_dir)
-    vocab_dir = next(d for d in (Path(checkpoint_dir), OFFICIAL_124M) if (d / "encoder.json").exists())
+    (token_log_probs, window by window) and HF's guide loop on the same weights."""
     ids = english_ids(load_tokenizer(vocab_dir), n_tokens)
-    model = hf_model(hparams, params, attn_implementation="sdpa")  # HF's default
+    n_ctx = len(ours.params["wpe"])
 
     def runs(ids):  # -> the two engines' window-by-window iterators over ids
-        return (iter_log_probs(ids, params, hparams["n_head"], stride=stride),
-                hf_guide_windows(model, torch, ids, hparams["n_ctx"], stride))
+        return (iter_log_probs(ids, ours.params, ours.n_head, stride=stride),
+                hf_guide_windows(hf.model, hf.torch, ids, n_ctx, stride))
 
-    for run in runs(ids[: hparams["n_ctx"]]):  # warm-up, untimed: one window each
+    for run in runs(ids[:n_ctx]):  # warm-up, untimed: one window each
         list(run)
     seconds = []
     for _ in range(repeats):
@@ -110,10 +107,10 @@ def main():
     parser.add_argument("--stride", type=int, default=512)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    from benchmark import blas_threads  # here, not at the top: benchmark.py imports this module for its row
-
     keep_freed_memory()  # as the CLIs do, for both engines in this process
-    ours, hf = score_seconds(args.checkpoint, blas_threads(), args.n_tokens, args.stride, args.repeats)
+    hparams, params = load_params(args.checkpoint)
+    engines = Ours(params, hparams["n_head"]), HuggingFace(params, hparams)
+    ours, hf = score_seconds(*engines, vocabulary(args.checkpoint), args.n_tokens, args.stride, args.repeats)
     print(f"score {args.n_tokens:,} tokens with stride {args.stride}: gpt2_numpy {ours:.2f} s, HF transformers "
           f"{hf:.2f} s, ours / HF {ours / hf:.2f}x")
 

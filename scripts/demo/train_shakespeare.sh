@@ -3,12 +3,12 @@
 # plays, its loss curve, a sample, and the attention of its most recognisable head beside the same head before
 # training. About half an hour on two cores.
 #
-#   scripts/train_shakespeare.sh [OUT]    (OUT: the model folder, default ../demo-model, outside the repo: the
-#                                          weights are too big to commit)
+#   scripts/demo/train_shakespeare.sh [OUT]  (OUT: the model folder, default ../demo-model, outside the repo: the
+#                                            weights are too big to commit)
 # Needs ../shared/corpus/shakespeare-plays.txt, and matplotlib for the pictures; the tokenizer is the packaged one.
 # Writes docs/train-*.png and OUT/sample.txt.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."  # the repo root
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 OUT=${1:-../demo-model}
 PROMPT="KING HENRY. Now, lords, what say you to the French king? Shall we go to him, or stay here in England?"
@@ -20,7 +20,7 @@ python -m gpt2_numpy.train --data ../shared/corpus/shakespeare-plays.txt --out "
 python -m gpt2_numpy.train --data ../shared/corpus/shakespeare-plays.txt --out "$OUT" \
   --n-layer 4 --n-head 4 --n-embd 256 --n-ctx 128 --seq-len 128 --batch-size 8 --steps 650 --lr 1e-3 --warmup 50 \
   --eval-every 50 --eval-batches 2 --save-every 200 --seed 0
-python scripts/plot_loss.py "$OUT/log.csv" docs/train-loss.png
+python -m scripts.demo.plot_loss "$OUT/log.csv" docs/train-loss.png
 python -m gpt2_numpy.generate --model "$OUT" "ROMEO." --n-tokens 80 --temperature 0.8 --top-k 40 --seed 0 \
   | tee "$OUT/sample.txt"
 # score every head (explain --heads); the one with the highest previous-token or induction score is drawn for both

@@ -1,8 +1,8 @@
 """Plausible bugs in model.py, fast.py, cores.py, fetch.py and training, each applied alone to a copy of the repo: the
 tests that catch it.
 
-    python scripts/mutants.py [TEST_FILE ...]     (default: tests/test_model.py tests/test_fast.py tests/test_cores.py)
-    python scripts/mutants.py --only train,commands,optim,save tests/test_train_resume.py tests/test_optim.py
+    python -m scripts.dev.mutants [TEST_FILE ...]  (default: tests/test_model.py tests/test_fast.py tests/test_cores.py)
+    python -m scripts.dev.mutants --only train,commands,optim,save tests/test_train_resume.py tests/test_optim.py
 
 A test earns its place by failing when the code is wrong; a mutant that no test catches is a hole in the suite. Each
 mutant replaces one line's text; the copy lives in a temporary folder, so the working tree is never touched.
@@ -15,7 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MUTANTS = [  # (what, file, text, replacement)
     ("model: scores / d, not / √d", "gpt2_numpy/model.py", "/ math.sqrt(q.shape[-1])", "/ q.shape[-1]"),
     ("model: softmax without the max shift", "gpt2_numpy/model.py",

@@ -1,6 +1,8 @@
 """Time BPE training: ours (gpt2_numpy.tokenizer_train.train_bpe) against Hugging Face's Rust trainer, if installed.
 
-    python scripts/benchmark_bpe.py [--data FILE] [--vocab-size N] [--runs N] [--hf-python PYTHON]
+    python -m scripts.bench.bpe [--data FILE] [--vocab-size N] [--runs N] [--hf-python PYTHON]
+
+and as the rows of `python -m scripts.benchmark --only 'BPE training'`.
 
 The two train in turns (ours, Hugging Face's, ours, ...), each run in a fresh child process, so both see the same load
 on a shared machine and each peak memory is that run's own. Hugging Face's trainer is BpeTrainer with the ByteLevel
@@ -21,7 +23,9 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from scripts.bench.harness import HF, OURS, row
+
+REPO = Path(__file__).resolve().parents[2]
 CORPUS = REPO.parent / "shared" / "corpus" / "shakespeare-plays.txt"
 HEADER = "| text | vocab size | ours s | HF s | ours / HF | ours peak MB | HF peak MB |\n|---|---|---|---|---|---|---|"
 HF_MISSING = 3  # a child's exit status when its Python has no `tokenizers`
@@ -29,7 +33,6 @@ HF_MISSING = 3  # a child's exit status when its Python has no `tokenizers`
 
 def load_trainer(name):  # -> train(text, vocab_size); imported here, so the import is not timed
     if name == "ours":
-        sys.path.insert(0, str(REPO))  # this checkout's gpt2_numpy
         from gpt2_numpy.tokenizer_train import train_bpe
         return lambda text, vocab_size: train_bpe(text, vocab_size, quiet=True)
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
@@ -55,8 +58,10 @@ def child(name, data, vocab_size):  # in the child process: train once, print th
 
 
 def run_child(python, trainer, args):  # -> (seconds, peak MB), or None when that Python lacks Hugging Face's trainer
-    command = [python, __file__, "--child", trainer, "--data", str(args.data), "--vocab-size", str(args.vocab_size)]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    command = [python, "-m", "scripts.bench.bpe", "--child", trainer, "--data", str(args.data), "--vocab-size",
+               str(args.vocab_size)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, cwd=REPO,
+                               env={**os.environ, "PYTHONPATH": str(REPO)})  # this checkout's gpt2_numpy
     output = process.stdout.read()
     _, status, usage = os.wait4(process.pid, 0)  # wait4, not wait: the resource usage of this one child
     process.returncode = os.waitstatus_to_exitcode(status)
@@ -65,6 +70,17 @@ def run_child(python, trainer, args):  # -> (seconds, peak MB), or None when tha
     if process.returncode:
         sys.exit(f"error: {' '.join(command)} failed with status {process.returncode}")
     return json.loads(output), usage.ru_maxrss / 1024  # ru_maxrss is in KB on Linux
+
+
+def bpe_rows(repeats, hf_python=sys.executable):  # -> the benchmark's rows: seconds and peak MB, ours and HF's
+    args = argparse.Namespace(data=CORPUS, vocab_size=4096)
+    runs = [(run_child(sys.executable, "ours", args), run_child(hf_python, "hf", args)) for _ in range(repeats)]
+    ours, hf = zip(*runs)  # in turns, so both see the same load
+    metric = f"train a {args.vocab_size:,}-token BPE on {CORPUS.name}"
+    theirs = {} if None in hf else {HF: statistics.median(s for s, _ in hf)}
+    theirs_peak = {} if None in hf else {HF: max(peak for _, peak in hf)}
+    return [row(f"{metric}, s", "lower", {OURS: statistics.median(s for s, _ in ours), **theirs}),
+            row(f"{metric}, peak MB", "lower", {OURS: max(peak for _, peak in ours), **theirs_peak})]
 
 
 def main():

@@ -1,0 +1,162 @@
+"""The benchmark's timing harness: engines taking turns, the inputs every part shares, rows and the markdown table they
+make, and the markers between which --markdown writes it into a page."""
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from gpt2_numpy import cores
+from gpt2_numpy.save import atomic_write
+from gpt2_numpy.tokenizer import PACKAGED_VOCABULARY
+
+REPO = Path(__file__).resolve().parents[2]
+HPARAMS_124M = {"n_vocab": 50257, "n_ctx": 1024, "n_embd": 768, "n_head": 12, "n_layer": 12}
+OURS, HF, TEXTBOOK = "gpt2_numpy", "HF transformers", "textbook model.py"
+BEGIN, END = "<!-- benchmark:begin -->", "<!-- benchmark:end -->"
+
+
+# --- timing ---
+
+
+def in_turns(measures, repeats):  # {name: measure() -> seconds} -> {name: median seconds}
+    # the engines take turns, repeat by repeat, so a machine that speeds up or slows down mid-row (timings here drift
+    # by 15% and more) moves both engines' medians alike, and their ratio holds
+    for measure in measures.values():
+        measure()  # warm-up
+    times = {name: [] for name in measures}
+    for _ in range(repeats):
+        for name, measure in measures.items():
+            times[name].append(measure())
+    return {name: float(np.median(t)) for name, t in times.items()}
+
+
+def wall_seconds(run):  # -> a measure for in_turns: the wall time of one run()
+    def measure():
+        start = time.perf_counter()
+        run()
+        return time.perf_counter() - start
+    return measure
+
+
+def median_seconds(run, repeats):  # -> median wall time of run() after one warm-up call
+    return in_turns({"run": wall_seconds(run)}, repeats)["run"]
+
+
+def blas_threads():  # the threads NumPy's BLAS uses: OpenBLAS's own count, else the variables it honours, or every core
+    blas = cores.openblas()
+    if blas:
+        return blas[1]()
+    for variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
+        if os.environ.get(variable):
+            return int(os.environ[variable])
+    return os.cpu_count()
+
+
+def blas_name():
+    blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+    return f"{blas.get('name')} {blas.get('version', '')}".strip()
+
+
+# Peak memory of a whole process: parts run a script in a fresh process per case, with this function in it. VmHWM, not
+# ru_maxrss: Linux carries ru_maxrss over from the parent at fork, so a child would report our own peak.
+PEAK_RSS_BYTES = """
+def peak_rss_bytes():
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM:"))
+"""
+
+
+def fresh_process(script, *args):  # -> stdout of `python -c script args` in a new process, from the repo root
+    return subprocess.run([sys.executable, "-c", script, *map(str, args)], capture_output=True, text=True, check=True,
+                          cwd=REPO).stdout
+
+
+# --- inputs ---
+
+
+def prompt_ids(n):  # a fixed pseudo-random prompt of n ids
+    return np.random.default_rng(0).integers(0, HPARAMS_124M["n_vocab"], n).tolist()
+
+
+def vocabulary(checkpoint):  # -> the folder with GPT-2's encoder.json and vocab.bpe: the checkpoint's, or our copy
+    return checkpoint if (checkpoint / "encoder.json").exists() else PACKAGED_VOCABULARY
+
+
+def batch_prompts(lengths):  # -> one fixed pseudo-random prompt per length, each different
+    rng = np.random.default_rng(1)
+    return [rng.integers(0, HPARAMS_124M["n_vocab"], n).tolist() for n in lengths]
+
+
+# --- rows and tables ---
+
+
+def row(metric, better, values):  # values: {engine or column name: number}
+    return {"metric": metric, "better": better, **values}
+
+
+def comparison_table(rows, names):  # -> markdown lines: a column per name, the ratio of the first two, then the rest
+    if not rows:
+        return []
+    extra = sorted({key for r in rows for key in r} - {"metric", "better", *names})  # e.g. tiktoken
+    columns = ["metric", *names, *extra] + ([f"{names[0]} / {names[1]}"] if len(names) == 2 else [])
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for r in rows:
+        cells = [r["metric"]] + [f"{r[n]:,.3g}" if r.get(n) is not None else "" for n in (*names, *extra)]
+        if len(names) == 2:
+            cells.append(ratio(r, *names))
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def ratio(r, ours, theirs):  # "0.62× (better)": ours / theirs, and whether that is the good side of 1
+    if r.get(ours) is None or r.get(theirs) is None:
+        return ""
+    value = r[ours] / r[theirs]
+    better = value > 1 if r["better"] == "higher" else value < 1
+    return f"{value:.2f}× ({'better' if better else 'worse'})"
+
+
+def report(header, rows, names, goals, where):  # -> markdown: the setting, the table, the goals, where time goes
+    lines = ["```", *(f"{key}: {value}" for key, value in header.items()), "```"]
+    sections = {"": comparison_table(rows, names), "Goals:": goals, "Where our time goes:": where}
+    for title, table in sections.items():
+        if table:  # a section only where the parts that ran measured something for it
+            lines += [""] + ([title, ""] if title else []) + table
+    return "\n".join(lines)
+
+
+# --- the page --markdown writes into ---
+
+
+def fail(message):  # one line on stderr, and the exit status of a bad argument
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def between_markers(page, tables):  # -> page with tables in place of what stood between its markers; None if none
+    start = page.find(BEGIN)
+    end = page.find(END, start + len(BEGIN)) if start >= 0 else -1
+    if end < 0:
+        return None
+    return page[:start + len(BEGIN)] + "\n" + tables + "\n" + page[end:]
+
+
+def read_page(path):  # -> the text of the page, which must hold the two markers
+    try:
+        page = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeError) as error:
+        fail(f"cannot read --markdown {path}: {getattr(error, 'strerror', None) or error}")
+    if between_markers(page, "") is None:
+        fail(f"--markdown {path} has no {BEGIN} ... {END} pair: add the two lines where the tables go")
+    return page
+
+
+def write_between_markers(path, tables):  # the page read again, as it may have changed during the run
+    page = between_markers(read_page(path), tables)
+    try:
+        atomic_write(path, lambda file: file.write(page.encode("utf-8")))
+    except OSError as error:
+        fail(f"cannot write --markdown {path}: {error.strerror or error} (the tables are printed above)")
