@@ -25,10 +25,12 @@ LEAF_NAMES = {"w": "weight", "g": "weight", "b": "bias"}  # ours -> Hugging Face
 
 def save_model(folder, hparams, params, tokenizer_dir, metadata=None):  # -> None: folder holds a complete model
     """Write params and hparams as model.safetensors + config.json, and copy the tokenizer files from tokenizer_dir
-    (either layout) as vocab.json + merges.txt. metadata ({str: str}) goes into the safetensors header."""
+    (either layout) as vocab.json + merges.txt; None: folder holds them already. metadata ({str: str}) goes into the
+    safetensors header."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    copy_tokenizer(tokenizer_dir, folder)
+    if tokenizer_dir is not None:
+        copy_tokenizer(tokenizer_dir, folder)
     tensors = {hf_name(key): array for key, array in flatten(params)}
     atomic_write(folder / "config.json", lambda file: file.write(json.dumps(hf_config(hparams), indent=2).encode()))
     # "format": "pt" tells transformers which framework's layout the tensors follow; it refuses files without it
@@ -98,3 +100,13 @@ def current_umask():  # -> the process's umask; reading it means setting it, so 
     umask = os.umask(0)
     os.umask(umask)
     return umask
+
+
+def fsync_folder(folder):  # -> None: the names created or renamed in folder have reached the disk
+    if os.name != "posix":  # Windows cannot open a folder to flush it
+        return
+    descriptor = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)

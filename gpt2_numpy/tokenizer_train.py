@@ -35,6 +35,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from gpt2_numpy.errors import UsageError
 from gpt2_numpy.save import atomic_write
 from gpt2_numpy.tokenizer import EOT, WORD_PATTERN, Tokenizer, bytes_to_unicode, replace_pair, without_surrogates
 
@@ -122,6 +123,17 @@ def merge_in_words(pair, new_id, indices, words, counts, pair_counts, where):  #
         words[index] = merged
     del pair_counts[pair]  # now 0: every occurrence was merged
     return new_pairs
+
+
+def train_vocabulary(text, vocab_size, min_frequency=2, what="the text"):  # -> train_bpe's merges, all of them
+    """train_bpe's merges; UsageError when the text cannot make the whole vocabulary (too few pairs seen at least
+    min_frequency times), saying how large a vocabulary it can make."""
+    merges = train_bpe(text, vocab_size, min_frequency)
+    if len(merges) < merges_to_make(vocab_size):
+        raise UsageError(f"--vocab-size {vocab_size}: {what} has only {len(merges):,} pairs to merge seen at least "
+                         f"{min_frequency} times, which make a vocabulary of {257 + len(merges):,} tokens: ask for "
+                         f"--vocab-size {257 + len(merges)} or less, lower --min-frequency, or give more text")
+    return merges
 
 
 def merges_to_make(vocab_size):  # -> the number of merges a vocab_size-token vocabulary holds

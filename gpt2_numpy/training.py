@@ -1,41 +1,28 @@
-"""Training GPT-2 in NumPy: the data as batches of windows, the loop (the hand-written backward, AdamW, evaluations),
-and the run folder it keeps resumable. The command line is gpt2_numpy/commands/train.py (`gpt2-numpy train`).
+"""Training GPT-2 in NumPy: the data as batches of windows, and the loop (the hand-written backward, AdamW,
+evaluations) that keeps a run's folder resumable (gpt2_numpy/runs.py). The command line is
+gpt2_numpy/commands/train.py (`gpt2-numpy train`).
 
-A run's folder is a model folder in Hugging Face's layout (gpt2_numpy/save.py), which every command loads with
-`--model DIR` and `transformers.GPT2LMHeadModel.from_pretrained(DIR)` reads, plus:
-    train_state.npz   what --resume needs besides the weights: AdamW's moments, the step, the data order and position,
-                      the RNG state and the run's settings
-    log.csv           one row per step: step, train_loss, val_loss and val_bits_per_byte (at evaluations), lr,
-                      grad_norm (before clipping), tokens, seconds
-Every file is replaced atomically (a temporary name, then a rename). Ctrl-C finishes the step in progress, saves it and
-exits with status 130; a second Ctrl-C stops at once, keeping the last save.
+Ctrl-C finishes the step in progress, saves it and exits with status 130; a second Ctrl-C stops at once, keeping the
+last whole save. A run that cannot go on (its folder's disk refuses a write, or the loss or the gradient norm is no
+longer finite) stops with one error line naming the save it keeps, and exit status 1; bad input exits with 2.
 """
-import csv
-import io
 import json
 import math
 import signal
 import time
-import zipfile
 from contextlib import contextmanager
 
 import numpy as np
 
 from gpt2_numpy.backward import loss_and_grads
-from gpt2_numpy.checkpoint import load_params
 from gpt2_numpy.console import log, plural, progress_bar
 from gpt2_numpy.errors import Interrupted, UsageError
 from gpt2_numpy.fast import lm_head, log_softmax_at, transformer
-from gpt2_numpy.formats import parse_json
-from gpt2_numpy.formats.safetensors import read_metadata
 from gpt2_numpy.optim import adamw_state, adamw_step, clip_grads, learning_rate
 from gpt2_numpy.params import flatten
-from gpt2_numpy.save import atomic_write, save_model
+from gpt2_numpy.runs import diverged, open_log, restore_moments, save_run
 from gpt2_numpy.tokenizer import check_in_vocabulary
 
-STATE = "train_state.npz"
-LOG = "log.csv"
-LOG_FIELDS = ("step", "train_loss", "val_loss", "val_bits_per_byte", "lr", "grad_norm", "tokens", "seconds")
 
 
 # --- The model ---
@@ -158,140 +145,20 @@ def val_windows(val, seq_len, n_windows):  # -> int [n, seq_len + 1]: the first 
     return val[np.arange(n)[:, None] * seq_len + np.arange(seq_len + 1)]
 
 
-# --- The training state on disk ---
-
-
-def save_run(out, hparams, params, opt_state, batches, step, seconds, settings):  # -> None: out holds a resumable run
-    # the weights first, then the state; each names its step, so a crash between the two renames is detected on resume
-    save_model(out, hparams, params, out, metadata={"step": str(step)})
-    arrays = {f"opt/{'/'.join(map(str, key))}": np.asarray(leaf) for key, leaf in flatten(opt_state)}
-    arrays.update(batches.state(), step=np.array(step), seconds=np.array(seconds),
-                  settings=np.array(json.dumps(settings)))
-    atomic_write(out / STATE, lambda file: np.savez(file, **arrays))
-
-
-def load_run(out):  # -> (hparams, params, state arrays) of the run saved in out, all checked; UsageError if none
-    # every check of a resumed run is here, before anything is written: what comes later trusts the state
-    if not (out / STATE).is_file():
-        raise UsageError(f"--resume: {out} holds no training state ({STATE}): start the run without --resume")
-    hparams, params = load_params(out)  # CheckpointError names what is wrong with the weights
-    try:
-        with np.load(out / STATE, allow_pickle=False) as file:
-            state = dict(file)
-    except (OSError, EOFError, ValueError, zipfile.BadZipFile) as error:
-        raise damaged_state(out, f"it cannot be read: {error}") from None
-    problem = state_problem(state, params)
-    if problem:
-        raise damaged_state(out, problem)
-    model_step = read_metadata(out / "model.safetensors").get("step")
-    if model_step != str(int(state["step"])):
-        raise UsageError(f"--resume: {out}'s weights are from step {model_step} but its {STATE} from step "
-                         f"{int(state['step'])} (a save was cut off): start a new run in another folder")
-    read_log(out / LOG)  # its rows' steps, checked now; open_log keeps the rows up to the saved step
-    return hparams, params, state
-
-
-def damaged_state(out, problem):  # -> UsageError for a train_state.npz that cannot be resumed
-    return UsageError(f"--resume: {out / STATE} is damaged ({problem}): start a new run in another folder (--init "
-                      f"{out} starts it from the saved weights)")
-
-
-SCALARS = {"step": "iu", "opt/step": "iu", "data_position": "iu", "seconds": "fiu", "settings": "U", "data_rng": "U"}
-SETTING_CHECKS = {  # a saved setting -> is its value one that the flags could have given
-    **dict.fromkeys(("batch_size", "seq_len", "eval_batches"), lambda value: type(value) is int and value >= 1),
-    **dict.fromkeys(("seed", "warmup", "steps"), lambda value: type(value) is int and value >= 0),
-    "lr": lambda value: type(value) in (int, float) and 0 < value < math.inf,
-    "val_fraction": lambda value: type(value) in (int, float) and 0 < value < 1,
-    "schedule": lambda value: value in ("cosine", "constant"),
-    "data_sha256": lambda value: isinstance(value, str),
-    "init": lambda value: value is None or isinstance(value, str),
-}
-
-
-def state_problem(state, params):  # -> what makes train_state.npz's arrays unfit to resume these params, or None
-    missing = next((name for name in (*SCALARS, "data_order") if name not in state), None)
-    if missing:
-        return f"no {missing}"
-    for name, kinds in SCALARS.items():
-        if state[name].shape != () or state[name].dtype.kind not in kinds:
-            return f"{name} is not a single {'text' if kinds == 'U' else 'number'}"
-    step, order, position = int(state["step"]), state["data_order"], int(state["data_position"])
-    if step < 0 or int(state["opt/step"]) != step:
-        return f"step {step}, AdamW's step {int(state['opt/step'])}"
-    try:
-        settings = parse_json(str(state["settings"]))
-        np.random.PCG64().state = parse_json(str(state["data_rng"]))  # what Batches.restore sets: PCG64's state
-    except (ValueError, TypeError, KeyError, OverflowError) as error:
-        return f"its settings or data_rng are not what was saved: {error}"
-    if not isinstance(settings, dict):
-        return "its settings are not a JSON object"
-    wrong = next((name for name, check in SETTING_CHECKS.items() if name not in settings or not check(settings[name])),
-                 None)
-    if wrong:
-        return f"the setting {wrong} is {settings.get(wrong, 'missing')!r}"
-    if order.ndim != 1 or order.dtype.kind not in "iu" or not np.array_equal(np.sort(order), np.arange(len(order))):
-        return "data_order is not an order of the data's windows"
-    if not 0 <= position <= len(order):
-        return f"data_position {position} is outside the order of {len(order):,} windows"
-    for key, param in flatten(params):
-        for moment in ("m", "v"):
-            name = f"opt/{moment}/{'/'.join(map(str, key))}"
-            if name not in state or state[name].shape != param.shape or state[name].dtype.kind != "f":
-                found = state[name].shape if name in state else "missing"
-                return f"the moment {name} should be {param.shape} floats, found {found}"
-    return None
-
-
-def restore_moments(template, state):  # -> optimizer state shaped like template, its leaves from state's "opt/" arrays
-    def fill(node, prefix):
-        if isinstance(node, dict):
-            return {key: fill(value, prefix + (key,)) for key, value in node.items()}
-        if isinstance(node, list):
-            return [fill(value, prefix + (index,)) for index, value in enumerate(node)]
-        saved = state[f"opt/{'/'.join(map(str, prefix))}"]
-        return saved if isinstance(node, np.ndarray) else type(node)(saved)
-
-    return fill(template, ())
-
-
-def read_log(path):  # -> log.csv's rows, none if it is missing; UsageError when a row's step is not a whole number
-    if not path.is_file():
-        return []
-    try:
-        with path.open(newline="", encoding="utf-8") as file:
-            reader, rows = csv.DictReader(file), []
-            for row in reader:
-                if not str(row.get("step")).isdecimal():
-                    raise UsageError(f"--resume: line {reader.line_num} of {path} has the step {row.get('step')!r}, "
-                                     "not a whole number: correct that line (or delete it)")
-                rows.append(row)
-    except (UnicodeDecodeError, csv.Error) as error:
-        raise UsageError(f"--resume: {path} is not a CSV log ({error}): delete it (the run resumes, its earlier "
-                         "rows are lost)") from None
-    return rows
-
-
-def open_log(out, step):  # -> csv writer appending to out/log.csv, which keeps only the rows up to step
-    path = out / LOG
-    rows = [row for row in read_log(path) if int(row["step"]) <= step] if step else []
-    text = io.StringIO()
-    writer = csv.DictWriter(text, LOG_FIELDS)
-    writer.writeheader()
-    writer.writerows(rows)
-    atomic_write(path, lambda file: file.write(text.getvalue().encode()))
-    file = path.open("a", newline="")
-    return file, csv.DictWriter(file, LOG_FIELDS)
-
-
 # --- The loop ---
 
 
-def train(out, hparams, params, state, step, settings, train_ids, val_ids, token_lengths):  # -> exit status
+# a diverging run overflows float32: the checks after each step say so in one line, instead of NumPy's warnings
+@np.errstate(over="ignore", invalid="ignore", divide="ignore")
+def train(out, write_tokenizer, hparams, params, state, step, settings, train_ids, val_ids,
+          token_lengths):  # -> exit status; write_tokenizer(folder) puts the run's tokenizer files in a save
     batches = Batches(train_ids, settings["seq_len"], settings["batch_size"], settings["seed"])
     opt_state = adamw_state(params)
     if state is not None:
         batches.restore(state)
         opt_state = restore_moments(opt_state, state)
+    else:  # the first save, at step 0: from here on out holds a run that --resume continues
+        save_run(out, write_tokenizer, hparams, params, opt_state, batches, step, 0.0, settings)
     validation = val_windows(val_ids, settings["seq_len"], settings["eval_batches"] * settings["batch_size"])
     steps, n_head = settings["steps"], hparams["n_head"]
     if step >= steps:
@@ -314,6 +181,8 @@ def train(out, hparams, params, state, step, settings, train_ids, val_ids, token
             loss, grads = loss_and_grads(inputs, targets, params, n_head)
             lr = learning_rate(step, settings["lr"], settings["warmup"], steps, settings["schedule"])
             grad_norm = clip_grads(grads)
+            if not (math.isfinite(loss) and math.isfinite(grad_norm)):  # before the update: the weights stay finite
+                raise diverged(out, step + 1, f"the loss is {loss:.4g} and the gradient norm {grad_norm:.4g}")
             opt_state = adamw_step(params, grads, opt_state, lr)
             step += 1
             train_seconds += time.perf_counter() - step_start
@@ -322,6 +191,8 @@ def train(out, hparams, params, state, step, settings, train_ids, val_ids, token
                    "seconds": f"{time.perf_counter() - started:.1f}"}
             if step % settings["eval_every"] == 0 or step == steps:
                 row.update(validation_row(validation, params, n_head, token_lengths))
+                if not math.isfinite(float(row["val_loss"])):
+                    raise diverged(out, step, f"the validation loss is {row['val_loss']}")
             log_writer.writerow(row)
             log_file.flush()
             bar.set_postfix_str(f"loss {loss:.3f}" + (f", val {float(row['val_loss']):.3f} "
@@ -330,7 +201,10 @@ def train(out, hparams, params, state, step, settings, train_ids, val_ids, token
                                 f", {(step - bar.initial) * tokens_per_step / train_seconds:,.0f} tokens/s")
             bar.update()
             if step % settings["save_every"] == 0 or step == steps or stop.requested:
-                save_run(out, hparams, params, opt_state, batches, step, time.perf_counter() - started, settings)
+                if not all(np.isfinite(leaf).all() for _, leaf in flatten(params)):  # an update that overflowed
+                    raise diverged(out, step, "the weights hold NaN or infinite values")
+                save_run(out, write_tokenizer, hparams, params, opt_state, batches, step,
+                         time.perf_counter() - started, settings)
     if stop.requested:
         raise Interrupted(f"saved step {step} to {out}; continue with the same command and --resume")
     log(f"step {step}: saved the model to {out}; load it with --model {out}")

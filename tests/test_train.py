@@ -220,8 +220,8 @@ def test_fine_tuning_starts_from_the_official_model(tmp_path, data):
 
 
 @pytest.mark.parametrize("case, fragment", [
-    ("missing", "cannot read the data file"),
-    ("folder", "cannot read the data file"),
+    ("missing", "cannot read --data"),
+    ("folder", "cannot read --data"),
     ("latin-1", "is not UTF-8 text"),
     ("short", "the data is too short"),
     ("seq-len", "--seq-len 64 is over the model's context of 32"),

@@ -18,7 +18,7 @@ COMMANDS = {  # name -> what it does, in one line; each is gpt2_numpy/commands/<
     "score": "how likely a text is: loss, perplexity and bits per byte, per token too",
     "explain": "look inside: each step's shapes, attention, the logit lens, an HTML page",
     "train": "train a model on a text file, from scratch or from an official GPT-2",
-    # "tokenizer": train a byte-level BPE tokenizer on a text file (gpt2-numpy tokenizer --data FILE ...)
+    "tokenizer": "train a byte-level BPE tokenizer on a text file, as Hugging Face's trainer does",
     "download": "fetch an official GPT-2 (124M to 1558M), resuming and verifying it",
 }
 

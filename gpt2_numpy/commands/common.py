@@ -16,6 +16,7 @@ from gpt2_numpy.allocator import keep_freed_memory
 from gpt2_numpy.catalog import MODEL_SIZES, OFFICIAL_HPARAMS, SOURCES, models_dir_path
 from gpt2_numpy.console import log, plural
 from gpt2_numpy.errors import Gpt2NumpyError, Interrupted, OutOfMemory, OutputError, UsageError
+from gpt2_numpy.formats import read_text
 from gpt2_numpy.loading import load_folder
 from gpt2_numpy.weights import ensure_model
 
@@ -215,6 +216,15 @@ def check_models_dir(models_root):  # -> None, or UsageError when the models dir
 
 
 # --- The prompt ---
+
+
+def read_data(path, flag="--data"):  # -> the UTF-8 text of the file a flag names; UsageError when it cannot be
+    def fail(error):
+        if isinstance(error, UnicodeDecodeError):
+            return UsageError(f"{flag} {path} is not UTF-8 text (byte {error.start} cannot be decoded): convert it to "
+                              "UTF-8 first")
+        return UsageError(f"cannot read {flag} {path}: {error.strerror or error}")
+    return read_text(path, fail)
 
 
 def read_prompt(argument):  # -> prompt text; "-" reads stdin

@@ -10,7 +10,6 @@ from gpt2_numpy.console import log
 from gpt2_numpy.errors import UsageError
 from gpt2_numpy.weights import MARKER, ensure_model, is_complete, model_files
 
-SUMMARY = "fetch an official GPT-2 (124M to 1558M), resuming and verifying it"
 
 
 def parse_args(argv):  # -> argparse.Namespace whose size is the one model to download

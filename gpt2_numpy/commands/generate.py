@@ -24,7 +24,6 @@ from gpt2_numpy.errors import Interrupted, UsageError
 from gpt2_numpy.loading import prompt_ids
 from gpt2_numpy.sampling import check_sampling_args
 
-SUMMARY = "continue prompts (greedy or sampled), streaming the text"
 JSON_HELP = (
     "print each sample, once it ends, as one JSON object on its own line (JSON Lines; nothing is streamed), with: "
     "prompt_index and sample_index (counted from 0: which PROMPT, and which of its --num-samples); seed (the one this "

@@ -14,15 +14,14 @@ import sys
 import numpy as np
 
 from gpt2_numpy.commands.common import (
-    ArgumentParser, add_model_args, load_model, open_stdout, read_prompt, run_cli, whole_number, write_stdout,
+    ArgumentParser, add_model_args, load_model, open_stdout, read_data, read_prompt, run_cli, whole_number,
+    write_stdout,
 )
 from gpt2_numpy.console import plural, progress_bar
 from gpt2_numpy.errors import UsageError
-from gpt2_numpy.formats import read_text
 from gpt2_numpy.likelihood import iter_log_probs, score_windows, scored_bytes, summary, text_ids
 from gpt2_numpy.tokenizer import EOT
 
-SUMMARY = "how likely a text is: loss, perplexity, bits per byte, per token"
 
 # surprisal (bits) -> ANSI colour of a token's text: green up to 2 bits, yellow up to 6, red up to 12, then bold red
 COLOURS = [(2, "32"), (6, "33"), (12, "31"), (math.inf, "1;31")]
@@ -70,7 +69,7 @@ def run(argv=None):  # -> exit status
     if args.data is None:
         text = read_prompt(args.text)
     else:
-        text = read_text(args.data, text_file_error(args.data, args.data_flag))
+        text = read_data(args.data, args.data_flag)
     hparams, params, tokenizer = load_model(args)
     ids = text_ids(tokenizer, text, hparams["n_vocab"], bos=not args.no_bos)
     log_probs = scored_with_progress(ids, params, hparams["n_head"], args.stride)
@@ -89,16 +88,6 @@ def run(argv=None):  # -> exit status
 
 def json_text(scores):  # -> one line of standard JSON: an infinite perplexity is null (JSON has no Infinity)
     return json.dumps({key: None if value == math.inf else value for key, value in scores.items()})
-
-
-def text_file_error(path, flag):  # -> read_text's fail: UsageError for a file that cannot be read or is not UTF-8
-    def fail(error):
-        if isinstance(error, UnicodeDecodeError):
-            return UsageError(f"{flag} {path} is not UTF-8 text (byte {error.start} cannot be decoded): convert it to "
-                              "UTF-8 first")
-        return UsageError(f"cannot read {flag} {path}: {error.strerror or error}")
-
-    return fail
 
 
 def scored_with_progress(ids, params, n_head, stride):  # -> float64 [len(ids) - 1], with a progress bar on stderr

@@ -8,6 +8,8 @@ folder (gpt2_numpy/training.py holds the loop and the run folder).
 """
 import hashlib
 import json
+from contextlib import ExitStack
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -15,17 +17,17 @@ import numpy as np
 from gpt2_numpy.catalog import MODEL_SIZES, models_dir_path
 from gpt2_numpy.checkpoint import load_params
 from gpt2_numpy.commands.common import (
-    ArgumentParser, check_models_dir, fraction, positive_float, run_cli, whole_number,
+    ArgumentParser, check_models_dir, fraction, positive_float, read_data, run_cli, whole_number,
 )
-from gpt2_numpy.console import log, plural
+from gpt2_numpy.console import log
 from gpt2_numpy.errors import UsageError
-from gpt2_numpy.formats import read_text
 from gpt2_numpy.loading import load_folder
 from gpt2_numpy.params import gpt2_init, map_leaves
-from gpt2_numpy.save import save_model
+from gpt2_numpy.runs import check_out, claimed, load_run, settled_if_cut
+from gpt2_numpy.save import copy_tokenizer
 from gpt2_numpy.tokenizer import PACKAGED_VOCABULARY, load_tokenizer
-from gpt2_numpy.tokenizer_train import merges_to_make, save_tokenizer, train_bpe, trained_tokenizer
-from gpt2_numpy.training import STATE, data_tokens, load_run, split_text, train
+from gpt2_numpy.tokenizer_train import save_tokenizer, train_vocabulary, trained_tokenizer
+from gpt2_numpy.training import data_tokens, split_text, train
 from gpt2_numpy.weights import ensure_model
 
 GPT2_VOCAB = 50257  # a model trained from scratch without --vocab-size uses GPT-2's tokenizer, so its vocabulary
@@ -122,14 +124,6 @@ def init_name(init):  # -> --init as the run records it: an official size, or th
     return init if init in MODEL_SIZES else str(Path(init).resolve())
 
 
-def check_out(out, resume):  # -> None, or UsageError for an --out that cannot hold a run
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out} is a file: pass a folder (it is created if missing)")
-    if not resume and (out / STATE).exists():
-        raise UsageError(f"--out {out} already holds a training run: add --resume to continue it, or choose another "
-                         "folder")
-
-
 def start_model(args):  # -> hparams, params, the folder holding the tokenizer files
     if args.init in MODEL_SIZES:
         check_models_dir(models_dir_path(args.models_dir))
@@ -152,18 +146,12 @@ def start_model(args):  # -> hparams, params, the folder holding the tokenizer f
     return hparams, None, PACKAGED_VOCABULARY  # GPT-2's tokenizer, shipped with the package: nothing to download
 
 
-def own_vocabulary(text, vocab_size, min_frequency, data):  # -> merges of a vocab_size-token BPE trained on text
-    log(f"training a {vocab_size:,}-token tokenizer on the training part of {data}")
-    merges = train_bpe(text, vocab_size, min_frequency)
-    if len(merges) < merges_to_make(vocab_size):
-        raise UsageError(f"--vocab-size {vocab_size}: the training part of {data} has only "
-                         f"{plural(len(merges), 'pair')} to merge seen at least {min_frequency} times, which make a "
-                         f"vocabulary of {257 + len(merges):,} tokens: ask for --vocab-size {257 + len(merges)} or "
-                         "less, lower --min-frequency, or give more text")
-    return merges
-
-
 def run(argv=None):  # -> exit status
+    with ExitStack() as lock:
+        return run_holding(argv, lock)
+
+
+def run_holding(argv, lock):  # -> exit status; lock: the ExitStack that holds out's lock, once claimed, to the end
     args = parse_args(argv)
     shape_flags = ["--" + name.replace("_", "-") for name in SHAPE_DEFAULTS if getattr(args, name) is not None]
     if args.init is not None and shape_flags:
@@ -175,8 +163,10 @@ def run(argv=None):  # -> exit status
     if args.min_frequency and not args.vocab_size and not args.resume:
         raise UsageError("--min-frequency sets how --vocab-size trains the tokenizer: add --vocab-size N, or drop it")
     out = args.out
-    check_out(out, args.resume)
-    text = read_text(args.data, data_file_error(args.data))
+    ours = check_out(out, args.resume)
+    if ours:  # locked before anything is read, so that a run still going there is named as such
+        lock.enter_context(claimed(out, args.resume))
+    text = read_data(args.data)
     digest = hashlib.sha256(text.encode("utf-8")).hexdigest()  # the file's bytes: UTF-8 decodes and encodes exactly
     if args.resume:
         hparams, params, state = load_run(out)
@@ -198,7 +188,9 @@ def run(argv=None):  # -> exit status
     merges = None
     if settings.get("vocab_size") and state is None:  # the run's own tokenizer, which never sees the held-out tail
         train_text = split_text(text, settings["val_fraction"])[0]
-        merges = own_vocabulary(train_text, settings["vocab_size"], settings["min_frequency"], args.data)
+        log(f"training a {settings['vocab_size']:,}-token tokenizer on the training part of {args.data}")
+        merges = train_vocabulary(train_text, settings["vocab_size"], settings["min_frequency"],
+                                  f"the training part of {args.data}")
     tokenizer = trained_tokenizer(merges) if merges else load_tokenizer(out if settings.get("vocab_size") else
                                                                          tokenizer_dir)
     log(f"tokenizing {args.data} ({len(text):,} characters)" + (
@@ -206,30 +198,15 @@ def run(argv=None):  # -> exit status
     train_ids, val_ids = data_tokens(text, tokenizer, hparams["n_vocab"], settings["val_fraction"],
                                      settings["seq_len"], own_vocabulary=bool(settings.get("vocab_size")))
     log(f"{len(train_ids):,} training tokens, {len(val_ids):,} held out")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        if merges:
-            save_tokenizer(out, merges)
-            tokenizer_dir = out
-        if state is None:
-            save_model(out, hparams, params, tokenizer_dir, metadata={"step": "0"})  # whole from the start
+    if not ours:
+        lock.enter_context(claimed(out, resume=False))  # only now, the input known to be good, is out made
+    # the tokenizer files every save holds: those of the run's own vocabulary, else of its model's folder
+    write_tokenizer = partial(save_tokenizer, merges=merges) if merges else partial(copy_tokenizer, tokenizer_dir)
+    token_lengths = np.array([len(tokenizer.token_bytes(token_id)) for token_id in range(tokenizer.n_vocab)])
+    with settled_if_cut(out):
         # loaded arrays are read-only views of memory-mapped files: training updates copies of its own
-        token_lengths = np.array([len(tokenizer.token_bytes(token_id)) for token_id in range(tokenizer.n_vocab)])
-        return train(out, hparams, map_leaves(np.array, params), state, step, settings, train_ids, val_ids,
-                     token_lengths)
-    except OSError as error:  # every read is done by now: this is --out's disk (full, read-only, gone)
-        raise UsageError(f"cannot write {error.filename or out} ({error.strerror or error}): free some disk space or "
-                         "choose another --out; the last save stays as it was") from None
-
-
-def data_file_error(path):  # -> read_text's fail: UsageError for a data file that cannot be read or is not UTF-8
-    def fail(error):
-        if isinstance(error, UnicodeDecodeError):
-            return UsageError(f"the data file {path} is not UTF-8 text (byte {error.start:,}): convert it to UTF-8")
-        return UsageError(f"cannot read the data file {path} ({error.strerror or error}): pass a readable UTF-8 text "
-                          "file with --data")
-
-    return fail
+        return train(out, write_tokenizer, hparams, map_leaves(np.array, params), state, step, settings, train_ids,
+                     val_ids, token_lengths)
 
 
 def main(argv=None):  # -> never returns; errors become one line on stderr and an exit status

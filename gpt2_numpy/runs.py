@@ -1,0 +1,288 @@
+"""A training run's folder, kept resumable whatever happens: its saves, its lock, its log, and the checks that a
+folder holds a run that --resume can continue. The loop that fills it is gpt2_numpy/training.py.
+
+A run's folder is a model folder in Hugging Face's layout (gpt2_numpy/save.py), which every command loads with
+`--model DIR` and `transformers.GPT2LMHeadModel.from_pretrained(DIR)` reads, plus:
+    train_state.npz   what --resume needs besides the weights: AdamW's moments, the step, the data order and position,
+                      the RNG state and the run's settings
+    log.csv           one row per step: step, train_loss, val_loss and val_bits_per_byte (at evaluations), lr,
+                      grad_norm (before clipping), tokens, seconds; written as the run goes, so --resume drops the
+                      rows after its save
+    .train.lock       locked for the whole run, as downloads lock their folder: a second run into it stops at once
+
+A save is one unit, so that whatever cuts it off (a full disk, a second Ctrl-C, a kill) the folder holds one whole
+save, and the weights `--model OUT` loads are always those --resume continues from. It is written whole into
+OUT/.train.save/ (model.safetensors, whose header names the step, config.json, the tokenizer files, and
+train_state.npz last), every file and the folder flushed to the disk. Then its files take their places in OUT, the
+weights first: that one rename is the moment the save happens. A save cut off midway is settled by the next run, under
+the lock, or on the spot: if the weights in OUT name its step, the rest of it moves in; otherwise .train.save/ goes
+and the save before it stays, whole. So the folder needs room for two saves at once: the one in place and the next.
+"""
+import csv
+import errno
+import io
+import json
+import math
+import os
+import shutil
+import zipfile
+from contextlib import contextmanager, suppress
+
+import numpy as np
+
+from gpt2_numpy.checkpoint import load_params
+from gpt2_numpy.errors import Gpt2NumpyError, Interrupted, TrainingFailed, UsageError
+from gpt2_numpy.formats import parse_json
+from gpt2_numpy.formats.safetensors import read_metadata
+from gpt2_numpy.params import flatten
+from gpt2_numpy.save import atomic_write, fsync_folder, save_model
+from gpt2_numpy.tokenizer import FILE_NAMES
+from gpt2_numpy.weights import release_lock, take_lock
+
+STATE = "train_state.npz"
+LOG = "log.csv"
+LOG_FIELDS = ("step", "train_loss", "val_loss", "val_bits_per_byte", "lr", "grad_norm", "tokens", "seconds")
+MODEL = "model.safetensors"
+STAGING = ".train.save"  # the next save, written whole here before its files take their places in --out
+LOCK = ".train.lock"
+# the order in which a save's files take their places: the weights first (their header names the step, so that rename
+# is the save), the state last (while .train.save/ holds it, the save has not all moved in)
+SAVE_ORDER = (MODEL, "config.json", *FILE_NAMES["Hugging Face"], STATE)
+DISK_FIXES = {errno.ENOSPC: "free some disk space", errno.EDQUOT: "free some disk space",
+              errno.EACCES: "fix its permissions", errno.EPERM: "fix its permissions",
+              errno.EROFS: "its file system is read-only: remount it writable"}
+
+
+def save_run(out, write_tokenizer, hparams, params, opt_state, batches, step, seconds, settings):  # -> None: out
+    # holds the run at step, resumable (see the module docstring); cut off, it is settled by settle().
+    # write_tokenizer(folder) puts the run's tokenizer files in folder
+    staging = out / STAGING
+    staging.mkdir()  # none is left: settle() ran when the run took the lock, and a failed save ends the run
+    write_tokenizer(staging)
+    save_model(staging, hparams, params, None, metadata={"step": str(step)})
+    arrays = {f"opt/{'/'.join(map(str, key))}": np.asarray(leaf) for key, leaf in flatten(opt_state)}
+    arrays.update(batches.state(), step=np.array(step), seconds=np.array(seconds),
+                  settings=np.array(json.dumps(settings)))
+    atomic_write(staging / STATE, lambda file: np.savez(file, **arrays))  # last: with it, the save is whole
+    fsync_folder(staging)
+    move_in(out)
+
+
+def move_in(out):  # -> None: .train.save/'s files in out, in SAVE_ORDER, and .train.save/ gone
+    for name in SAVE_ORDER:
+        with suppress(FileNotFoundError):  # a save settled after a cut: its first files may have moved already
+            os.replace(out / STAGING / name, out / name)
+        fsync_folder(out)  # each rename on the disk before the next: the weights' one is the save itself
+    (out / STAGING).rmdir()
+
+
+def settle(out):  # -> None: a save cut off midway (a full disk, a second Ctrl-C, a kill) made whole, or dropped
+    staging = out / STAGING
+    if not staging.exists():
+        return
+    if (staging / STATE).is_file():
+        with np.load(staging / STATE) as state:
+            staged = str(int(state["step"]))
+        if saved_step(out) == staged:  # its weights are in place: the save happened, the rest of it moves in
+            move_in(out)
+            return
+    shutil.rmtree(staging)  # never began to move in (or was never whole): the save in place stays
+
+
+def saved_step(out):  # -> the step of the save in out (str), as its weights' header names it; None before the first
+    return read_metadata(out / MODEL).get("step") if (out / MODEL).is_file() else None
+
+
+def kept(out):  # -> (the step of out's last save, None if there is none; the words that say which save out keeps)
+    try:
+        saved = saved_step(out)
+    except (OSError, Gpt2NumpyError):  # out cannot be read either
+        return None, f"{out} stays as it was"
+    return saved, "nothing was saved" if saved is None else f"the last save (step {saved}) is kept"
+
+
+def cannot_write(out, error):  # -> TrainingFailed for an OSError writing out: what to do, and which save stays
+    saved, keeps = kept(out)
+    then = "then continue with the same command and --resume" if saved else "or choose another --out"
+    fix = DISK_FIXES.get(error.errno, "fix that")
+    return TrainingFailed(f"cannot write to {out} ({error.strerror or error}): {fix}, {then}; {keeps}")
+
+
+def diverged(out, step, what):  # -> TrainingFailed for a run whose numbers are no longer finite at step
+    return TrainingFailed(f"step {step}: {what}: training diverged; {kept(out)[1]}; start again in another --out with "
+                          "a lower --lr or a longer --warmup")
+
+
+def check_out(out, resume):  # -> True when out holds a run of ours, to be claimed (and judged there) before anything
+    # else; False when it is empty or missing; UsageError when this run cannot write there
+    # A run of ours is a folder holding train_state.npz: only a save writes it, beside the weights of its step. Any
+    # other folder with files in it is someone else's (a model, an OpenAI checkpoint, notes), never written over. Our
+    # lock file does not count, and a save cut off midway (.train.save/) makes the folder ours.
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is a file: pass a folder (it is created if missing)")
+    try:
+        names = sorted(path.name for path in out.iterdir() if path.name != LOCK) if out.is_dir() else []
+    except OSError as error:
+        raise UsageError(f"cannot read --out {out} ({error.strerror or error}): fix its permissions or choose another "
+                         "folder") from None
+    if STATE in names or STAGING in names:
+        return True
+    if resume:
+        raise UsageError(f"--resume: {out} holds no training state ({STATE}): start the run without --resume")
+    if names:
+        listed = ", ".join(names[:3]) + (f" and {len(names) - 3:,} more" if len(names) > 3 else "")
+        raise UsageError(f"--out {out} holds files that are not a training run ({listed}): choose an empty or new "
+                         "folder, so that nothing in it is written over; to continue a run, give its folder and "
+                         "--resume")
+    return False
+
+
+@contextmanager
+def claimed(out, resume):  # -> None while this process holds out's lock, out settled (see settle) and checked again
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        lock = (out / LOCK).open("a")  # the file stays after the run, as the download lock does (see weights.locked)
+    except OSError as error:
+        raise cannot_write(out, error) from None
+    with lock:
+        if not take_lock(lock, out, "training", wait=False):
+            raise UsageError(f"another training run holds {out} (it has locked {LOCK}): wait for it to end, or choose "
+                             "another --out")
+        try:
+            with settled_if_cut(out):
+                settle(out)
+            if check_out(out, resume) and not resume:  # looked at again, settled: another run may have saved here
+                raise UsageError(f"--out {out} already holds a training run: add --resume to continue it, or choose "
+                                 "another folder")
+            yield
+        finally:
+            release_lock(lock)
+
+
+@contextmanager
+def settled_if_cut(out):  # -> context in which a save may be cut off: a disk error or a second Ctrl-C stops the run
+    # with one line, out settled as the next run would find it; out's lock must be held
+    try:
+        yield
+    except OSError as error:  # --out's disk: stderr cannot be the cause, as the progress bar and log() fail quietly
+        with suppress(OSError):
+            settle(out)  # drops a save cut off while written (freeing its space), or moves in one cut off moving in
+        raise cannot_write(out, error) from None
+    except KeyboardInterrupt:  # a second Ctrl-C
+        settle(out)
+        saved, keeps = kept(out)
+        raise Interrupted(f"stopped at once; {keeps}" + ("; continue with the same command and --resume" if saved
+                                                         else "")) from None
+
+
+def load_run(out):  # -> (hparams, params, state arrays) of the run saved in out, all checked; UsageError if none
+    # every check of a resumed run is here, before anything is written: what comes later trusts the state
+    if not (out / STATE).is_file():
+        raise UsageError(f"--resume: {out} holds no training state ({STATE}): start the run without --resume")
+    hparams, params = load_params(out)  # CheckpointError names what is wrong with the weights
+    try:
+        with np.load(out / STATE, allow_pickle=False) as file:
+            state = dict(file)
+    except (OSError, EOFError, ValueError, zipfile.BadZipFile) as error:
+        raise damaged_state(out, f"it cannot be read: {error}") from None
+    problem = state_problem(state, params)
+    if problem:
+        raise damaged_state(out, problem)
+    model_step = read_metadata(out / "model.safetensors").get("step")
+    if model_step != str(int(state["step"])):
+        raise UsageError(f"--resume: {out}'s weights are from step {model_step} but its {STATE} from step "
+                         f"{int(state['step'])} (a save was cut off): start a new run in another folder")
+    read_log(out / LOG)  # its rows' steps, checked now; open_log keeps the rows up to the saved step
+    return hparams, params, state
+
+
+def damaged_state(out, problem):  # -> UsageError for a train_state.npz that cannot be resumed
+    return UsageError(f"--resume: {out / STATE} is damaged ({problem}): start a new run in another folder (--init "
+                      f"{out} starts it from the saved weights)")
+
+
+SCALARS = {"step": "iu", "opt/step": "iu", "data_position": "iu", "seconds": "fiu", "settings": "U", "data_rng": "U"}
+SETTING_CHECKS = {  # a saved setting -> is its value one that the flags could have given
+    **dict.fromkeys(("batch_size", "seq_len", "eval_batches"), lambda value: type(value) is int and value >= 1),
+    **dict.fromkeys(("seed", "warmup", "steps"), lambda value: type(value) is int and value >= 0),
+    "lr": lambda value: type(value) in (int, float) and 0 < value < math.inf,
+    "val_fraction": lambda value: type(value) in (int, float) and 0 < value < 1,
+    "schedule": lambda value: value in ("cosine", "constant"),
+    "data_sha256": lambda value: isinstance(value, str),
+    "init": lambda value: value is None or isinstance(value, str),
+}
+
+
+def state_problem(state, params):  # -> what makes train_state.npz's arrays unfit to resume these params, or None
+    missing = next((name for name in (*SCALARS, "data_order") if name not in state), None)
+    if missing:
+        return f"no {missing}"
+    for name, kinds in SCALARS.items():
+        if state[name].shape != () or state[name].dtype.kind not in kinds:
+            return f"{name} is not a single {'text' if kinds == 'U' else 'number'}"
+    step, order, position = int(state["step"]), state["data_order"], int(state["data_position"])
+    if step < 0 or int(state["opt/step"]) != step:
+        return f"step {step}, AdamW's step {int(state['opt/step'])}"
+    try:
+        settings = parse_json(str(state["settings"]))
+        np.random.PCG64().state = parse_json(str(state["data_rng"]))  # what Batches.restore sets: PCG64's state
+    except (ValueError, TypeError, KeyError, OverflowError) as error:
+        return f"its settings or data_rng are not what was saved: {error}"
+    if not isinstance(settings, dict):
+        return "its settings are not a JSON object"
+    wrong = next((name for name, check in SETTING_CHECKS.items() if name not in settings or not check(settings[name])),
+                 None)
+    if wrong:
+        return f"the setting {wrong} is {settings.get(wrong, 'missing')!r}"
+    if order.ndim != 1 or order.dtype.kind not in "iu" or not np.array_equal(np.sort(order), np.arange(len(order))):
+        return "data_order is not an order of the data's windows"
+    if not 0 <= position <= len(order):
+        return f"data_position {position} is outside the order of {len(order):,} windows"
+    for key, param in flatten(params):
+        for moment in ("m", "v"):
+            name = f"opt/{moment}/{'/'.join(map(str, key))}"
+            if name not in state or state[name].shape != param.shape or state[name].dtype.kind != "f":
+                found = state[name].shape if name in state else "missing"
+                return f"the moment {name} should be {param.shape} floats, found {found}"
+    return None
+
+
+def restore_moments(template, state):  # -> optimizer state shaped like template, its leaves from state's "opt/" arrays
+    def fill(node, prefix):
+        if isinstance(node, dict):
+            return {key: fill(value, prefix + (key,)) for key, value in node.items()}
+        if isinstance(node, list):
+            return [fill(value, prefix + (index,)) for index, value in enumerate(node)]
+        saved = state[f"opt/{'/'.join(map(str, prefix))}"]
+        return saved if isinstance(node, np.ndarray) else type(node)(saved)
+
+    return fill(template, ())
+
+
+def read_log(path):  # -> log.csv's rows, none if it is missing; UsageError when a row's step is not a whole number
+    if not path.is_file():
+        return []
+    try:
+        with path.open(newline="", encoding="utf-8") as file:
+            reader, rows = csv.DictReader(file), []
+            for row in reader:
+                if not str(row.get("step")).isdecimal():
+                    raise UsageError(f"--resume: line {reader.line_num} of {path} has the step {row.get('step')!r}, "
+                                     "not a whole number: correct that line (or delete it)")
+                rows.append(row)
+    except (UnicodeDecodeError, csv.Error) as error:
+        raise UsageError(f"--resume: {path} is not a CSV log ({error}): delete it (the run resumes, its earlier "
+                         "rows are lost)") from None
+    return rows
+
+
+def open_log(out, step):  # -> csv writer appending to out/log.csv, which keeps only the rows up to step
+    path = out / LOG
+    rows = [row for row in read_log(path) if int(row["step"]) <= step] if step else []
+    text = io.StringIO()
+    writer = csv.DictWriter(text, LOG_FIELDS)
+    writer.writeheader()
+    writer.writerows(rows)
+    atomic_write(path, lambda file: file.write(text.getvalue().encode()))
+    file = path.open("a", newline="")
+    return file, csv.DictWriter(file, LOG_FIELDS)
