@@ -50,6 +50,12 @@ class OutOfMemory(Gpt2NumpyError):
     exit_code = 1
 
 
+class TrainingFailed(Gpt2NumpyError):
+    """A training run cannot go on: its folder's disk refuses a write, or the loss diverged. Its last save stays."""
+
+    exit_code = 1
+
+
 class NonFiniteError(CheckpointError):
     """The model computed NaN or infinity: a checkpoint whose bytes are intact can still hold them."""
 

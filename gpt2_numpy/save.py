@@ -85,3 +85,13 @@ def atomic_write(path, write):  # write(binary file) -> None; path then holds ex
     finally:
         with suppress(FileNotFoundError):
             temporary.unlink()
+
+
+def fsync_folder(folder):  # -> None: the names created or renamed in folder have reached the disk
+    if os.name != "posix":  # Windows cannot open a folder to flush it
+        return
+    descriptor = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)

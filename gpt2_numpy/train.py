@@ -9,19 +9,33 @@
     train_state.npz   what --resume needs besides the weights: AdamW's moments, the step, the data order and position,
                       the RNG state and the run's settings
     log.csv           one row per step: step, train_loss, val_loss (at evaluations), lr, grad_norm (before
-                      clipping), tokens, seconds
-Every file is replaced atomically (a temporary name, then a rename). Ctrl-C finishes the step in progress, saves it and
-exits with status 130; a second Ctrl-C stops at once, keeping the last save.
+                      clipping), tokens, seconds; written as the run goes, so --resume drops the rows after its save
+    .train.lock       locked for the whole run, as downloads lock their folder: a second run into it stops at once
+
+A save is one unit, so that whatever cuts it off (a full disk, a second Ctrl-C, a kill) --out holds one whole save,
+and the weights `--model OUT` loads are always those --resume continues from. It is written whole into OUT/.save/
+(model.safetensors, whose header names the step, config.json, the tokenizer files, and train_state.npz last), every
+file and the folder flushed to the disk. Then its files take their places in OUT, the weights first: that one rename
+is the moment the save happens. A save cut off midway is settled by the next run, under the lock, or on the spot: if
+the weights in OUT name .save/'s step, the rest of .save/ moves in; otherwise .save/ goes and the save before it
+stays, whole. So --out needs room for two saves at once: the one in place and the next.
+
+Ctrl-C finishes the step in progress, saves it and exits with status 130; a second Ctrl-C stops at once, keeping the
+last whole save. A run that cannot go on (--out's disk refuses a write, or the loss or the gradient norm is no longer
+finite) stops with one error line naming the save it keeps, and exit status 1; bad input exits with 2.
 """
 import csv
+import errno
 import hashlib
 import io
 import json
 import math
+import os
+import shutil
 import signal
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
 
 import numpy as np
@@ -30,19 +44,29 @@ from tqdm import tqdm
 from gpt2_numpy.backward import loss_and_grads  # re-exported: gpt2_numpy.train.loss_and_grads is the documented name
 from gpt2_numpy.checkpoint import flatten, load_params
 from gpt2_numpy.cli import check_models_dir, whole_number
-from gpt2_numpy.errors import ArgumentParser, Interrupted, UsageError, log, plural, run_cli
+from gpt2_numpy.errors import (ArgumentParser, Gpt2NumpyError, Interrupted, TrainingFailed, UsageError, log, plural,
+                               run_cli)
 from gpt2_numpy.fast import lm_head, log_softmax_at, transformer
 from gpt2_numpy.formats.safetensors import read_metadata
 from gpt2_numpy.models import MODEL_SIZES, models_dir_path
 from gpt2_numpy.optim import adamw_state, adamw_step, clip_grads, learning_rate
-from gpt2_numpy.save import atomic_write, save_model
-from gpt2_numpy.tokenizer import PACKAGED_VOCABULARY, load_tokenizer
-from gpt2_numpy.weights import ensure_model
+from gpt2_numpy.save import atomic_write, fsync_folder, save_model
+from gpt2_numpy.tokenizer import FILE_NAMES, PACKAGED_VOCABULARY, load_tokenizer
+from gpt2_numpy.weights import ensure_model, release_lock, take_lock
 
 __all__ = ["loss_and_grads", "init_params", "main"]
 
 STATE = "train_state.npz"
 LOG = "log.csv"
+MODEL = "model.safetensors"
+STAGING = ".save"  # the next save, written whole here before its files take their places in --out
+LOCK = ".train.lock"
+# the order in which a save's files take their places: the weights first (their header names the step, so that rename
+# is the save), the state last (while .save/ holds it, the save has not all moved in)
+SAVE_ORDER = (MODEL, "config.json", *FILE_NAMES["Hugging Face"], STATE)
+DISK_FIXES = {errno.ENOSPC: "free some disk space", errno.EDQUOT: "free some disk space",
+              errno.EACCES: "fix its permissions", errno.EPERM: "fix its permissions",
+              errno.EROFS: "its file system is read-only: remount it writable"}
 LOG_FIELDS = ("step", "train_loss", "val_loss", "lr", "grad_norm", "tokens", "seconds")
 GPT2_VOCAB = 50257  # a model trained from scratch uses GPT-2's tokenizer, so its vocabulary
 SHAPE_DEFAULTS = {"n_layer": 4, "n_head": 4, "n_embd": 256, "n_ctx": 256}
@@ -172,13 +196,62 @@ def val_windows(val, seq_len, n_windows):  # -> int [n, seq_len + 1]: the first 
 # --- The training state on disk ---
 
 
-def save_run(out, hparams, params, opt_state, batches, step, seconds, settings):  # -> None: out holds a resumable run
-    # the weights first, then the state; each names its step, so a crash between the two renames is detected on resume
-    save_model(out, hparams, params, out, metadata={"step": str(step)})
+def save_run(out, tokenizer_dir, hparams, params, opt_state, batches, step, seconds, settings):  # -> None: out holds
+    # the run at step, resumable (see the module docstring); cut off, it is settled by settle()
+    staging = out / STAGING
+    staging.mkdir()  # none is left: settle() ran when the run took the lock, and a failed save ends the run
+    save_model(staging, hparams, params, tokenizer_dir, metadata={"step": str(step)})
     arrays = {f"opt/{'/'.join(map(str, key))}": np.asarray(leaf) for key, leaf in flatten(opt_state)}
     arrays.update(batches.state(), step=np.array(step), seconds=np.array(seconds),
                   settings=np.array(json.dumps(settings)))
-    atomic_write(out / STATE, lambda file: np.savez(file, **arrays))
+    atomic_write(staging / STATE, lambda file: np.savez(file, **arrays))  # last: with it, .save/ holds a whole save
+    fsync_folder(staging)
+    move_in(out)
+
+
+def move_in(out):  # -> None: .save/'s files in out, in SAVE_ORDER, and .save/ gone
+    for name in SAVE_ORDER:
+        with suppress(FileNotFoundError):  # a save settled after a cut: its first files may have moved already
+            os.replace(out / STAGING / name, out / name)
+        fsync_folder(out)  # each rename on the disk before the next: the weights' one is the save itself
+    (out / STAGING).rmdir()
+
+
+def settle(out):  # -> None: a save cut off midway (a full disk, a second Ctrl-C, a kill) made whole, or dropped
+    staging = out / STAGING
+    if not staging.exists():
+        return
+    if (staging / STATE).is_file():
+        with np.load(staging / STATE) as state:
+            staged = str(int(state["step"]))
+        if saved_step(out) == staged:  # its weights are in place: the save happened, the rest of it moves in
+            move_in(out)
+            return
+    shutil.rmtree(staging)  # never began to move in (or was never whole): the save in place stays
+
+
+def saved_step(out):  # -> the step of the save in out (str), as its weights' header names it; None before the first
+    return read_metadata(out / MODEL).get("step") if (out / MODEL).is_file() else None
+
+
+def kept(out):  # -> (the step of out's last save, None if there is none; the words that say which save out keeps)
+    try:
+        saved = saved_step(out)
+    except (OSError, Gpt2NumpyError):  # out cannot be read either
+        return None, f"{out} stays as it was"
+    return saved, "nothing was saved" if saved is None else f"the last save (step {saved}) is kept"
+
+
+def cannot_write(out, error):  # -> TrainingFailed for an OSError writing out: what to do, and which save stays
+    saved, keeps = kept(out)
+    then = "then continue with the same command and --resume" if saved else "or choose another --out"
+    fix = DISK_FIXES.get(error.errno, "fix that")
+    return TrainingFailed(f"cannot write to {out} ({error.strerror or error}): {fix}, {then}; {keeps}")
+
+
+def diverged(out, step, what):  # -> TrainingFailed for a run whose numbers are no longer finite at step
+    return TrainingFailed(f"step {step}: {what}: training diverged; {kept(out)[1]}; start again in another --out with "
+                          "a lower --lr or a longer --warmup")
 
 
 def load_run(out):  # -> (hparams, params, state arrays) of the run saved in out; UsageError if there is none
@@ -310,12 +383,66 @@ def settings_of(args, init, saved=None):  # -> the run's settings: the flags giv
     return settings
 
 
-def check_out(out, resume):  # -> None, or UsageError for an --out that cannot hold a run
+def check_out(out, resume):  # -> True when out holds a run of ours, to be claimed (and judged there) before anything
+    # else; False when it is empty or missing; UsageError when this run cannot write there
+    # A run of ours is a folder holding train_state.npz: only a save writes it, beside the weights of its step. Any
+    # other folder with files in it is someone else's (a model, an OpenAI checkpoint, notes), never written over. Our
+    # lock file does not count, and a save cut off midway (.save/) makes the folder ours.
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} is a file: pass a folder (it is created if missing)")
-    if not resume and (out / STATE).exists():
-        raise UsageError(f"--out {out} already holds a training run: add --resume to continue it, or choose another "
-                         "folder")
+    try:
+        names = sorted(path.name for path in out.iterdir() if path.name != LOCK) if out.is_dir() else []
+    except OSError as error:
+        raise UsageError(f"cannot read --out {out} ({error.strerror or error}): fix its permissions or choose another "
+                         "folder") from None
+    if STATE in names or STAGING in names:
+        return True
+    if resume:
+        raise UsageError(f"--resume: {out} holds no training state ({STATE}): start the run without --resume")
+    if names:
+        listed = ", ".join(names[:3]) + (f" and {len(names) - 3:,} more" if len(names) > 3 else "")
+        raise UsageError(f"--out {out} holds files that are not a training run ({listed}): choose an empty or new "
+                         "folder, so that nothing in it is written over; to continue a run, give its folder and "
+                         "--resume")
+    return False
+
+
+@contextmanager
+def claimed(out, resume):  # -> None while this process holds out's lock, out settled (see settle) and checked again
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        lock = (out / LOCK).open("a")  # the file stays after the run, as the download lock does (see weights.locked)
+    except OSError as error:
+        raise cannot_write(out, error) from None
+    with lock:
+        if not take_lock(lock, out, "training", wait=False):
+            raise UsageError(f"another training run holds {out} (it has locked {LOCK}): wait for it to end, or choose "
+                             "another --out")
+        try:
+            with settled_if_cut(out):
+                settle(out)
+            if check_out(out, resume) and not resume:  # looked at again, settled: another run may have saved here
+                raise UsageError(f"--out {out} already holds a training run: add --resume to continue it, or choose "
+                                 "another folder")
+            yield
+        finally:
+            release_lock(lock)
+
+
+@contextmanager
+def settled_if_cut(out):  # -> context in which a save may be cut off: a disk error or a second Ctrl-C stops the run
+    # with one line, out settled as the next run would find it; out's lock must be held
+    try:
+        yield
+    except OSError as error:  # --out's disk: stderr cannot be the cause, as the progress bar and log() fail quietly
+        with suppress(OSError):
+            settle(out)  # drops a save cut off while written (freeing its space), or moves in one cut off moving in
+        raise cannot_write(out, error) from None
+    except KeyboardInterrupt:  # a second Ctrl-C
+        settle(out)
+        saved, keeps = kept(out)
+        raise Interrupted(f"stopped at once; {keeps}" + ("; continue with the same command and --resume" if saved
+                                                         else "")) from None
 
 
 def start_model(args):  # -> hparams, params, the folder holding the tokenizer files
@@ -334,6 +461,11 @@ def start_model(args):  # -> hparams, params, the folder holding the tokenizer f
 
 
 def run(argv=None):  # -> exit status
+    with ExitStack() as lock:
+        return run_holding(argv, lock)
+
+
+def run_holding(argv, lock):  # -> exit status; lock: the ExitStack that holds out's lock, once claimed, to the end
     args = parse_args(argv)
     shape_flags = [name for name in SHAPE_DEFAULTS if getattr(args, name) is not None]
     if args.init and shape_flags:
@@ -342,7 +474,9 @@ def run(argv=None):  # -> exit status
     if args.resume and (args.init or shape_flags):
         raise UsageError("--resume continues the model saved in --out: drop --init and the shape flags")
     out = args.out
-    check_out(out, args.resume)
+    ours = check_out(out, args.resume)
+    if ours:  # locked before anything is read, so that a run still going there is named as such
+        lock.enter_context(claimed(out, args.resume))
     text, digest = read_text(args.data)
     if args.resume:
         hparams, params, state = load_run(out)
@@ -368,22 +502,22 @@ def run(argv=None):  # -> exit status
                          f"vocabulary of {hparams['n_vocab']} tokens: train a model with GPT-2's full vocabulary")
     train_ids, val_ids = split_tokens(ids, settings["val_fraction"], settings["seq_len"])
     log(f"{len(train_ids):,} training tokens, {len(val_ids):,} held out")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        if tokenizer_dir != out:
-            save_model(out, hparams, params, tokenizer_dir, metadata={"step": "0"})  # whole from the start
-        return train(out, hparams, writable(params), state, step, settings, train_ids, val_ids)
-    except OSError as error:  # every read is done by now: this is --out's disk (full, read-only, gone)
-        raise UsageError(f"cannot write {error.filename or out} ({error.strerror or error}): free some disk space or "
-                         "choose another --out; the last save stays as it was") from None
+    if not ours:
+        lock.enter_context(claimed(out, resume=False))  # only now, the input known to be good, is out made
+    with settled_if_cut(out):
+        return train(out, tokenizer_dir, hparams, writable(params), state, step, settings, train_ids, val_ids)
 
 
-def train(out, hparams, params, state, step, settings, train_ids, val_ids):  # -> exit status
+# a diverging run overflows float32: the checks after each step say so in one line, instead of NumPy's warnings
+@np.errstate(over="ignore", invalid="ignore", divide="ignore")
+def train(out, tokenizer_dir, hparams, params, state, step, settings, train_ids, val_ids):  # -> exit status
     batches = Batches(train_ids, settings["seq_len"], settings["batch_size"], settings["seed"])
     opt_state = adamw_state(params)
     if state is not None:
         batches.restore(state)
         opt_state = restore_moments(opt_state, state)
+    else:  # the first save, at step 0: from here on out holds a run that --resume continues
+        save_run(out, tokenizer_dir, hparams, params, opt_state, batches, step, 0.0, settings)
     validation = val_windows(val_ids, settings["seq_len"], settings["eval_batches"] * settings["batch_size"])
     steps, n_head = settings["steps"], hparams["n_head"]
     if step >= steps:
@@ -399,13 +533,15 @@ def train(out, hparams, params, state, step, settings, train_ids, val_ids):  # -
     # the seconds column counts this run's time on from the saved run's
     started = time.perf_counter() - (0.0 if state is None else float(state["seconds"]))
     train_seconds = 0.0
-    with log_file, ctrl_c_stops() as stop, tqdm(total=steps, initial=step, unit="step", file=sys.stderr) as bar:
+    with log_file, ctrl_c_stops() as stop, tqdm(total=steps, initial=step, unit="step", file=QuietStderr()) as bar:
         while step < steps and not stop.requested:
             step_start = time.perf_counter()
             inputs, targets = batches.next()
             loss, grads = loss_and_grads(inputs, targets, params, n_head)
             lr = learning_rate(step, settings["lr"], settings["warmup"], steps, settings["schedule"])
             grad_norm = clip_grads(grads)
+            if not (math.isfinite(loss) and math.isfinite(grad_norm)):  # before the update: the weights stay finite
+                raise diverged(out, step + 1, f"the loss is {loss:.4g} and the gradient norm {grad_norm:.4g}")
             opt_state = adamw_step(params, grads, opt_state, lr)
             step += 1
             train_seconds += time.perf_counter() - step_start
@@ -413,18 +549,40 @@ def train(out, hparams, params, state, step, settings, train_ids, val_ids):  # -
                    "tokens": step * tokens_per_step,
                    "seconds": f"{time.perf_counter() - started:.1f}"}
             if step % settings["eval_every"] == 0 or step == steps:
-                row["val_loss"] = f"{eval_loss(validation, params, n_head):.6f}"
+                val_loss = eval_loss(validation, params, n_head)
+                if not math.isfinite(val_loss):
+                    raise diverged(out, step, f"the validation loss is {val_loss:.4g}")
+                row["val_loss"] = f"{val_loss:.6f}"
             log_writer.writerow(row)
             log_file.flush()
             bar.set_postfix_str(f"loss {loss:.3f}" + (f", val {row['val_loss']}" if "val_loss" in row else "") +
                                 f", {(step - bar.initial) * tokens_per_step / train_seconds:,.0f} tokens/s")
             bar.update()
             if step % settings["save_every"] == 0 or step == steps or stop.requested:
-                save_run(out, hparams, params, opt_state, batches, step, time.perf_counter() - started, settings)
+                if not all(np.isfinite(leaf).all() for _, leaf in flatten(params)):  # an update that overflowed
+                    raise diverged(out, step, "the weights hold NaN or infinite values")
+                save_run(out, tokenizer_dir, hparams, params, opt_state, batches, step, time.perf_counter() - started,
+                         settings)
     if stop.requested:
         raise Interrupted(f"saved step {step} to {out}; continue with the same command and --resume")
     log(f"step {step}: saved the model to {out}; load it with --model {out}")
     return 0
+
+
+class QuietStderr:
+    """stderr for the progress bar, failing as quietly as log() does: losing stderr's reader (`2>&1 | head`) or room
+    for it must not stop a training run."""
+
+    def write(self, text):
+        with suppress(OSError):
+            sys.stderr.write(text)
+
+    def flush(self):
+        with suppress(OSError):
+            sys.stderr.flush()
+
+    def __getattr__(self, name):  # encoding, isatty, fileno: stderr's, so the bar looks as it would there
+        return getattr(sys.stderr, name)
 
 
 class StopRequest:

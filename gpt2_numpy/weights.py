@@ -259,14 +259,17 @@ def locked(folder):  # creates folder and holds its lock; a file-system error an
                             f"{DISK_ADVICE.get(error.errno, OTHER_FOLDER)}") from None
 
 
-def take_lock(lock, folder):  # -> None once this process holds the lock on the open file `lock`
+def take_lock(lock, folder, what="download", wait=True):  # -> True once this process holds the lock on the open file
+    # `lock`; False at once, when another process holds it, if not told to wait. what: the work the lock guards
     if not (fcntl or msvcrt):
-        log(f"note: this system has no file locks (neither fcntl nor msvcrt): run one download into {folder} at a "
-            "time")
+        log(f"note: this system has no file locks (neither fcntl nor msvcrt): run one {what} into {folder} at a time")
     elif not try_lock(lock):
-        log(f"another download into {folder} is in progress; waiting for it to finish")
+        if not wait:
+            return False
+        log(f"another {what} into {folder} is in progress; waiting for it to finish")
         while not try_lock(lock):
             time.sleep(LOCK_POLL_SECONDS)
+    return True
 
 
 def try_lock(lock):  # -> True when this process now holds the lock, False while another process holds it
