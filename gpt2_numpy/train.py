@@ -13,12 +13,12 @@
     .train.lock       locked for the whole run, as downloads lock their folder: a second run into it stops at once
 
 A save is one unit, so that whatever cuts it off (a full disk, a second Ctrl-C, a kill) --out holds one whole save,
-and the weights `--model OUT` loads are always those --resume continues from. It is written whole into OUT/.save/
-(model.safetensors, whose header names the step, config.json, the tokenizer files, and train_state.npz last), every
-file and the folder flushed to the disk. Then its files take their places in OUT, the weights first: that one rename
-is the moment the save happens. A save cut off midway is settled by the next run, under the lock, or on the spot: if
-the weights in OUT name .save/'s step, the rest of .save/ moves in; otherwise .save/ goes and the save before it
-stays, whole. So --out needs room for two saves at once: the one in place and the next.
+and the weights `--model OUT` loads are always those --resume continues from. It is written whole into
+OUT/.train.save/ (model.safetensors, whose header names the step, config.json, the tokenizer files, and
+train_state.npz last), every file and the folder flushed to the disk. Then its files take their places in OUT, the
+weights first: that one rename is the moment the save happens. A save cut off midway is settled by the next run, under
+the lock, or on the spot: if the weights in OUT name its step, the rest of it moves in; otherwise .train.save/ goes
+and the save before it stays, whole. So --out needs room for two saves at once: the one in place and the next.
 
 Ctrl-C finishes the step in progress, saves it and exits with status 130; a second Ctrl-C stops at once, keeping the
 last whole save. A run that cannot go on (--out's disk refuses a write, or the loss or the gradient norm is no longer
@@ -59,10 +59,10 @@ __all__ = ["loss_and_grads", "init_params", "main"]
 STATE = "train_state.npz"
 LOG = "log.csv"
 MODEL = "model.safetensors"
-STAGING = ".save"  # the next save, written whole here before its files take their places in --out
+STAGING = ".train.save"  # the next save, written whole here before its files take their places in --out
 LOCK = ".train.lock"
 # the order in which a save's files take their places: the weights first (their header names the step, so that rename
-# is the save), the state last (while .save/ holds it, the save has not all moved in)
+# is the save), the state last (while .train.save/ holds it, the save has not all moved in)
 SAVE_ORDER = (MODEL, "config.json", *FILE_NAMES["Hugging Face"], STATE)
 DISK_FIXES = {errno.ENOSPC: "free some disk space", errno.EDQUOT: "free some disk space",
               errno.EACCES: "fix its permissions", errno.EPERM: "fix its permissions",
@@ -204,12 +204,12 @@ def save_run(out, tokenizer_dir, hparams, params, opt_state, batches, step, seco
     arrays = {f"opt/{'/'.join(map(str, key))}": np.asarray(leaf) for key, leaf in flatten(opt_state)}
     arrays.update(batches.state(), step=np.array(step), seconds=np.array(seconds),
                   settings=np.array(json.dumps(settings)))
-    atomic_write(staging / STATE, lambda file: np.savez(file, **arrays))  # last: with it, .save/ holds a whole save
+    atomic_write(staging / STATE, lambda file: np.savez(file, **arrays))  # last: with it, the save is whole
     fsync_folder(staging)
     move_in(out)
 
 
-def move_in(out):  # -> None: .save/'s files in out, in SAVE_ORDER, and .save/ gone
+def move_in(out):  # -> None: .train.save/'s files in out, in SAVE_ORDER, and .train.save/ gone
     for name in SAVE_ORDER:
         with suppress(FileNotFoundError):  # a save settled after a cut: its first files may have moved already
             os.replace(out / STAGING / name, out / name)
@@ -387,7 +387,7 @@ def check_out(out, resume):  # -> True when out holds a run of ours, to be claim
     # else; False when it is empty or missing; UsageError when this run cannot write there
     # A run of ours is a folder holding train_state.npz: only a save writes it, beside the weights of its step. Any
     # other folder with files in it is someone else's (a model, an OpenAI checkpoint, notes), never written over. Our
-    # lock file does not count, and a save cut off midway (.save/) makes the folder ours.
+    # lock file does not count, and a save cut off midway (.train.save/) makes the folder ours.
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} is a file: pass a folder (it is created if missing)")
     try:

@@ -204,7 +204,7 @@ def test_a_run_cut_at_any_file_operation_goes_on_as_the_uninterrupted_run(tmp_pa
             saved = saved_step(out)
             assert type(outcome).__name__ == "Interrupted", outcome
             assert ("nothing was saved" if saved is None else f"the last save (step {saved}) is kept") in str(outcome)
-            assert not (out / ".save").exists()
+            assert not (out / ".train.save").exists()
         assert_goes_on_as_uninterrupted(data, out, scenario, uninterrupted)
     assert at >= 13  # the 12 operations of a save, and the folder or the log made
 
@@ -219,8 +219,8 @@ def test_a_full_disk_keeps_the_last_save_and_the_run_goes_on_once_there_is_room(
         assert type(outcome).__name__ == "TrainingFailed" and outcome.exit_code == 1, outcome
         assert message.startswith(f"cannot write to {out} (No space left on device): free some disk space"), message
         assert message.endswith("nothing was saved" if saved is None else f"the last save (step {saved}) is kept")
-        assert ".tmp" not in message and ".save" not in message  # never a temporary name
-        assert not (out / ".save").exists()  # the cut save's files are gone: they would take the room freed
+        assert ".tmp" not in message and ".train.save" not in message  # never a temporary name
+        assert not (out / ".train.save").exists()  # the cut save is gone: it would take the room freed
         assert_goes_on_as_uninterrupted(data, out, scenario, uninterrupted)
     assert at >= 11  # each of a save's 5 files, its folder, and the 5 renames
 
