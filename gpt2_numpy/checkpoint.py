@@ -11,9 +11,10 @@ from pathlib import Path
 import numpy as np
 
 from gpt2_numpy.errors import CheckpointError
-from gpt2_numpy.formats import describe, parse_json, read_file, shown, unreadable
+from gpt2_numpy.formats import SETTINGS_LIMIT, describe, parse_json, read_file, shown, unreadable
 from gpt2_numpy.formats.safetensors import read_safetensors, to_float32
 from gpt2_numpy.formats.tf_bundle import TensorBundle
+from gpt2_numpy.params import block_shapes, nest, top_shapes
 
 OPENAI_FILES = ("checkpoint", "hparams.json", "model.ckpt.index", "model.ckpt.data-00000-of-00001")
 HF_FILES = ("model.safetensors", "config.json")
@@ -35,6 +36,10 @@ def load_params(model_dir, verify=False):  # -> (hparams, params)
     files are always checked for structure and have no checksums). Raises CheckpointError naming what is wrong."""
     model_dir = Path(model_dir)
     present = files_in(model_dir, ("checkpoint", "model.safetensors", "pytorch_model.bin"))
+    # two models, or one and a stale other: which is meant cannot be told. No file is to blame (a download deletes none)
+    if {"checkpoint", "model.safetensors"} <= present:
+        raise CheckpointError(f"{model_dir} holds two models, OpenAI's (checkpoint, {', '.join(OPENAI_FILES[1:])}) "
+                              f"and Hugging Face's ({', '.join(HF_FILES)}): move one of them to a folder of its own")
     if "checkpoint" in present:
         hparams_path, weights_path, tensors = open_openai(model_dir, verify)
     elif "model.safetensors" in present:
@@ -49,9 +54,9 @@ def load_params(model_dir, verify=False):  # -> (hparams, params)
     return hparams, to_params(tensors, hparams, Path(weights_path), hparams_path)
 
 
-def files_in(model_dir, names):  # -> the names that are files in model_dir; CheckpointError if it cannot be read
-    try:
-        return {name for name in names if (model_dir / name).is_file()}
+def files_in(model_dir, names):  # -> the names present in model_dir; CheckpointError if it cannot be read
+    try:  # a FIFO or a folder under a model file's name is refused by the reader, naming it
+        return {name for name in names if (model_dir / name).exists()}
     except OSError as error:
         raise unreadable(model_dir, error) from None
 
@@ -77,7 +82,8 @@ def open_hf(model_dir):  # -> (config path, safetensors path, {tensor name: (sha
 def checkpoint_prefix(model_dir):  # -> the path prefix the "checkpoint" file names, e.g. model_dir/"model.ckpt"
     """The prefix must lie in model_dir and have an index there; CheckpointError naming the checkpoint file if not."""
     path = model_dir / "checkpoint"
-    match = re.search(r'^model_checkpoint_path:\s*"([^"]+)"', read_file(path).decode(errors="replace"), re.MULTILINE)
+    text = read_file(path, SETTINGS_LIMIT).decode(errors="replace")
+    match = re.search(r'^model_checkpoint_path:\s*"([^"]+)"', text, re.MULTILINE)
     if not match:
         raise CheckpointError(f"{path} names no model_checkpoint_path; download the model again", files=(path,))
     name = match.group(1)
@@ -108,7 +114,7 @@ def inside(folder, model_dir):  # -> True when folder, symlinks followed, is mod
 def read_hparams(path):  # -> our hparams, from OpenAI's hparams.json or Hugging Face's config.json
     key_names = HPARAM_NAMES[path.name]
     try:
-        config = parse_json(read_file(path))
+        config = parse_json(read_file(path, SETTINGS_LIMIT))
     except ValueError as error:  # UnicodeDecodeError and JSONDecodeError are ValueErrors too
         raise CheckpointError(f"{path} is not valid JSON ({error}); download the model again", files=(path,)) from None
     missing = [key for key in key_names if not isinstance(config, dict) or key not in config]
@@ -142,7 +148,7 @@ def our_key(name):  # foreign tensor name -> key in our params, e.g. ("blocks", 
 def to_params(tensors, hparams, weights_path, hparams_path):  # {foreign name: (shape, loader)} -> params in our layout
     """Names and shapes are checked against hparams before any tensor is read, and nothing is built from hparams
     alone: absurd ones (a trillion layers) fail as fast as wrong ones."""
-    top, block = param_shapes(hparams)
+    top, block = top_shapes(hparams), block_shapes(hparams["n_embd"])
     files = weights_path, hparams_path
     found = {}
     for name, (shape, load) in tensors.items():
@@ -209,38 +215,3 @@ def mismatch(files, problem):  # -> CheckpointError for weights and hyperparamet
     weights_path, hparams_path = files
     return CheckpointError(f"{weights_path} and {hparams_path} disagree: {problem}; use the hyperparameter file that "
                            "came with these weights", files=(hparams_path, weights_path))
-
-
-def param_shapes(hparams):  # -> ({key: shape} outside the blocks, {key within a block: shape}), keys as flatten's
-    n_embd = hparams["n_embd"]
-    norm = {"g": (n_embd,), "b": (n_embd,)}
-
-    def dense(n_in, n_out):
-        return {"w": (n_in, n_out), "b": (n_out,)}
-
-    block = {
-        "ln_1": norm,
-        "attn": {"c_attn": dense(n_embd, 3 * n_embd), "c_proj": dense(n_embd, n_embd)},
-        "ln_2": norm,
-        "mlp": {"c_fc": dense(n_embd, 4 * n_embd), "c_proj": dense(4 * n_embd, n_embd)},
-    }
-    top = {"wte": (hparams["n_vocab"], n_embd), "wpe": (hparams["n_ctx"], n_embd), "ln_f": norm}
-    return dict(flatten(top)), dict(flatten(block))
-
-
-def flatten(tree, prefix=()):  # nested dicts and lists -> [(key path, leaf)]
-    for key, value in tree.items() if isinstance(tree, dict) else enumerate(tree):
-        if isinstance(value, (dict, list)):
-            yield from flatten(value, prefix + (key,))
-        else:
-            yield prefix + (key,), value
-
-
-def nest(flat, n_layer):  # {key path: array} -> nested params, the inverse of flatten
-    params = {"blocks": [{} for _ in range(n_layer)]}
-    for key, array in flat.items():
-        node = params
-        for part in key[:-1]:
-            node = node[part] if isinstance(part, int) else node.setdefault(part, {})
-        node[key[-1]] = array
-    return params

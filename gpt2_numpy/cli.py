@@ -7,9 +7,9 @@ from pathlib import Path
 
 from gpt2_numpy.allocator import keep_freed_memory
 from gpt2_numpy.checkpoint import load_params
-from gpt2_numpy.errors import UsageError, log, writing_stdout
+from gpt2_numpy.errors import UsageError, log, plural, writing_stdout
 from gpt2_numpy.models import MODEL_SIZES, OFFICIAL_HPARAMS, SOURCES, models_dir_path
-from gpt2_numpy.tokenizer import EOT_ID, load_tokenizer
+from gpt2_numpy.tokenizer import load_tokenizer
 from gpt2_numpy.weights import ensure_model
 
 
@@ -93,8 +93,8 @@ def load_folder(model_dir):  # -> hparams, params, tokenizer of the model in a f
     if tokenizer.n_vocab < hparams["n_vocab"]:  # the model could choose ids the tokenizer cannot print
         raise UsageError(f"--model {model_dir}: the model has {hparams['n_vocab']:,} tokens but its vocabulary files "
                          f"only {tokenizer.n_vocab:,}: put the model's own vocabulary files beside it")
-    log(f"loaded the GPT-2 ({hparams['n_layer']} layers, {hparams['n_embd']} wide) in {model_dir} in "
-        f"{time.perf_counter() - start:.1f} s")
+    log(f"loaded a GPT-2 of {plural(hparams['n_layer'], 'layer')}, {hparams['n_embd']} wide, "
+        f"{plural(hparams['n_head'], 'head')}, from {model_dir} in {time.perf_counter() - start:.1f} s")
     return hparams, params, tokenizer
 
 
@@ -110,7 +110,7 @@ def check_models_dir(models_root):  # -> None, or UsageError when the models dir
 
 def prompt_ids(tokenizer, prompt, n_vocab, name="the prompt"):  # -> ids to feed the model, all < n_vocab
     # "<|endoftext|>" typed in a prompt is the document separator; an empty prompt starts from it, as GPT-2 was trained
-    ids = tokenizer.encode(prompt, allowed_special="all") or [EOT_ID]
+    ids = tokenizer.encode(prompt, allowed_special="all") or [tokenizer.eot_id]
     outside = [token_id for token_id in ids if token_id >= n_vocab]
     if outside:
         raise UsageError(

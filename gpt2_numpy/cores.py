@@ -10,7 +10,8 @@ NumPy releases the GIL inside its loops and BLAS calls, so the threads run at on
 The first long pass finds NumPy's OpenBLAS once, in /proc/self/maps (Linux). Where there is none to find, or it runs
 one thread, nothing changes: every piece runs on the calling thread. OpenBLAS's thread count belongs to the whole
 process: a product that another thread of the program runs meanwhile runs on one thread. Passes on several threads at
-once share the setting, and the last to end restores the count, however it ends.
+once share the setting, and the last to end restores the count, however it ends. A forked child runs none of its
+parent's threads, so none of its passes: it starts with no pass under way and OpenBLAS's count from before them.
 """
 import ctypes
 import functools
@@ -24,7 +25,8 @@ OPENBLAS_NAMES = [(prefix + "set_num_threads" + suffix, prefix + "get_num_thread
                   for prefix in ("scipy_openblas_", "openblas_") for suffix in ("64_", "_64", "")]
 
 team = threading.local()  # team.size: the threads that share each split() of the current pass on this thread
-passes = {"running": 0, "n_threads": 1}  # long passes under way in the process, and OpenBLAS's count before them
+# long passes under way in the process, and OpenBLAS's count before them (None until a first pass reads it)
+passes = {"running": 0, "n_threads": None}
 passes_lock = threading.Lock()
 
 
@@ -112,5 +114,16 @@ def helpers(n):  # -> a pool of n threads, made once
     return futures.ThreadPoolExecutor(n, thread_name_prefix="gpt2_numpy")
 
 
-# a forked child has none of its parent's threads: the parent's pool would queue its pieces forever
-os.register_at_fork(after_in_child=helpers.cache_clear)
+def after_fork_in_child():  # -> None; the child has none of its parent's threads, and so none of their passes
+    global passes_lock
+    helpers.cache_clear()  # the parent's pool would queue the child's pieces forever
+    # A thread of the parent's was inside a pass, or held the lock (so the count may be set but not yet counted): the
+    # count it set is the child's for good, as no pass of the child's will end it, and the held lock would never be
+    # released.
+    if (passes["running"] or passes_lock.locked()) and passes["n_threads"] is not None:
+        openblas()[0](passes["n_threads"])
+    passes_lock = threading.Lock()
+    passes["running"] = 0
+
+
+os.register_at_fork(after_in_child=after_fork_in_child)

@@ -112,6 +112,10 @@ def published_sha256(response):  # -> (lowercase hex SHA-256, size or None) the 
     # The hub answers a resolve URL with a redirect to its file store that carries the LFS file's SHA-256 as
     # X-Linked-Etag ("quoted hex") and its size as X-Linked-Size; requests follows it and keeps it in history.
     # Files kept in git, such as config.json, have no X-Linked-Etag (their ETag is a git hash, not checked here).
+    # A weak etag, W/"<sha256>", is checked like a strong one. W/ only withholds the promise of identical bytes (a proxy
+    # that may transform a body marks its etags so), and the hub has sent its LFS hashes marked weak
+    # (huggingface_hub#1428). Ignoring it would install bytes nothing checked; checking it either proves them or
+    # refuses them, so a weak value that is not the file's hash costs a refused download, never a corrupt model.
     for answer in (*response.history, response):
         digest = answer.headers.get("X-Linked-Etag", "").removeprefix("W/").strip('"').lower()
         if re.fullmatch(r"[0-9a-f]{64}", digest):

@@ -74,11 +74,12 @@ class Interrupted(Gpt2NumpyError):
 
 class ArgumentParser(argparse.ArgumentParser):
     """argparse whose mistakes are UsageErrors, so run_cli prints them as one line instead of a usage block; every
-    command line gets --version from the installed package's metadata."""
+    command line gets --version from the installed package's metadata. Flags must be spelled out: with abbreviations,
+    train's --model DIR would silently become --models-dir DIR."""
 
     def __init__(self, *args, dash_hint=None, **kwargs):
         # dash_hint: how to pass text that begins with '-', which argparse takes for an unknown option
-        super().__init__(*args, **kwargs)
+        super().__init__(*args, allow_abbrev=False, **kwargs)
         self.dash_hint = dash_hint
         self.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
 

@@ -3,11 +3,15 @@ batch of them, and the command line.
 
     python -m gpt2_numpy.generate "Alan Turing theorized that computers would one day become" --n-tokens 40
     python -m gpt2_numpy.generate "The cat" "The dog" --temperature 0.8 --num-samples 4 --seed 1
+    python -m gpt2_numpy.generate "The cat" "The dog" --temperature 0.8 --num-samples 4 --json > samples.jsonl
 
-stdout carries only the generated continuations (a single one streamed token by token); everything else goes to stderr.
+stdout carries only the generated continuations (a single one streamed token by token), or with --json one JSON object
+per line for each sample (see JSON_HELP); everything else goes to stderr.
 """
 import functools
+import json
 import numbers
+import secrets
 import time
 
 import numpy as np
@@ -22,6 +26,13 @@ from gpt2_numpy.sampling import check_sampling_args, next_token
 from gpt2_numpy.tokenizer import EOT_ID
 
 BATCH_SIZE = 8  # rows per pass by default: with 2 to 8 rows a step costs about 3x one row's, so 8 rows pay best
+JSON_HELP = (
+    "print each sample, once it ends, as one JSON object on its own line (JSON Lines; nothing is streamed), with: "
+    "prompt_index and sample_index (counted from 0: which PROMPT, and which of its --num-samples); seed (the one this "
+    "sample drew with: that PROMPT alone with --seed SEED gives it again; null when greedy); prompt (the PROMPT's "
+    "text); text (the continuation, without the prompt); token_ids (the continuation's ids, without "
+    "<|endoftext|>); finish_reason (\"stop\": the model chose <|endoftext|>; \"length\": --n-tokens reached)"
+)
 
 # --- The decode loop ---
 
@@ -33,16 +44,17 @@ def generate(inputs, params, n_head, n_tokens_to_generate, **options):  # -> lis
 
 def iter_generate(
     inputs, params, n_head, n_tokens_to_generate, *, temperature=0.0, top_k=None, top_p=None, seed=None,
-    stop_at_eos=True,
+    stop_at_eos=True, eos_id=EOT_ID,
 ):  # -> iterator of new ids, for streaming
     """Yields up to n_tokens_to_generate new ids, one per step. Greedy when temperature is 0 (the default);
     otherwise sampled (see sampling.py) with numpy.random.default_rng(seed). With stop_at_eos, generation ends at
-    <|endoftext|> (id 50256), which is not yielded. The arguments are checked here, before the first id is asked for:
+    <|endoftext|> (eos_id: GPT-2's 50256, or a trained tokenizer's eot_id),
+    which is not yielded. The arguments are checked here, before the first id is asked for:
     ValueError for bad token ids, UsageError for everything else."""
     inputs = check_prompt(inputs, n_tokens_to_generate, params)
     check_sampling_args(temperature, top_k, top_p, seed)
     choose = sampler(temperature, top_k, top_p, seed)
-    return decode_loop(inputs, params, n_head, n_tokens_to_generate, choose, EOT_ID if stop_at_eos else None)
+    return decode_loop(inputs, params, n_head, n_tokens_to_generate, choose, eos_id if stop_at_eos else None)
 
 
 def decode_loop(inputs, params, n_head, n_tokens, choose, stop_id):  # -> iterator of new ids
@@ -60,21 +72,21 @@ def decode_loop(inputs, params, n_head, n_tokens, choose, stop_id):  # -> iterat
 
 def generate_batch(
     prompts, params, n_head, n_tokens_to_generate, *, temperature=0.0, top_k=None, top_p=None, seed=None,
-    stop_at_eos=True,
+    stop_at_eos=True, eos_id=EOT_ID,
 ):  # -> list of new-id lists, one per prompt
     """Continue every prompt (token-id lists of any lengths) in one batch; each row gets exactly the ids `generate`
     would give it alone, with seed + i for row i (each row has its own numpy.random.default_rng). A row that reaches
     <|endoftext|> stops there (with stop_at_eos) while the others go on."""
     continuations = [None] * len(prompts)
     for row, ids in iter_batch(prompts, params, n_head, n_tokens_to_generate, temperature=temperature, top_k=top_k,
-                               top_p=top_p, seed=seed, stop_at_eos=stop_at_eos):
+                               top_p=top_p, seed=seed, stop_at_eos=stop_at_eos, eos_id=eos_id):
         continuations[row] = ids
     return continuations
 
 
 def iter_batch(
     prompts, params, n_head, n_tokens_to_generate, *, temperature=0.0, top_k=None, top_p=None, seed=None,
-    stop_at_eos=True,
+    stop_at_eos=True, eos_id=EOT_ID,
 ):  # -> iterator of (row, new ids), as each row finishes
     """generate_batch, yielding each row's continuation as soon as it is complete. Arguments are checked up front:
     ValueError for bad token ids, UsageError (naming the prompt by index) for everything else."""
@@ -83,7 +95,7 @@ def iter_batch(
     prompts = [check_prompt(ids, n_tokens_to_generate, params, f"prompt {row}") for row, ids in enumerate(prompts)]
     check_sampling_args(temperature, top_k, top_p, seed)
     choosers = [sampler(temperature, top_k, top_p, None if seed is None else seed + row) for row in range(len(prompts))]
-    return batch_decode_loop(prompts, params, n_head, n_tokens_to_generate, choosers, EOT_ID if stop_at_eos else None)
+    return batch_decode_loop(prompts, params, n_head, n_tokens_to_generate, choosers, eos_id if stop_at_eos else None)
 
 
 def batch_decode_loop(prompts, params, n_head, n_tokens, choosers, stop_id):  # -> iterator of (row, new ids)
@@ -184,7 +196,8 @@ def parse_args(argv):  # -> argparse.Namespace, checked
     parser.add_argument("--top-k", type=whole_number(1), metavar="K", help="sample from the K most likely tokens only")
     parser.add_argument("--top-p", type=float, metavar="P", help="sample from the fewest tokens holding probability P")
     parser.add_argument("--seed", type=whole_number(0), metavar="S",
-                        help="seed of the first continuation; the k-th printed uses S + k - 1")
+                        help="seed of the first continuation; the k-th printed uses S + k - 1 (default: a random S, "
+                        "which --json records)")
     parser.add_argument("--num-samples", type=whole_number(1), default=1, metavar="N",
                         help="continuations per prompt (1)")
     parser.add_argument("--batch-size", type=whole_number(1), default=BATCH_SIZE, metavar="B",
@@ -192,6 +205,7 @@ def parse_args(argv):  # -> argparse.Namespace, checked
                         "of 72 KiB per token of context for 124M (n_layer x 2 x n_embd float32)")
     parser.add_argument("--ignore-eos", action="store_true", help="keep going past <|endoftext|>")
     parser.add_argument("--no-stream", action="store_true", help="print a single continuation only when complete")
+    parser.add_argument("--json", action="store_true", help=JSON_HELP)
     args = parser.parse_args(argv)
     if args.prompts.count("-") > 1:
         raise UsageError('"-" (read the prompt from stdin) may be given only once')
@@ -212,26 +226,50 @@ def run(argv=None):  # -> exit status
     texts = [read_prompt(prompt) for prompt in args.prompts]
     greedy = args.temperature == 0
     note_ignored_options(args, greedy)
+    if not greedy and args.seed is None:  # drawn here, not inside numpy, so that --json can record every sample's seed
+        args.seed = secrets.randbits(32)
     hparams, params, tokenizer = load_model(args)
     names = ["the prompt"] if len(texts) == 1 else [f"prompt {index + 1}" for index in range(len(texts))]
     prompts = [prompt_ids(tokenizer, text, hparams["n_vocab"], name) for text, name in zip(texts, names)]
     for prompt, name in zip(prompts, names):  # every prompt is checked before any text is printed
         check_room(len(prompt), args.n_tokens, hparams["n_ctx"], name)
-    options = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, stop_at_eos=not args.ignore_eos)
+    options = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, stop_at_eos=not args.ignore_eos,
+                   eos_id=tokenizer.eot_id)
     # the k-th continuation printed is row k - 1, seeded args.seed + k - 1; greedy rows of one prompt are all equal,
     # so each prompt runs once and its continuation is printed num_samples times
     rows = [prompt for prompt in prompts for _ in range(1 if greedy else args.num_samples)]
     copies = args.num_samples if greedy else 1
-    if len(rows) == 1:
+    if len(rows) == 1 and not args.json:
         ids = iter_generate(rows[0], params, hparams["n_head"], args.n_tokens, seed=args.seed, **options)
         print_timed(ids, tokenizer, stream=not args.no_stream, n_tokens=args.n_tokens, n_prompt=len(rows[0]),
                     copies=copies)
     else:
-        print_batches(rows, params, hparams["n_head"], tokenizer, args, options, copies)
+        sample_text = json_sample(texts, tokenizer, args, copies) if args.json else plain_sample(tokenizer)
+        print_batches(rows, params, hparams["n_head"], args, options, copies, sample_text)
     return 0
 
 
-def print_batches(rows, params, n_head, tokenizer, args, options, copies):  # -> None; prints every row in order
+def plain_sample(tokenizer):  # -> sample_text(row, copy, ids) for print_batches: a blank line before all but the first
+    return lambda row, copy, ids: ("\n" if row or copy else "") + tokenizer.decode(ids) + "\n"
+
+
+def json_sample(texts, tokenizer, args, copies):  # -> sample_text(row, copy, ids): one line holding JSON_HELP's object
+    def sample_text(row, copy, ids):
+        prompt, sample = divmod(row, args.num_samples // copies)  # greedy: one row per prompt, copies are its samples
+        return json.dumps({  # ASCII with \u escapes: the line reads back exactly whatever stdout's encoding
+            "prompt_index": prompt,
+            "sample_index": sample * copies + copy,
+            "seed": None if args.temperature == 0 else args.seed + row,
+            "prompt": texts[prompt],
+            "text": tokenizer.decode(ids),
+            "token_ids": ids,
+            "finish_reason": "length" if len(ids) == args.n_tokens else "stop",
+        }) + "\n"
+
+    return sample_text
+
+
+def print_batches(rows, params, n_head, args, options, copies, sample_text):  # -> None; prints every row in order
     start, n_new, n_printed = time.perf_counter(), 0, 0
     try:
         for first in range(0, len(rows), args.batch_size):
@@ -244,23 +282,24 @@ def print_batches(rows, params, n_head, tokenizer, args, options, copies):  # ->
                     ids = done.pop(n_printed - first)
                     n_new += len(ids)
                     for copy in range(copies):
-                        write_stdout(("\n" if n_printed or copy else "") + tokenizer.decode(ids) + "\n")
+                        write_stdout(sample_text(n_printed, copy, ids))
                     log_sample(n_printed, len(rows), copies, len(ids), args)
                     n_printed += 1
     except KeyboardInterrupt:
         raise Interrupted(f"stopped after {plural(n_printed * copies, 'complete continuation')} of "
                           f"{len(rows) * copies}, printed above") from None
     seconds = time.perf_counter() - start
-    log(f"generated {plural(n_new, 'token')} in {len(rows)} rows in {seconds:.2f} s ({n_new / seconds:.1f} tokens/s, "
-        f"batches of up to {args.batch_size})")
+    log(f"generated {plural(n_new, 'token')} in {plural(len(rows), 'row')} in {seconds:.2f} s "
+        f"({n_new / seconds:.1f} tokens/s, batches of up to {args.batch_size})")
 
 
 def log_sample(row, n_rows, copies, n_ids, args):  # -> None; stderr names a printed continuation and how it ended
     n_samples = 1 if copies > 1 else args.num_samples
     prompt, sample = divmod(row, n_samples)
-    what = f"prompt {prompt + 1}" if n_rows > n_samples else ""
+    parts = [f"prompt {prompt + 1}"] if n_rows > n_samples else []
     if n_samples > 1:
-        what += (", " if what else "") + f"sample {sample + 1} of {n_samples}"
+        parts.append(f"sample {sample + 1} of {n_samples}")
+    what = ", ".join(parts) or "the continuation"  # one prompt, one sample: only --json prints it this way
     if args.seed is not None and args.temperature > 0:  # greedy ignores the seed
         what += f" (seed {args.seed + row})"
     ending = "stopped at <|endoftext|>" if n_ids < args.n_tokens else "reached --n-tokens"

@@ -8,22 +8,14 @@ import math
 
 import numpy as np
 
-from gpt2_numpy.checkpoint import flatten
+from gpt2_numpy.params import flatten, map_leaves
 
 BETAS, EPS, WEIGHT_DECAY, CLIP = (0.9, 0.95), 1e-8, 0.1, 1.0
 MIN_LR_RATIO = 0.1  # the cosine decays to 10% of the peak rate
 
 
-def zeros_like(tree):  # nested params -> the same structure, all zeros
-    if isinstance(tree, dict):
-        return {key: zeros_like(value) for key, value in tree.items()}
-    if isinstance(tree, list):
-        return [zeros_like(value) for value in tree]
-    return np.zeros_like(tree)
-
-
 def adamw_state(params):  # -> a fresh state: no steps taken, both moments zero
-    return {"step": 0, "m": zeros_like(params), "v": zeros_like(params)}
+    return {"step": 0, "m": map_leaves(np.zeros_like, params), "v": map_leaves(np.zeros_like, params)}
 
 
 def global_norm(grads):  # -> √(Σ g²) over every gradient, as one vector
@@ -40,12 +32,14 @@ def clip_grads(grads, max_norm=CLIP):  # scales grads in place so their global n
 
 
 def learning_rate(step, peak, warmup, total, schedule="cosine"):  # step 0, 1, ... -> the rate for that step
-    """Linear warmup over `warmup` steps, then the peak ("constant") or a cosine down to 10% of it at step `total`."""
+    """Linear warmup over `warmup` steps, then the peak ("constant") or a cosine down to 10% of it at step `total`;
+    past `total` the rate stays at step `total`'s."""
+    step = min(step, total)  # else the cosine would climb back toward the peak
     if step < warmup:
         return peak * (step + 1) / warmup  # linear warmup, reaching the peak at the last warmup step
     if schedule == "constant":
         return peak
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))  # 0 after warmup -> 1 at the end
+    progress = (step - warmup) / max(1, total - warmup)  # 0 after warmup -> 1 at the end
     min_lr = MIN_LR_RATIO * peak
     return min_lr + 0.5 * (1 + math.cos(math.pi * progress)) * (peak - min_lr)  # cosine from the peak to min_lr
 

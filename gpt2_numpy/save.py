@@ -14,19 +14,22 @@ import os
 from contextlib import suppress
 from pathlib import Path
 
-from gpt2_numpy.checkpoint import flatten
+from gpt2_numpy.params import flatten
 from gpt2_numpy.errors import TokenizerError
 from gpt2_numpy.formats.safetensors import write_safetensors
-from gpt2_numpy.tokenizer import EOT_ID, FILE_NAMES
+from gpt2_numpy.tokenizer import FILE_NAMES
 
 LEAF_NAMES = {"w": "weight", "g": "weight", "b": "bias"}  # ours -> Hugging Face's (a norm's gain is its weight)
 
 
 def save_model(folder, hparams, params, tokenizer_dir, metadata=None):  # -> None: folder holds a complete model
     """Write params and hparams as model.safetensors + config.json, and copy the tokenizer files from tokenizer_dir
-    (either layout) as vocab.json + merges.txt. metadata ({str: str}) goes into the safetensors header."""
+    (either layout) as vocab.json + merges.txt; None: folder holds them already. metadata ({str: str}) goes into the
+    safetensors header."""
     folder = Path(folder)
-    copy_tokenizer(tokenizer_dir, folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    if tokenizer_dir is not None:
+        copy_tokenizer(tokenizer_dir, folder)
     tensors = {hf_name(key): array for key, array in flatten(params)}
     atomic_write(folder / "config.json", lambda file: file.write(json.dumps(hf_config(hparams), indent=2).encode()))
     # "format": "pt" tells transformers which framework's layout the tensors follow; it refuses files without it
@@ -56,8 +59,9 @@ def hf_config(hparams):  # -> GPT2Config's fields for a GPT-2 of these sizes
         "layer_norm_epsilon": 1e-5,
         "initializer_range": 0.02,
         "tie_word_embeddings": True,
-        "bos_token_id": EOT_ID,
-        "eos_token_id": EOT_ID,
+        # <|endoftext|>: the last id, in GPT-2's vocabulary as in one trained here
+        "bos_token_id": hparams["n_vocab"] - 1,
+        "eos_token_id": hparams["n_vocab"] - 1,
     }
 
 

@@ -17,7 +17,7 @@ import numpy as np
 from gpt2_numpy.cli import add_model_args, load_model, read_prompt, whole_number, write_stdout
 from gpt2_numpy.errors import ArgumentParser, NonFiniteError, UsageError, open_stdout, plural, run_cli
 from gpt2_numpy.fast import check_inputs, lm_head, log_softmax_at, transformer
-from gpt2_numpy.tokenizer import EOT, EOT_ID
+from gpt2_numpy.tokenizer import EOT
 
 # --- Log-probabilities ---
 
@@ -170,15 +170,15 @@ def read_text_file(path):  # -> the file's text; UsageError when it cannot be re
 
 def text_ids(tokenizer, text, n_vocab, bos):  # -> ids to score, all < n_vocab: [<|endoftext|>, *text's ids] with bos
     # "<|endoftext|>" written in the text is the document separator, as in generate and in GPT-2's training data
-    ids = ([EOT_ID] if bos else []) + tokenizer.encode(text, allowed_special="all")
+    ids = ([tokenizer.eot_id] if bos else []) + tokenizer.encode(text, allowed_special="all")
     if len(ids) < 2:
         what = "the text is empty" if not text else f"the text is a single token ({text!r}) and --no-bos leaves " \
             "nothing before it"
         raise UsageError(f"{what}: scoring needs a token to predict after some context; give a longer text"
                          + ("" if bos else f", or drop --no-bos to predict the first token after {EOT}"))
-    if bos and EOT_ID >= n_vocab:
-        raise UsageError(f"this model's vocabulary of {n_vocab} tokens has no {EOT} (id {EOT_ID}) to put before the "
-                         "text: pass --no-bos to score the text from its second token")
+    if bos and tokenizer.eot_id >= n_vocab:
+        raise UsageError(f"this model's vocabulary of {n_vocab} tokens has no {EOT} (id {tokenizer.eot_id}) to put "
+                         "before the text: pass --no-bos to score the text from its second token")
     outside = [(position, token_id) for position, token_id in enumerate(ids) if token_id >= n_vocab]
     if outside:
         position, token_id = outside[0]

@@ -5,14 +5,16 @@ Encoding runs in three steps:
 2. Each of the word's UTF-8 bytes starts as its own part (the vocabulary files spell the 256 bytes with printable
    stand-in characters; the tokenizer maps tokens to bytes once, when it loads).
 3. BPE merges adjacent parts of the word, best-ranked merge first, until no merge applies; each part is one token.
-   Its work grows linearly with a word's length, so even a 1 MB word (minified code, a run of digits) takes 1-2 s.
+   `Tokenizer._textbook_bpe` is that loop as written in tiktoken's _educational.py and minbpe, to read first;
+   `Tokenizer._bpe`, which encode uses, gives the same ids in work that grows linearly with a word's length, so even a
+   1 MB word (minified code, a run of digits) takes 1-2 s.
 
 Decoding maps ids back to bytes; bytes that end mid-way through a UTF-8 character become U+FFFD, and `stream_decoder()`
 holds such bytes back until the character is complete.
 """
 import codecs
 import heapq
-import json
+import math
 import operator
 from collections import defaultdict
 from itertools import chain
@@ -21,6 +23,7 @@ from pathlib import Path
 import regex
 
 from gpt2_numpy.errors import TokenizerError
+from gpt2_numpy.formats import TABLE_LIMIT, parse_json, read_regular
 
 EOT = "<|endoftext|>"
 EOT_ID = 50256
@@ -47,13 +50,15 @@ class Tokenizer:
 
     `encode` treats the text "<|endoftext|>" as ordinary text by default, like OpenAI's encoder.py and tiktoken's
     `encode_ordinary`: text from users cannot inject the end-of-text token by accident. Pass
-    `allowed_special={"<|endoftext|>"}` (or "all") to map it to its id, 50256.
+    `allowed_special={"<|endoftext|>"}` (or "all") to map it to its id, `eot_id`: 50256 in GPT-2's vocabulary, the
+    last id in one trained by gpt2_numpy.tokenizer_train.
     """
 
     def __init__(self, encoder, merges):  # encoder: {spelled token: id}, merges: [(left, right)], best first
         self.encoder = encoder
         self.n_vocab = len(encoder)
-        self.special_tokens = {EOT: encoder[EOT]}
+        self.eot_id = encoder[EOT]
+        self.special_tokens = {EOT: self.eot_id}
         # tokens as the bytes they stand for: each spelled character is one byte, as Latin-1
         unspell = str.maketrans({char: chr(byte) for byte, char in bytes_to_unicode().items()})
         self._id_bytes = [b""] * self.n_vocab
@@ -61,7 +66,8 @@ class Tokenizer:
             self._id_bytes[token_id] = token.translate(unspell).encode("latin-1")
         self._word_ids = {token_bytes: token_id for token_id, token_bytes in enumerate(self._id_bytes)}  # bytes -> id
         self._byte_ids = [self._word_ids[bytes([byte])] for byte in range(256)]
-        # BPE works on ids: a pair (left, right) is the int left * n_vocab + right, cheaper to hash than a tuple
+        self.merge_ranks = {(encoder[left], encoder[right]): rank for rank, (left, right) in enumerate(merges)}
+        # the tuned BPE's pair (left, right) is the int left * n_vocab + right, cheaper to hash than a tuple
         self._pair_ranks = {encoder[left] * self.n_vocab + encoder[right]: rank
                             for rank, (left, right) in enumerate(merges)}
         self._merged_ids = [encoder[left + right] for left, right in merges]  # rank -> id of the joined token
@@ -118,11 +124,22 @@ class Tokenizer:
         whole = self._word_ids.get(utf8)
         return (whole,) if whole is not None else tuple(self._bpe(utf8))
 
-    def _bpe(self, utf8):  # b"hello" -> [31373]: join the best-ranked adjacent pair, leftmost first, until none merges
-        # Rescanning every pair after each merge costs O(n) per merge, O(n^2) for a word of n bytes: hours for 1 MB.
-        # Instead the parts form a linked list (part i has neighbours before[i] and after[i]), each pair that has a
-        # merge waits in its rank's bucket, and a heap yields the ranks present, best first. A merge changes only the
-        # two pairs beside it: O(1) work per merge, plus O(log n) per rank that enters the heap.
+    def _textbook_bpe(self, utf8):  # b"hello" -> [31373]: join the best-ranked adjacent pair until none merges
+        ids = [self._byte_ids[byte] for byte in utf8]  # one part per byte to start
+        while len(ids) >= 2:
+            # the adjacent pair whose merge comes first in the merges list; pairs with no merge come last
+            best = min(zip(ids, ids[1:]), key=lambda pair: self.merge_ranks.get(pair, math.inf))
+            if best not in self.merge_ranks:
+                break  # no adjacent pair has a merge
+            ids = replace_pair(ids, best, self._merged_ids[self.merge_ranks[best]])
+        return ids
+
+    def _bpe(self, utf8):  # -> the ids of _textbook_bpe, in O(1) work per merge instead of O(n)
+        # The textbook rescans every pair after each merge (`best = min(zip(ids, ids[1:]), ...)`) and copies the word
+        # (`replace_pair`): O(n) per merge, O(n^2) for a word of n bytes, hours for 1 MB. Here instead the parts form
+        # a linked list (part i has neighbours before[i] and after[i]), each pair that has a merge waits in its rank's
+        # bucket, and a heap yields the ranks present, best first (replacing the `min`). A merge changes only the two
+        # pairs beside it (replacing `replace_pair`): O(1) work per merge, plus O(log n) per rank that enters the heap.
         # Invariant: pair_rank[i] is the rank of the pair (part i, part after[i]), or None if that pair has no merge
         # or i no longer starts a part; a bucket entry that disagrees is stale and skipped.
         ids = [self._byte_ids[byte] for byte in utf8]  # one part per byte to start
@@ -162,6 +179,19 @@ class Tokenizer:
                             heapq.heappush(ranks, new_rank)
                         buckets[new_rank].append(left)
         return [token_id for token_id in ids if token_id is not None]
+
+
+def replace_pair(ids, pair, joined_id):  # -> ids with each (left, right) == pair replaced by joined_id
+    # left to right, as OpenAI's encoder and BPE training do: (a, a) in "a a a" -> "aa a"
+    replaced, i = [], 0
+    while i < len(ids):
+        if i + 1 < len(ids) and (ids[i], ids[i + 1]) == pair:
+            replaced.append(joined_id)
+            i += 2
+        else:
+            replaced.append(ids[i])
+            i += 1
+    return replaced
 
 
 def without_surrogates(text):  # -> text, with surrogate pairs joined and lone surrogates as U+FFFD, as tiktoken does
@@ -212,24 +242,32 @@ def load_tokenizer(model_dir=None):  # -> Tokenizer
     missing or malformed file."""
     model_dir = PACKAGED_VOCABULARY if model_dir is None else Path(model_dir)
     for vocab_name, merges_name in FILE_NAMES.values():
-        if is_file(model_dir / vocab_name):
+        if exists(model_dir / vocab_name):
             encoder = read_encoder(model_dir / vocab_name)
             return Tokenizer(encoder, read_merges(model_dir / merges_name, encoder))
     expected = " or ".join(f"{vocab} + {merges} ({source})" for source, (vocab, merges) in FILE_NAMES.items())
     raise TokenizerError(f"no vocabulary in {model_dir}: expected {expected}; download the model into that folder")
 
 
-def is_file(path):  # -> bool; TokenizerError when the folder cannot be read at all
-    try:
-        return path.is_file()
+def check_model_vocabulary(tokenizer, n_vocab, model_dir):  # -> None; TokenizerError when the two sizes differ
+    """For a model folder whose tokenizer was trained for its model: the tokenizer's ids must be the model's, 0 to
+    n_vocab - 1, or it would make ids the model has no embedding for, or the model would pick ids with no text."""
+    if tokenizer.n_vocab != n_vocab:
+        raise TokenizerError(f"{model_dir}: the model has {n_vocab:,} tokens but its vocabulary files "
+                             f"{tokenizer.n_vocab:,}: put the tokenizer the model was trained with beside it")
+
+
+def exists(path):  # -> bool; TokenizerError when the folder cannot be read at all
+    try:  # a FIFO or a folder under a vocabulary file's name is refused by read_text, naming it
+        return path.exists()
     except OSError as error:
         raise TokenizerError(f"cannot read {path.parent} ({error.strerror}): check its permissions") from None
 
 
 def read_encoder(path):  # -> {spelled token: id}, checked to be ids 0..n-1 over the byte alphabet, with <|endoftext|>
     try:
-        encoder = json.loads(read_text(path))
-    except json.JSONDecodeError as error:
+        encoder = parse_json(read_text(path))
+    except ValueError as error:  # parse_json's, which also refuses JSON nested deep enough to exhaust Python's stack
         raise malformed(path, f"it is not valid JSON ({error})") from None
     ids = encoder.values() if isinstance(encoder, dict) else [None]
     if not all(type(token_id) is int for token_id in ids) or sorted(ids) != list(range(len(encoder))):
@@ -262,9 +300,9 @@ def read_merge_lines(path, encoder):  # -> [(left, right)] as the file lists the
     return merges
 
 
-def read_text(path):  # -> the file's text, or TokenizerError naming the file
+def read_text(path):  # -> the file's text, with "\n" for line ends as text mode reads them, or TokenizerError
     try:
-        return path.read_text(encoding="utf-8")
+        return read_regular(path, TABLE_LIMIT).decode("utf-8").replace("\r\n", "\n")
     except FileNotFoundError:
         raise TokenizerError(f"{path} is missing: download the model again to restore its vocabulary files") from None
     except OSError as error:

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from gpt2_numpy.checkpoint import load_params
 from gpt2_numpy.errors import CheckpointError, DownloadError, Interrupted, TokenizerError, UsageError, log
+from gpt2_numpy.formats import SETTINGS_LIMIT, parse_json, read_regular
 from gpt2_numpy.models import MODEL_SIZES, SOURCES, model_folder
 from gpt2_numpy.tokenizer import read_encoder, read_merges
 
@@ -94,7 +95,7 @@ def download_command(size, folder, source):  # -> the command line that makes th
 def is_complete(folder, files):  # -> True when a past run verified these files and none has changed since
     try:
         marker = folder / MARKER
-        recorded = json.loads(marker.read_text())
+        recorded = parse_json(read_regular(marker, SETTINGS_LIMIT))  # a named pipe or deep JSON: False, not a hang
         written = marker.stat().st_mtime_ns
         # A file whose time is not older than the marker may have changed within the same tick of the file-system
         # clock (a few ms; 2 s on FAT) after it was verified: it is verified again, as git treats "racily clean" files.

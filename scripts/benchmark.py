@@ -34,7 +34,7 @@ from gpt2_numpy import model as textbook  # noqa: E402
 from gpt2_numpy.checkpoint import load_params  # noqa: E402
 from gpt2_numpy.formats.crc32c import crc32c  # noqa: E402
 from gpt2_numpy.generate import generate_batch  # noqa: E402
-from gpt2_numpy.random_params import random_params  # noqa: E402
+from gpt2_numpy.params import random_params  # noqa: E402
 from tests.text_samples import english_text  # noqa: E402
 
 HPARAMS_124M = {"n_vocab": 50257, "n_ctx": 1024, "n_embd": 768, "n_head": 12, "n_layer": 12}
@@ -401,7 +401,7 @@ import resource, sys, time
 import numpy as np
 from gpt2_numpy import fast as model, keep_freed_memory
 from gpt2_numpy.checkpoint import load_params
-from gpt2_numpy.random_params import random_params
+from gpt2_numpy.params import random_params
 if sys.argv[2] == "keep":
     keep_freed_memory()
 hparams = {"n_vocab": 50257, "n_ctx": 1024, "n_embd": 768, "n_head": 12, "n_layer": 12}

@@ -24,7 +24,7 @@ sys.path[:0] = [str(REPO), str(REPO / "scripts")]
 
 from benchmark import blas_threads, in_turns, row, wall_seconds  # noqa: E402
 from gpt2_numpy import backward, fast, keep_freed_memory, optim  # noqa: E402
-from gpt2_numpy.random_params import random_params  # noqa: E402
+from gpt2_numpy.params import random_params  # noqa: E402
 
 OURS, TORCH = "gpt2_numpy", "torch"
 CONFIGS = {  # name -> hparams, (batch, n_seq)

@@ -4,22 +4,43 @@
 
 Loads MODEL_DIR with transformers.GPT2LMHeadModel.from_pretrained (which must find every weight and nothing extra) and
 with gpt2_numpy, runs both on TEXT, and prints the largest logit difference; exits 1 if it is over 1e-4 of the largest
-logit. Needs torch and transformers (the reference tools, never runtime dependencies).
+logit. Needs torch and transformers (the reference tools, never runtime dependencies), in a venv of their own:
+    python3 -m venv ../refvenv && ../refvenv/bin/pip install torch==2.13.0 transformers safetensors
 """
+import argparse
 import sys
 from pathlib import Path
 
-import numpy as np
-import torch
-from transformers import GPT2LMHeadModel
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's gpt2_numpy, not an installed one
-from gpt2_numpy.checkpoint import load_params  # noqa: E402
-from gpt2_numpy.fast import gpt2  # noqa: E402
-from gpt2_numpy.tokenizer import load_tokenizer  # noqa: E402
+try:  # without the tools, --help still works and a run says in one line what to install where
+    import numpy as np
+    import torch
+    from transformers import GPT2LMHeadModel
+
+    from gpt2_numpy.checkpoint import load_params
+    from gpt2_numpy.fast import gpt2
+    from gpt2_numpy.tokenizer import load_tokenizer
+except ModuleNotFoundError as error:
+    MISSING = error.name.partition(".")[0]  # the package to install, not its submodule
+else:
+    MISSING = None
+
+SETUP = ("run this script in a venv with torch and transformers, made from the repo root with: python3 -m venv "
+         "../refvenv && ../refvenv/bin/pip install torch==2.13.0 transformers safetensors")
 
 
-def main(model_dir, text="To be, or not to be, that is the question."):
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("model_dir", help="a folder written by python -m gpt2_numpy.train")
+    parser.add_argument("text", nargs="?", default="To be, or not to be, that is the question.")
+    args = parser.parse_args()
+    if MISSING:
+        print(f"error: {MISSING} is missing from {sys.executable}: {SETUP}", file=sys.stderr)
+        sys.exit(2)
+    compare(args.model_dir, args.text)
+
+
+def compare(model_dir, text):  # -> None; exits 1 when transformers and gpt2_numpy disagree
     model, info = GPT2LMHeadModel.from_pretrained(model_dir, output_loading_info=True)
     problems = {name: keys for name, keys in info.items() if keys}
     if problems:
@@ -37,4 +58,4 @@ def main(model_dir, text="To be, or not to be, that is the question."):
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    main()

@@ -24,7 +24,7 @@ import torch
 import transformers
 
 from make_reference import FIXTURES, fixed_inputs, hf_model
-from gpt2_numpy.random_params import random_params
+from gpt2_numpy.params import random_params
 
 # name -> (hparams, seed, n_inputs); the configs of configs.json are the ones the model's tests were written against
 TRACE = {

@@ -24,8 +24,8 @@ try:  # the reference tools live in a venv of their own: without them, a run say
     import torch
     import transformers
 
-    from gpt2_numpy.checkpoint import flatten
-    from gpt2_numpy.random_params import random_params
+    from gpt2_numpy.params import flatten
+    from gpt2_numpy.params import random_params
 except ModuleNotFoundError as error:
     MISSING = error.name.partition(".")[0]
 else:

@@ -30,7 +30,7 @@ try:  # the reference tools live in a venv of their own: without them, --help st
     import torch
     import transformers
 
-    from gpt2_numpy.random_params import random_params
+    from gpt2_numpy.params import random_params
 except ModuleNotFoundError as error:
     MISSING = error.name.partition(".")[0]  # the package to install, not its submodule
 else:

@@ -27,7 +27,7 @@ if not MISSING:  # without the tools, --help still works and a run says what to 
     import torch
     import transformers
 
-    from gpt2_numpy.random_params import random_params
+    from gpt2_numpy.params import random_params
 
 FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures"
 SINGLE_LENGTHS = {"tiny": 64, "124M": 128}  # tiny fills its whole context

@@ -24,7 +24,7 @@ try:  # the tools live in a venv of their own: without them, --help still works 
     import numpy as np
     import tensorflow as tf
 
-    from gpt2_numpy.random_params import random_params
+    from gpt2_numpy.params import random_params
 except ModuleNotFoundError as error:
     MISSING = error.name.partition(".")[0]  # the package to install, not its submodule
 else:

@@ -1,10 +1,13 @@
-"""Plausible bugs in model.py, fast.py and cores.py, each applied alone to a copy of the repo: the tests that catch it.
+"""Plausible bugs in model.py, fast.py, cores.py, download.py and training, each applied alone to a copy of the repo:
+the tests that catch it.
 
     python scripts/mutants.py [TEST_FILE ...]     (default: tests/test_model.py tests/test_fast.py tests/test_cores.py)
+    python scripts/mutants.py --only train,errors,optim,save tests/test_train_resume.py tests/test_optim.py
 
 A test earns its place by failing when the code is wrong; a mutant that no test catches is a hole in the suite. Each
 mutant replaces one line's text; the copy lives in a temporary folder, so the working tree is never touched.
 """
+import argparse
 import os
 import shutil
 import subprocess
@@ -41,21 +44,80 @@ MUTANTS = [  # (what, file, text, replacement)
     ("cores: OpenBLAS's threads not restored", "gpt2_numpy/cores.py",
      'blas[0](passes["n_threads"])', "pass"),
     ("cores: a forked child keeps its parent's pool", "gpt2_numpy/cores.py",
-     "os.register_at_fork(after_in_child=helpers.cache_clear)\n", ""),
+     "    helpers.cache_clear()  # the parent's pool", "    pass  # the parent's pool"),
+    ("cores: the first of two passes to end restores OpenBLAS's threads", "gpt2_numpy/cores.py",
+     'passes["running"] -= 1\n                if passes["running"] == 0:',
+     'passes["running"] -= 1\n                if True:'),
+    ("cores: a forked child keeps its parent's lock", "gpt2_numpy/cores.py",
+     "    passes_lock = threading.Lock()\n", ""),
+    ("cores: a forked child keeps the count a parent's pass set", "gpt2_numpy/cores.py",
+     'openblas()[0](passes["n_threads"])', "pass"),
+    ("cores: a forked child restores the count only for a counted pass", "gpt2_numpy/cores.py",
+     '(passes["running"] or passes_lock.locked())', 'passes["running"]'),
+    # their tests are in tests/test_download.py, which is not among the default TEST_FILEs
+    ("download: the SHA-256 compared on its first 32 digits", "gpt2_numpy/download.py", "if actual == digest:",
+     "if actual[:32] == digest[:32]:"),
+    ('download: a weak X-Linked-Etag (W/"...") leaves the file unchecked', "gpt2_numpy/download.py",
+     '.removeprefix("W/")', ""),
+    ("train: each epoch ends one window early", "gpt2_numpy/train.py", "if self.position == self.n_windows:",
+     "if self.position == self.n_windows - 1:"),
+    ("train: one window too many when the tokens are a multiple of --seq-len", "gpt2_numpy/train.py",
+     "self.n_windows = (len(tokens) - 1) // seq_len", "self.n_windows = len(tokens) // seq_len"),
+    ("train: resume restores the data order but not its RNG", "gpt2_numpy/train.py",
+     '        self.rng.bit_generator.state = json.loads(str(state["data_rng"]))\n', ""),
+    ("train: no validation loss at a last step off --eval-every", "gpt2_numpy/train.py",
+     'if step % settings["eval_every"] == 0 or step == steps:', 'if step % settings["eval_every"] == 0:'),
+    ("train: the schedule one step ahead", "gpt2_numpy/train.py", "lr = learning_rate(step, ",
+     "lr = learning_rate(step + 1, "),
+    ("train: validation windows one token short", "gpt2_numpy/train.py",
+     "seq_len + np.arange(seq_len + 1)]", "seq_len + np.arange(seq_len)]"),
+    ("train: the fewest tokens counted for the training part only", "gpt2_numpy/train.py",
+     "while min(split_sizes(n_tokens, val_fraction)) < window:",
+     "while split_sizes(n_tokens, val_fraction)[0] < window:"),
+    ("train: a saved moment's shape unchecked", "gpt2_numpy/train.py",
+     "if name not in state or state[name].shape != param.shape or", "if name not in state or"),
+    ("train: data_position's upper bound unchecked", "gpt2_numpy/train.py", "if not 0 <= position <= len(order):",
+     "if not 0 <= position:"),
+    ("train: data_rng unchecked", "gpt2_numpy/train.py",
+     '        np.random.PCG64().state = parse_json(str(state["data_rng"]))', "        pass"),
+    ("train: a truncated train_state.npz unchecked", "gpt2_numpy/train.py",
+     "except (OSError, EOFError, ValueError, zipfile.BadZipFile) as error:",
+     "except (OSError, EOFError, ValueError) as error:"),
+    ("train: log.csv's steps unchecked", "gpt2_numpy/train.py", 'if not str(row.get("step")).isdecimal():',
+     "if False:"),
+    ("train: --resume refuses a flag equal to the saved run's", "gpt2_numpy/train.py",
+     "if value is not None and value != saved.get(name):", "if value is not None:"),
+    ("train: --init DIR trains a new model", "gpt2_numpy/train.py",
+     "    if args.init is not None:  # a model folder", "    if False:  # a model folder"),
+    ("errors: abbreviated flags accepted", "gpt2_numpy/errors.py", "super().__init__(*args, allow_abbrev=False, **",
+     "super().__init__(*args, **"),
+    ("optim: past the last step the cosine climbs back", "gpt2_numpy/optim.py", "    step = min(step, total)", ""),
+    ("save: config.json's layer_norm_epsilon 1e-6", "gpt2_numpy/save.py", '"layer_norm_epsilon": 1e-5,',
+     '"layer_norm_epsilon": 1e-6,'),
+    # caught by tests/test_explain_page.py (a page of 300 tokens, whose map pixels cover 2 x 2 weights)
+    ("explain page: a map pixel shows the last weight it covers, not the largest", "gpt2_numpy/explain/page.html",
+     "cells[cell] = Math.max(cells[cell], values[s] / DATA.scale);", "cells[cell] = values[s] / DATA.scale;"),
 ]
 
 
-def caught_by(copy, tests):  # -> ids of the failing tests
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rf", *tests], cwd=copy,
-                            capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(copy)})
-    return [line.split(" - ")[0].removeprefix("FAILED ") for line in result.stdout.splitlines()
-            if line.startswith("FAILED")]
+def caught_by(copy, tests):  # -> ids of the failing tests (a fixture that fails errors its tests: caught too)
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfE", *tests],
+                            cwd=copy, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(copy)})
+    return [line.split(" - ")[0].partition(" ")[2] for line in result.stdout.splitlines()
+            if line.startswith(("FAILED ", "ERROR "))]
 
 
-def main(tests):
-    tests = tests or ["tests/test_model.py", "tests/test_fast.py", "tests/test_cores.py"]
+def main(argv):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    parser.add_argument("tests", nargs="*", metavar="TEST_FILE",
+                        default=["tests/test_model.py", "tests/test_fast.py", "tests/test_cores.py"])
+    parser.add_argument("--only", metavar="PARTS", help="only the mutants of these parts, e.g. model,fast (the word "
+                        "before each mutant's colon)")
+    args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as scratch:
         for what, path, text, replacement in MUTANTS:
+            if args.only and what.partition(":")[0] not in args.only.split(","):
+                continue
             copy = Path(scratch) / "repo"
             shutil.rmtree(copy, ignore_errors=True)
             shutil.copytree(REPO, copy, ignore=shutil.ignore_patterns(".git", "__pycache__", "weights"))
@@ -63,7 +125,7 @@ def main(tests):
             if text not in source:  # the code moved on: the mutant needs updating, not a traceback
                 sys.exit(f"error: mutant {what!r}: {text!r} is no longer in {path}; update MUTANTS in {__file__}")
             (copy / path).write_text(source.replace(text, replacement, 1))
-            failed = caught_by(copy, tests)
+            failed = caught_by(copy, args.tests)
             print(f"{what}: " + (f"caught by {len(failed)}: " + ", ".join(failed) if failed else "NOT CAUGHT"),
                   flush=True)
 

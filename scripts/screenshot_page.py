@@ -1,5 +1,6 @@
-"""Take the README's screenshot of the explain --html page: writes the page for PROMPT with the model in MODEL_DIR,
-opens it in headless Chromium (selenium), clicks a token and saves a PNG.
+"""Take the README's screenshot of the explain --html page: writes the page for PROMPT with the model in MODEL_DIR
+(`python -m gpt2_numpy.explain PROMPT --model MODEL_DIR --html`), opens it in headless Chromium (selenium), clicks a
+token and saves a PNG.
 
     python scripts/screenshot_page.py "The cat sat on the mat" weights/124M docs/look-inside.png [--query 4] [--layer 5]
 
@@ -7,14 +8,10 @@ Needs the test extra's selenium and Debian's browser: apt-get install chromium c
 """
 import argparse
 import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
-
-from gpt2_numpy.checkpoint import load_params
-from gpt2_numpy.cli import prompt_ids
-from gpt2_numpy.explain.cli import token_text
-from gpt2_numpy.explain.page import page_html
-from gpt2_numpy.tokenizer import load_tokenizer
 
 
 def main():
@@ -27,14 +24,10 @@ def main():
     parser.add_argument("--head", type=int, default=0)
     parser.add_argument("--size", default="1200,900", help="the window's width,height in pixels")
     args = parser.parse_args()
-    hparams, params = load_params(args.model_dir)
-    tokenizer = load_tokenizer(args.model_dir)
-    ids = prompt_ids(tokenizer, args.prompt, hparams["n_vocab"])
-    html = page_html(ids, params, hparams["n_head"], lambda token_id: token_text(tokenizer, token_id),
-                     f"GPT-2 {args.model_dir.name} on {len(ids)} tokens")
     with tempfile.TemporaryDirectory() as folder:
         page = Path(folder) / "page.html"
-        page.write_text(html, encoding="utf-8")
+        subprocess.run([sys.executable, "-m", "gpt2_numpy.explain", "--model", str(args.model_dir), "--html", str(page),
+                        "--", args.prompt], check=True)
         screenshot(page, args)
     print(f"wrote {args.out}")
 

@@ -23,8 +23,13 @@ python -m gpt2_numpy.train --data ../shared/corpus/shakespeare-plays.txt --out "
 python scripts/plot_loss.py "$OUT/log.csv" docs/train-loss.png
 python -m gpt2_numpy.generate --model "$OUT" "ROMEO." --n-tokens 80 --temperature 0.8 --top-k 40 --seed 0 \
   | tee "$OUT/sample.txt"
-# score every head on the prompt; the one whose pattern is most pronounced is drawn for both models
-read -r LAYER HEAD < <(python scripts/attention_heads.py "$OUT" "$PROMPT" | tee /dev/stderr | tail -1)
+# score every head (explain --heads); the one with the highest previous-token or induction score is drawn for both
+python -m gpt2_numpy.explain --model "$OUT" "$PROMPT" --heads >&2
+read -r LAYER HEAD < <(python -m gpt2_numpy.explain --model "$OUT" "$PROMPT" --heads --json | python -c '
+import json, sys
+heads = json.load(sys.stdin)["heads"]
+best = max(heads, key=lambda row: max(row["previous_token"], row["induction"]))
+print(best["layer"], best["head"])')
 for model in "$OUT" "$OUT-init"; do
   name=$([ "$model" = "$OUT" ] && echo trained || echo init)
   python -m gpt2_numpy.explain --model "$model" "$PROMPT" --layer "$LAYER" --head "$HEAD" \

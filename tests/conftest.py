@@ -10,8 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpt2_numpy.random_params import random_params
-from gpt2_numpy.tokenizer import PACKAGED_VOCABULARY
+from gpt2_numpy.params import random_params
+from gpt2_numpy.save import save_model
+from gpt2_numpy.tokenizer import EOT, PACKAGED_VOCABULARY, bytes_to_unicode
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures"
@@ -60,6 +61,18 @@ def tiny_models_dir(root):  # -> a models dir under root whose 124M/ holds the t
     for name in ("encoder.json", "vocab.bpe"):
         shutil.copy(official_path(f"124M/{name}"), folder)
     return folder.parent
+
+
+def byte_model_dir(folder, hparams, params):  # -> folder, holding params and a byte-level tokenizer: a model of its own
+    """A model folder in Hugging Face's layout with a vocabulary of its own, as a model trained with its own tokenizer
+    has: the 256 bytes (ids 0-255, in GPT-2's byte order) and <|endoftext|>, the last id (256); no merges."""
+    assert hparams["n_vocab"] == 257
+    folder.mkdir(parents=True)
+    vocabulary = {char: token_id for token_id, char in enumerate(bytes_to_unicode().values())}
+    (folder / "vocab.json").write_text(json.dumps({**vocabulary, EOT: 256}), encoding="utf-8")
+    (folder / "merges.txt").write_text("#version: 0.2\n", encoding="utf-8")
+    save_model(folder, hparams, params, folder)  # the tokenizer files are already in place
+    return folder
 
 
 def assert_one_error_line(result, fragment):  # a CLI's bad-input contract: exit 2, nothing on stdout, one error line

@@ -23,7 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from gpt2_numpy.checkpoint import checkpoint_prefix, flatten, load_params, our_key
+from gpt2_numpy.checkpoint import checkpoint_prefix, load_params, our_key
+from gpt2_numpy.params import flatten
 from gpt2_numpy.errors import CheckpointError
 from gpt2_numpy.formats.crc32c import masked_crc32c
 from gpt2_numpy.formats.safetensors import SafeTensor, read_safetensors, to_float32

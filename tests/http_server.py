@@ -18,7 +18,8 @@ Misbehaving servers, for every request:
 - `overlong=k` appends k bytes beyond the range its 206 answers announce (Content-Length counts them).
 
 `published={path: (sha256 hex, size)}` sends them as the Hugging Face hub does for an LFS file, on every answer for
-that path: `X-Linked-Etag: "<sha256>"` and `X-Linked-Size: <size>` (whatever bytes the path actually serves).
+that path: `X-Linked-Etag: "<sha256>"` and `X-Linked-Size: <size>` (whatever bytes the path actually serves);
+`weak_etags=True` marks the etag weak, `W/"<sha256>"`, as a proxy that may transform the body does.
 `redirects={path: other path}` answers path with a 302 to the other, as the hub's resolve URL sends its LFS files to
 their store: the published headers then come on the redirect only, and the store answers without them.
 """
@@ -47,7 +48,7 @@ class Throttle:
 
 class FileServer:
     def __init__(self, files, faults=None, ignore_range=False, resume_from_zero=False, overlong=0, published=None,
-                 redirects=None):
+                 redirects=None, weak_etags=False):
         self.files = {path: content if isinstance(content, bytes) else Path(content).read_bytes()
                       for path, content in files.items()}
         self.faults = {path: list(queue) for path, queue in (faults or {}).items()}
@@ -55,6 +56,7 @@ class FileServer:
         self.resume_from_zero = resume_from_zero
         self.overlong = overlong
         self.published = published or {}
+        self.weak_etags = weak_etags
         self.redirects = redirects or {}
         self.requests = []
         self.faults_lock = threading.Lock()
@@ -110,11 +112,13 @@ class FileHandler(BaseHTTPRequestHandler):
         self.answer(range_header, 206, headers, body[start:] + b"x" * owner.overlong, fault)
 
     def answer(self, range_header, status, headers=None, body=b"", fault=None):
-        self.server.owner.requests.append((self.path, range_header, status))
+        owner = self.server.owner
+        owner.requests.append((self.path, range_header, status))
         self.send_response(status)
-        linked = self.server.owner.published.get(self.path)
+        linked = owner.published.get(self.path)
         if linked:
-            headers = {**(headers or {}), "X-Linked-Etag": f'"{linked[0]}"', "X-Linked-Size": str(linked[1])}
+            etag = ("W/" if owner.weak_etags else "") + f'"{linked[0]}"'
+            headers = {**(headers or {}), "X-Linked-Etag": etag, "X-Linked-Size": str(linked[1])}
         for name, value in {**(headers or {}), "Content-Length": str(len(body))}.items():
             self.send_header(name, value)
         self.end_headers()

@@ -7,8 +7,8 @@ import pytest
 
 from gpt2_numpy import model
 from gpt2_numpy.backward import block_forward, ffn_forward, loss_and_grads, mha_forward
-from gpt2_numpy.checkpoint import flatten
-from gpt2_numpy.random_params import random_params
+from gpt2_numpy.params import flatten, map_leaves
+from gpt2_numpy.params import random_params
 from tests.conftest import FIXTURES
 
 
@@ -81,12 +81,8 @@ def test_training_forward_is_model_forward(reference):  # the cached forward com
                                **close)
 
 
-def float64(tree):
-    if isinstance(tree, dict):
-        return {key: float64(value) for key, value in tree.items()}
-    if isinstance(tree, list):
-        return [float64(value) for value in tree]
-    return tree.astype(np.float64)
+def float64(tree):  # -> the same tree in float64, for finite differences
+    return map_leaves(lambda leaf: leaf.astype(np.float64), tree)
 
 
 def textbook_loss(inputs, targets, params, n_head):  # model.py's logits and the cross-entropy written out, in float64

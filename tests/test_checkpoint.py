@@ -15,7 +15,7 @@ from gpt2_numpy.checkpoint import load_params, verify_checkpoint
 from gpt2_numpy.errors import CheckpointError
 from gpt2_numpy.formats.tf_bundle import table_records
 from gpt2_numpy.model import gpt2
-from gpt2_numpy.random_params import random_params
+from gpt2_numpy.params import random_params
 from tests.conftest import FIXTURES, HF_TOLERANCE
 from tests.fuzzing import VARINT, fields_of, fields_of_value, proto, set_field, table
 

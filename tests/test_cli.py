@@ -21,7 +21,7 @@ from gpt2_numpy.checkpoint import load_params
 from gpt2_numpy.errors import Gpt2NumpyError, UsageError, run_cli
 from gpt2_numpy.cli import prompt_ids
 from gpt2_numpy.generate import generate, print_sample, run
-from gpt2_numpy.random_params import random_params
+from gpt2_numpy.params import random_params
 from gpt2_numpy.tokenizer import load_tokenizer
 from tests.conftest import FIXTURES, REPO, assert_one_error_line, official_path, tiny_models_dir
 from tests.http_server import FileServer, official_layout_files
@@ -201,7 +201,7 @@ def test_a_models_dir_that_cannot_be_read_is_a_usage_error(models_dir, monkeypat
 
 @pytest.mark.parametrize("loader", [load_params, load_tokenizer])
 def test_a_model_dir_that_cannot_be_read_is_named_by_the_loaders(models_dir, monkeypatch, loader):
-    deny_access_below(models_dir, monkeypatch, "is_file")
+    deny_access_below(models_dir, monkeypatch, "exists")
     with pytest.raises(Gpt2NumpyError, match=f"{models_dir / '124M'}.*Permission denied"):
         loader(models_dir / "124M")
 
@@ -386,6 +386,89 @@ def test_greedy_rows_carry_no_seed_label(models_dir, capsys):
     err = capsys.readouterr().err
     assert "prompt 1: 2 tokens, reached --n-tokens" in err.splitlines()
     assert "seed 5)" not in err and "seed 6)" not in err  # greedy ignores the seed, and says so once
+
+
+# --- --json: one object per sample and line, which a program can read back whatever the text holds ---
+
+
+def json_records(out):  # -> the objects of a --json stdout, every line parsed on its own
+    assert out.endswith("\n")
+    return [json.loads(line) for line in out.splitlines()]
+
+
+def sampled(tokenizer, params, prompt, seed, n_tokens):  # -> generate()'s ids for prompt at temperature 1 with seed
+    return generate(tokenizer.encode(prompt), params, TINY["hparams"]["n_head"], n_tokens, temperature=1.0, seed=seed)
+
+
+def test_json_prints_one_line_per_sample_of_every_prompt(models_dir, tokenizer, params):
+    prompts = [PROMPT, "I go"]
+    args = ["--n-tokens", "6", "--temperature", "1", "--seed", "3", "--num-samples", "2", "--batch-size", "3", "--json"]
+    result = cli(*prompts, *args, models_dir=models_dir)
+    assert result.returncode == 0, result.stderr
+    expected = []
+    for k, (prompt_index, sample_index) in enumerate([(0, 0), (0, 1), (1, 0), (1, 1)]):  # the k-th: seed 3 + k
+        ids = sampled(tokenizer, params, prompts[prompt_index], 3 + k, 6)
+        expected.append({"prompt_index": prompt_index, "sample_index": sample_index, "seed": 3 + k,
+                         "prompt": prompts[prompt_index], "text": tokenizer.decode(ids), "token_ids": ids,
+                         "finish_reason": "length"})
+    assert len({record["text"] for record in expected}) == 4
+    assert json_records(result.stdout) == expected
+    assert "prompt 2, sample 2 of 2 (seed 6): 6 tokens, reached --n-tokens" in result.stderr  # stderr as without it
+
+
+def test_the_seed_json_records_reproduces_its_sample_alone(models_dir, tokenizer, params, capsys):
+    # no --seed: the run draws one, and each record names the one its sample used
+    assert run([PROMPT, "I go", "--n-tokens", "8", "--temperature", "1", "--num-samples", "2", "--json",
+                "--models-dir", str(models_dir)]) == 0
+    records = json_records(capsys.readouterr().out)
+    assert [record["seed"] - records[0]["seed"] for record in records] == [0, 1, 2, 3]
+    last = records[-1]  # the second sample of the second prompt
+    assert (last["prompt_index"], last["sample_index"], last["prompt"]) == (1, 1, "I go")
+    assert last["token_ids"] == sampled(tokenizer, params, "I go", last["seed"], 8)
+    assert run(["I go", "--n-tokens", "8", "--temperature", "1", "--seed", str(last["seed"]), "--json",
+                "--models-dir", str(models_dir)]) == 0
+    [alone] = json_records(capsys.readouterr().out)
+    assert alone == {**last, "prompt_index": 0, "sample_index": 0}
+
+
+def test_json_greedy_samples_are_copies_without_a_seed(models_dir, hf_greedy_text, capsys):
+    assert run([PROMPT, "--n-tokens", str(N_TOKENS), "--num-samples", "2", "--seed", "4", "--json",
+                "--models-dir", str(models_dir)]) == 0
+    out, err = capsys.readouterr()
+    reference = np.load(FIXTURES / "reference_tiny.npz")["cli_greedy_ids"].tolist()
+    greedy = {"prompt": PROMPT, "text": hf_greedy_text, "token_ids": reference, "seed": None, "finish_reason": "length"}
+    assert json_records(out) == [{"prompt_index": 0, "sample_index": index, **greedy} for index in (0, 1)]
+    assert "the continuation: 20 tokens, reached --n-tokens; printed 2 times" in err
+
+
+def test_json_says_which_samples_stopped_at_end_of_text(models_dir, tokenizer, params, monkeypatch, capsys):
+    n_head, prompts = TINY["hparams"]["n_head"], [PROMPT, "I go"]
+    ids = [generate(tokenizer.encode(p), params, n_head, N_TOKENS) for p in prompts]
+    # a stand-in end of text that only the second row reaches, mid-way (the tiny vocabulary has no id 50256)
+    stop = next(i for i, token in enumerate(ids[1]) if i >= 1 and token not in ids[1][:i] and token not in ids[0])
+    monkeypatch.setattr(generate_module, "EOT_ID", ids[1][stop])
+    args = [*prompts, "--n-tokens", str(N_TOKENS), "--json", "--models-dir", str(models_dir)]
+    assert run(args) == 0
+    records = json_records(capsys.readouterr().out)
+    assert [(r["token_ids"], r["finish_reason"]) for r in records] == [(ids[0], "length"), (ids[1][:stop], "stop")]
+    assert records[1]["text"] == tokenizer.decode(ids[1][:stop])
+    assert run([*args, "--ignore-eos"]) == 0
+    assert [(r["token_ids"], r["finish_reason"]) for r in json_records(capsys.readouterr().out)] == [
+        (ids[0], "length"), (ids[1], "length")]
+
+
+def test_a_json_sample_holding_blank_lines_reads_back_exactly(models_dir, tokenizer, monkeypatch, capsys):
+    # the text the blank-line separated output cannot delimit: the tiny model cannot write it (its 512 tokens lack
+    # "\n\n"), so the decode loop hands it over, and what is tested is the line that carries it
+    text = "First line.\n\n\nAfter two blank lines,\ttabs, \"quotes\", caf\u00e9 \N{GRINNING FACE}\n\n"
+    ids = tokenizer.encode(text)
+    monkeypatch.setattr(generate_module, "iter_batch", lambda *args, **options: iter([(0, ids)]))
+    assert run([PROMPT, "--n-tokens", str(len(ids)), "--json", "--models-dir", str(models_dir),
+                "--temperature", "1", "--seed", "0"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1  # one sample, one line
+    [record] = json_records(out)
+    assert record["text"] == text and tokenizer.decode(record["token_ids"]) == text
 
 
 # --- Weights that hold NaN, and a KV cache too large for the machine ---

@@ -7,6 +7,7 @@ continuation (tests/fixtures/reference_tiny.npz), as in tests/test_cli.py.
 """
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -19,8 +20,11 @@ import pytest
 
 from gpt2_numpy import cli, weights
 from gpt2_numpy.cli import load_model
+from gpt2_numpy.checkpoint import load_params
 from gpt2_numpy.formats.tf_bundle import TensorBundle
-from gpt2_numpy.tokenizer import load_tokenizer
+from gpt2_numpy.params import flatten, random_params
+from gpt2_numpy.save import save_model
+from gpt2_numpy.tokenizer import PACKAGED_VOCABULARY, load_tokenizer
 from tests.conftest import FIXTURES, REPO, assert_one_error_line, official_path, tiny_models_dir
 from tests.http_server import FileServer, official_layout_files
 
@@ -246,6 +250,30 @@ def test_a_folder_holding_another_shape_than_its_size_says_what_was_loaded(model
     line = next(line for line in capsys.readouterr().err.splitlines() if line.startswith("loaded"))
     assert line.startswith("loaded a GPT-2 of n_vocab 512, n_ctx 64, n_embd 64, n_head 4, n_layer 2 (not the 355M "
                            f"that --model-size asked for) from {models_dir / '355M'}")
+
+
+@pytest.mark.parametrize("n_layer, n_head, words", [(1, 2, "1 layer, 32 wide, 2 heads"),
+                                                    (2, 1, "2 layers, 32 wide, 1 head")])
+def test_a_model_folder_says_its_shape_in_words(tmp_path, capsys, n_layer, n_head, words):
+    hparams = {"n_vocab": 512, "n_ctx": 16, "n_embd": 32, "n_head": n_head, "n_layer": n_layer}
+    save_model(tmp_path, hparams, random_params(hparams, 0), PACKAGED_VOCABULARY)
+    cli.load_folder(tmp_path)
+    [line] = capsys.readouterr().err.splitlines()
+    assert re.fullmatch(f"loaded a GPT-2 of {words}, from {re.escape(str(tmp_path))} in [0-9]+\\.[0-9] s", line), line
+
+
+def test_save_model_makes_a_missing_folder_and_its_parents(tmp_path):
+    hparams = {"n_vocab": 512, "n_ctx": 16, "n_embd": 32, "n_head": 2, "n_layer": 1}
+    params = random_params(hparams, 0)
+    folder = tmp_path / "runs" / "first"
+    save_model(folder, hparams, params, PACKAGED_VOCABULARY)
+    loaded_hparams, loaded = load_params(folder)
+    assert loaded_hparams == hparams
+    expected, loaded = dict(flatten(params)), dict(flatten(loaded))
+    assert loaded.keys() == expected.keys()
+    for key, array in loaded.items():
+        np.testing.assert_array_equal(array, expected[key], err_msg=str(key))
+    assert load_tokenizer(folder).n_vocab == 50257
 
 
 OFFICIAL_SHAPES = {  # OpenAI's published hparams.json of each size: (n_layer, n_embd, n_head); all n_ctx 1024

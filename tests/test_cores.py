@@ -1,5 +1,9 @@
 """cores.py: a long pass shares its pieces among threads, OpenBLAS on one thread meanwhile, and equals one core."""
 import multiprocessing
+import os
+import signal
+import subprocess
+import sys
 import threading
 from concurrent import futures
 
@@ -8,8 +12,8 @@ import pytest
 
 from gpt2_numpy import cores, fast
 from gpt2_numpy import model as textbook
-from gpt2_numpy.random_params import random_params
-from tests.conftest import missing
+from gpt2_numpy.params import random_params
+from tests.conftest import REPO, missing
 
 HPARAMS = {"n_vocab": 97, "n_ctx": 48, "n_embd": 48, "n_head": 6, "n_layer": 2}
 
@@ -174,3 +178,81 @@ def test_a_forked_child_gets_threads_of_its_own(monkeypatch):
     cores.split(lambda piece: None, 2)  # the parent's pool now has a thread, which a forked child does not inherit
     with multiprocessing.get_context("fork").Pool(1) as pool:
         assert pool.map_async(split_in_a_team_of_two, [0]).get(timeout=20) == [[(0, 2), (2, 4)]]
+
+
+def test_openblas_stays_on_one_thread_until_the_last_of_two_overlapping_passes_ends(two_cores):
+    n_blas = two_cores[1]()
+    first_in, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
+
+    def first_pass():
+        with cores.all_cores():
+            first_in.set()
+            assert second_in.wait(10)
+        first_out.set()
+
+    def second_pass():  # -> (OpenBLAS's count, team size) once the first pass has ended and this one still runs
+        assert first_in.wait(10)
+        with cores.all_cores():
+            second_in.set()
+            assert first_out.wait(10)
+            return two_cores[1](), cores.team_size()
+
+    with futures.ThreadPoolExecutor(2) as callers:
+        first, second = callers.submit(first_pass), callers.submit(second_pass)
+        first.result(timeout=20)
+        assert second.result(timeout=20) == (1, n_blas)  # the first pass to end left the count to the last
+    assert two_cores[1]() == n_blas
+
+
+# A thread of the parent's is inside a pass, or holds passes_lock with OpenBLAS already on one thread but the pass not
+# yet counted, when the main thread forks; the child then runs a pass of its own. Prints the child's OpenBLAS count
+# before, during and after its pass and its team size, then OpenBLAS's original count, the child's wait status and the
+# parent's count once its pass ended.
+FORK_DURING_A_PASS = """
+import os, signal, sys, threading
+from gpt2_numpy import cores
+set_threads, get_threads = cores.openblas()
+original = get_threads()
+in_pass, finish = threading.Event(), threading.Event()
+
+def set_and_wait(n):  # the first pass to set one thread waits there, holding the lock
+    set_threads(n)
+    if n == 1 and not in_pass.is_set():
+        in_pass.set()
+        finish.wait()
+
+def a_pass():
+    with cores.all_cores():
+        in_pass.set()
+        finish.wait()
+
+if sys.argv[1] == "holding the lock":
+    cores.openblas = lambda: (set_and_wait, get_threads)
+thread = threading.Thread(target=a_pass)
+thread.start()
+in_pass.wait()
+child = os.fork()
+if child == 0:
+    signal.alarm(10)  # a child that hangs is killed, and the parent reports it
+    before = get_threads()
+    with cores.all_cores():
+        during = get_threads(), cores.team_size()
+    print(before, *during, get_threads(), flush=True)
+    os._exit(0)
+_, status = os.waitpid(child, 0)
+finish.set()
+thread.join()
+print(original, status, get_threads())
+"""
+
+
+@pytest.mark.parametrize("parent", ["inside a pass", "holding the lock"])
+def test_a_child_forked_during_a_pass_runs_passes_and_gets_openblas_back(two_cores, parent):
+    result = subprocess.run([sys.executable, "-c", FORK_DURING_A_PASS, parent], capture_output=True, text=True,
+                            timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
+    *child, (original, status, parent_after) = [list(map(int, line.split())) for line in result.stdout.splitlines()]
+    assert status != signal.SIGALRM, "the forked child hung in its pass"
+    assert status == 0, result.stderr
+    # the child starts with OpenBLAS's count from before the parent's pass, and its own pass shares it
+    assert child == [[original, 1, original, original]]
+    assert original >= 2 and parent_after == original

@@ -31,7 +31,7 @@ from gpt2_numpy.checkpoint import load_params
 from gpt2_numpy.models import SOURCES, file_url, models_dir_path
 from gpt2_numpy.errors import CheckpointError, DownloadError, Gpt2NumpyError, Interrupted, UsageError
 from gpt2_numpy.formats.tf_bundle import TensorBundle, table_records
-from gpt2_numpy.random_params import random_params
+from gpt2_numpy.params import random_params
 from gpt2_numpy.tokenizer import bytes_to_unicode
 from gpt2_numpy.weights import ensure_model
 from tests.conftest import FIXTURES, REPO
@@ -827,6 +827,41 @@ def test_a_huggingface_download_unlike_its_published_sha256_is_deleted_and_fetch
     with mirror(monkeypatch, files, published={HF_WEIGHTS: published(data)}) as server:
         assert_installed(ensure_model("124M", tmp_path, source="huggingface"), files)
     assert server.requests == [(HF_WEIGHTS, None, 200)]
+
+
+def unlike_at_the_end(digest):  # -> a SHA-256 in hex equal to digest but for its last 4 digits
+    return digest[:-4] + "".join(f"{(int(digit, 16) + 1) % 16:x}" for digit in digest[-4:])
+
+
+def test_a_published_sha256_unlike_only_in_its_last_digits_is_refused(tmp_path, monkeypatch):
+    files = hf_layout_files()
+    digest, size = published(files[HF_WEIGHTS].read_bytes())
+    announced = unlike_at_the_end(digest)
+    assert announced[:60] == digest[:60] and announced != digest
+    with mirror(monkeypatch, files, published={HF_WEIGHTS: (announced, size)}):
+        with pytest.raises(DownloadError, match=f"has SHA-256 {digest} but the server published {announced} "):
+            ensure_model("124M", tmp_path, source="huggingface")
+    assert names_in(tmp_path / "124M-hf" / weights.STAGING) == HF_NAMES - {"model.safetensors"}  # deleted
+
+
+@pytest.mark.parametrize("damage", [None, "a flipped byte"])
+def test_a_weak_x_linked_etag_is_checked_as_the_sha256_it_holds(tmp_path, monkeypatch, capsys, damage):
+    # W/"<sha256>" does not promise identical bytes, and the hub has sent its hashes so: the file is held to the hash
+    # all the same, since the structure check alone passes a flipped byte inside a tensor
+    files = hf_layout_files()
+    data = files[HF_WEIGHTS].read_bytes()
+    served = flip_a_bit(data, len(data) - 10) if damage else data  # inside the last tensor
+    digest, size = published(data)
+    with mirror(monkeypatch, {**files, HF_WEIGHTS: served}, published={HF_WEIGHTS: (digest, size)},
+                weak_etags=True) as server:
+        assert requests.get(server.url + HF_WEIGHTS, timeout=WAIT_SECONDS).headers["X-Linked-Etag"] == f'W/"{digest}"'
+        if damage:
+            with pytest.raises(DownloadError, match=f"has SHA-256 {hashlib.sha256(served).hexdigest()} but the "
+                                                    f"server published {digest} "):
+                ensure_model("124M", tmp_path, source="huggingface")
+        else:
+            assert_installed(ensure_model("124M", tmp_path, source="huggingface"), files)
+    assert "checking the SHA-256 of model.safetensors" in capsys.readouterr().err
 
 
 # -- the record of a verified folder -----------------------------------------------------------------------------------

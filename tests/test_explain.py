@@ -4,6 +4,7 @@ against the arrays, and the command line end to end on the tiny TF checkpoint wi
 the lens and the page have tests of their own (test_explain_trace.py, test_explain_page.py)."""
 import json
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -23,9 +24,9 @@ from gpt2_numpy.explain import cli as explain_cli, plot, stepwise as explain
 from gpt2_numpy.explain.cli import run
 from gpt2_numpy.explain.plot import attention_figure
 from gpt2_numpy.model import block, gpt2
-from gpt2_numpy.random_params import random_params
+from gpt2_numpy.params import random_params
 from gpt2_numpy.tokenizer import load_tokenizer
-from tests.conftest import FIXTURES, assert_one_error_line, run_explain, tiny_models_dir
+from tests.conftest import FIXTURES, assert_one_error_line, byte_model_dir, run_explain, tiny_models_dir
 
 CONFIGS = json.loads((FIXTURES / "configs.json").read_text())
 HF_TOLERANCE = 1e-5  # max |weights - HF's| in float32; measured 1.3e-6 (tiny) and 1.1e-6 (odd_heads)
@@ -300,8 +301,9 @@ def test_head_all_plots_every_head_of_the_layer_and_prints_head_0(tiny, monkeypa
     tokenizer = load_tokenizer()
     monkeypatch.setattr(explain_cli, "load_model", lambda args: (hparams, params, tokenizer))
     figures = []
-    monkeypatch.setattr(explain_cli, "save_figure", lambda figure, path: figures.append((figure, path)))
-    assert run([PROMPT, "--layer", "1", "--head", "all", "--plot", str(tmp_path / "a.png")]) == 0
+    monkeypatch.setattr(explain_cli, "save_figure", lambda figure, path: (figures.append((figure, path)),
+                                                                          path.write_bytes(b"a picture")))
+    assert run([PROMPT, "--layer", "1", "--head", "all", "--plot", str(tmp_path / "a.png"), "--walkthrough"]) == 0
     assert "layer 1, head 0" in section(capsys.readouterr().out, 3)[0]
     (figure, path), = figures
     assert path == tmp_path / "a.png"
@@ -363,7 +365,7 @@ def test_plot_writes_a_png_of_every_head_and_an_svg_of_one(models_dir, tmp_path)
     import matplotlib.image
 
     png, svg = tmp_path / "heads.png", tmp_path / "head.svg"
-    result = run_explain(PROMPT, "--head", "all", "--plot", str(png), models_dir=models_dir)
+    result = run_explain(PROMPT, "--head", "all", "--plot", str(png), "--walkthrough", models_dir=models_dir)
     assert result.returncode == 0, result.stderr
     assert "layer 0, head 0" in section(result.stdout, 3)[0]  # all heads plotted, head 0 printed
     data = png.read_bytes()
@@ -519,3 +521,74 @@ def test_a_folder_this_user_may_not_use_is_one_error_line(public_dir, models_dir
     assert_one_error_line(result, fragment.format(folder=folder))
     folder.chmod(0o755)
     assert list(folder.iterdir()) == []
+
+
+# --- Issue 29: a NaN model, what a command that writes a file prints, progress ---
+
+BYTES = {"n_vocab": 257, "n_ctx": 128, "n_embd": 32, "n_head": 4, "n_layer": 2}  # a model with a vocabulary of its own
+
+
+@pytest.mark.parametrize("args", [[], ["--lens"], ["--heads"], ["--heads", "--json"], ["--plot", "{tmp}/a.png"],
+                                  ["--html", "{tmp}/a.html"], ["--html", "{tmp}/a.html", "--walkthrough"]])
+def test_a_model_with_a_nan_weight_is_one_error_line_in_every_output(tmp_path, args):
+    params = random_params(BYTES, 4)
+    params["blocks"][0]["mlp"]["c_fc"]["w"][0, 0] = np.nan  # input 0 feeds every position: all that follows is NaN
+    model = byte_model_dir(tmp_path / "nan", BYTES, params)
+    result = run_explain(PROMPT, "--model", str(model), *[arg.format(tmp=tmp_path) for arg in args],
+                         models_dir=tmp_path)
+    assert_one_error_line(result, "the model's outputs are NaN or infinite: its weights hold NaN or infinite values")
+    assert "Warning" not in result.stderr  # NumPy's warnings about the NaN would only repeat the error
+    assert [path.name for path in tmp_path.iterdir()] == ["nan"]  # no picture, no page
+
+
+def test_a_command_that_writes_a_file_prints_only_where_it_went(models_dir, tmp_path):
+    for flag, name in [("--html", "page.html"), ("--plot", "heads.png")]:
+        target = tmp_path / name
+        result = run_explain(PROMPT, flag, str(target), models_dir=models_dir)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout == ""  # no walkthrough that nobody asked for
+        size = target.stat().st_size
+        assert size < 1e6 and f"wrote {target} ({round(size / 1e3)} KB)" in result.stderr.splitlines()
+    result = run_explain(PROMPT, "--html", str(tmp_path / "page.html"), "--walkthrough", models_dir=models_dir)
+    assert [line[:2] for line in result.stdout.splitlines() if line[:2] in ("1.", "2.", "3.", "4.")] == [
+        "1.", "2.", "3.", "4."]
+
+
+def test_the_size_of_a_large_file_is_in_mb(tmp_path):
+    path = tmp_path / "page.html"
+    path.write_bytes(b"x" * 3_450_000)
+    assert explain_cli.file_size(path) == "3.5 MB"
+    path.write_bytes(b"x" * 2_400)
+    assert explain_cli.file_size(path) == "2 KB"
+
+
+@pytest.fixture
+def byte_model(tmp_path):  # -> a folder holding a model whose vocabulary (257 ids) includes <|endoftext|>
+    return byte_model_dir(tmp_path / "bytes", BYTES, random_params(BYTES, 4))
+
+
+def test_each_stage_shows_a_progress_bar_on_stderr(byte_model, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(explain_cli, "PROGRESS_DELAY", 0)  # as a long prompt on a large model would
+    assert run([PROMPT, "--model", str(byte_model), "--walkthrough", "--lens", "--heads", "--html",
+                str(tmp_path / "a.html")]) == 0
+    err = capsys.readouterr().err
+    n_layer = BYTES["n_layer"]
+    for stage, total in [("walkthrough", n_layer + 1), ("logit lens", n_layer + 1), ("head scores", n_layer),
+                         ("page", n_layer)]:
+        assert re.search(rf"\r{stage}: +0%.* 0/{total} ", err), (stage, err)  # a quick stage shows only its start
+
+
+class FullStream:  # stderr on a full disk
+    def write(self, text):
+        raise OSError(28, "No space left on device")
+
+    def flush(self):
+        raise OSError(28, "No space left on device")
+
+
+def test_a_full_stderr_loses_the_progress_bars_not_the_run(byte_model, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(explain_cli, "PROGRESS_DELAY", 0)
+    monkeypatch.setattr(sys, "stderr", FullStream())
+    target = tmp_path / "a.html"
+    assert run([PROMPT, "--model", str(byte_model), "--lens", "--html", str(target)]) == 0
+    assert "Logit lens" in capsys.readouterr().out and target.stat().st_size > 0

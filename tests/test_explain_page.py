@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 
 from gpt2_numpy.explain import logit_lens, trace
+from gpt2_numpy.explain.heads import PATTERNS, head_scores, heads_json, repeat_length, repeated_tokens
 from gpt2_numpy.explain.page import WEIGHT_SCALE, page_html
-from gpt2_numpy.random_params import random_params
-from tests.conftest import FIXTURES, assert_one_error_line, run_explain, tiny_models_dir
+from gpt2_numpy.params import random_params
+from tests.conftest import FIXTURES, assert_one_error_line, byte_model_dir, run_explain, tiny_models_dir
 
 INSTALL = "apt-get install chromium chromium-driver; pip install selenium"
 SHOWN_TOLERANCE = 0.5 / WEIGHT_SCALE + 1e-6  # weights are shown rounded to 3 decimals
@@ -42,10 +43,16 @@ def model_case():  # -> hparams, params, ids, trace, lens: "five_heads" (3 layer
 
 
 @pytest.fixture(scope="module")
-def page_path(model_case, tmp_path_factory):
+def repeated(model_case):  # -> <|endoftext|> R R, with <|endoftext|> as the vocabulary's last id
+    hparams = model_case[0]
+    return repeated_tokens(hparams["n_vocab"], hparams["n_vocab"] - 1, repeat_length(hparams["n_ctx"]), 0)
+
+
+@pytest.fixture(scope="module")
+def page_path(model_case, repeated, tmp_path_factory):
     hparams, params, ids, _, _ = model_case
     path = tmp_path_factory.mktemp("page") / "page.html"
-    path.write_text(page_html(ids, params, hparams["n_head"], text_of, "a test page"), encoding="utf-8")
+    path.write_text(page_html(ids, params, hparams["n_head"], text_of, "a test page", repeated), encoding="utf-8")
     return path
 
 
@@ -291,6 +298,117 @@ def test_a_page_of_1024_tokens_works(browser, tmp_path):
         assert np.abs(weights - names[f"blocks.{layer}.attn.weights"][head, query]).max() <= SHOWN_TOLERANCE
 
 
+# --- Issue 29 and 31: a hint that stays, shading relative to the row's largest weight, its legend, the head scores,
+# the largest weight in each pixel of a map ---
+
+
+def token_colours(browser):  # -> [(data-weight, [r, g, b] of the background)] of every token element
+    return [(float(weight), [int(c) for c in re.findall(r"\d+", colour)[:3]]) for weight, colour in
+            browser.execute_script("return [...document.querySelectorAll('[data-token-index]')]"
+                                   ".map(e => [e.dataset.weight, getComputedStyle(e).backgroundColor])")]
+
+
+def shaded(share):  # -> the page's white-to-blue colour of a share from 0 to 1 (rgb(9, 105, 218) at 1)
+    return [int(np.floor(white + (blue - white) * share + 0.5)) for white, blue in zip((255, 255, 255), (9, 105, 218))]
+
+
+@pytest.fixture
+def reopened(browser, page_path):  # the 37-token page, opened afresh: tests before may have opened other pages
+    open_page(browser, page_path)
+    return browser
+
+
+def test_the_hint_and_the_legend_stay_visible_after_a_click(reopened):
+    opened = reopened
+    click_token(opened, 20)
+    hint = opened.find_element("id", "hint")
+    assert hint.is_displayed() and "Click a token" in hint.text
+    legend = opened.find_element("id", "legend")
+    largest = max(weight for weight, _ in token_colours(opened))
+    assert legend.is_displayed() and f"full colour: {largest:.3f}, the query's largest weight" in legend.text
+
+
+@pytest.mark.parametrize("layer, head, query", [(0, 1, 36), (2, 3, 9)])
+def test_tokens_are_shaded_relative_to_the_query_s_largest_weight(reopened, layer, head, query):
+    opened = reopened
+    choose(opened, "layer", layer)
+    choose(opened, "head", head)
+    click_token(opened, query)
+    colours = token_colours(opened)
+    largest = max(weight for weight, _ in colours)
+    for weight, colour in colours:
+        assert np.abs(np.subtract(colour, shaded(weight / largest))).max() <= 1, (weight, largest, colour)
+
+
+@pytest.fixture(scope="module")
+def weak_page(tmp_path_factory):  # -> a page of 120 tokens whose heads spread their weight nearly evenly
+    hparams = {"n_vocab": 300, "n_ctx": 128, "n_embd": 32, "n_head": 2, "n_layer": 1}
+    params = random_params(hparams, 9)
+    params["blocks"][0]["attn"]["c_attn"]["w"] *= 0.01  # scores near 0: each query's weights near 1 / (i + 1)
+    ids = np.random.default_rng(9).integers(6, 300, 120).tolist()
+    path = tmp_path_factory.mktemp("weak") / "weak.html"
+    path.write_text(page_html(ids, params, hparams["n_head"], text_of, "weak"), encoding="utf-8")
+    return path
+
+
+def test_a_weak_row_still_shades_its_largest_weight_in_full(browser, weak_page):
+    open_page(browser, weak_page)
+    colours = token_colours(browser)  # the last token is the query: 120 weights of about 0.008
+    largest = max(weight for weight, _ in colours)
+    assert largest < 0.02
+    assert [colour for weight, colour in colours if weight == largest][0] == [9, 105, 218]  # full colour, not white
+    assert "No head scores" in browser.find_element("id", "scores-note").text  # the page was made without them
+
+
+def shown_scores(browser):  # -> [[cell text, ...] per row] of the head scores' table, header first
+    return browser.execute_script("return [...document.querySelectorAll('#scores tr')]"
+                                  ".map(r => [...r.cells].map(c => c.textContent))")
+
+
+def test_the_page_shows_the_head_scores_and_a_row_chooses_its_head(reopened, page_path, model_case, repeated):
+    opened = reopened
+    hparams, params, ids, names, _ = model_case
+    scores = head_scores(ids, repeated, params, hparams["n_head"])  # what --heads prints
+    scored = heads_json(ids, repeated, scores, range(hparams["n_layer"]))
+    assert page_data(page_path)["heads"] == scored  # the page's scores, from its own pass, are --heads's
+    rows = shown_scores(opened)
+    assert rows[0] == ["layer", "head", "previous", "first", "self", "duplicate", "induction"]
+    assert len(rows) - 1 == hparams["n_layer"] * hparams["n_head"] == len(scored["heads"])
+    for row, scores in zip(rows[1:], scored["heads"]):
+        assert [int(row[0]), int(row[1])] == [scores["layer"], scores["head"]]
+        assert [float(cell) for cell in row[2:]] == pytest.approx([scores[p] for p in PATTERNS], abs=0.0005)
+    choose(opened, "layer", 0)
+    click_token(opened, 25)
+    opened.find_element("css selector", '#scores tr[data-layer="2"][data-head="3"]').click()
+    assert [opened.find_element("id", picker).get_attribute("value") for picker in ("layer", "head")] == ["2", "3"]
+    weights = np.array([float(weight) for _, weight, _ in shown_weights(opened)])
+    assert np.abs(weights - names["blocks.2.attn.weights"][3, 25]).max() <= SHOWN_TOLERANCE
+    assert opened.find_element("css selector", "#heads .map.chosen").text == "head 3"
+    assert "layer 2" in opened.find_element("id", "heads-title").text  # the layer's maps were redrawn
+    chosen = opened.find_elements("css selector", "#scores tr.chosen")
+    assert [(row.get_attribute("data-layer"), row.get_attribute("data-head")) for row in chosen] == [("2", "3")]
+
+
+def test_each_map_pixel_shows_the_largest_weight_it_covers(browser, tmp_path):
+    # 300 tokens on maps of 150 x 150 pixels: each pixel covers 2 x 2 weights, and must show the largest of them
+    hparams = {"n_vocab": 300, "n_ctx": 300, "n_embd": 36, "n_head": 3, "n_layer": 1}
+    params = random_params(hparams, 8)
+    ids = np.random.default_rng(8).integers(6, 300, 300).tolist()
+    path = tmp_path / "maps.html"
+    path.write_text(page_html(ids, params, hparams["n_head"], text_of, "maps"), encoding="utf-8")
+    open_page(browser, path)
+    reds = np.array(browser.execute_script(
+        "return [...document.querySelectorAll('#heads .map canvas')].map(canvas => "
+        "Array.from(canvas.getContext('2d').getImageData(0, 0, 150, 150).data.filter((_, i) => i % 4 === 0)))"))
+    weights = np.rint(trace(ids, params, hparams["n_head"])["blocks.0.attn.weights"] * WEIGHT_SCALE) / WEIGHT_SCALE
+    largest = weights.reshape(3, 150, 2, 150, 2).max(axis=(2, 4))  # the largest of each pixel's 2 x 2 weights
+    below = np.tril(np.ones((150, 150), bool))  # above the diagonal a pixel is the masked future's grey
+    expected = np.floor(255 - 246 * np.sqrt(largest) + 0.5)
+    assert np.abs(reds.reshape(3, 150, 150)[:, below] - expected[:, below]).max() <= 1
+    last = weights.reshape(3, 150, 2, 150, 2)[:, :, 1, :, 1]  # what the pixel would show were it the last weight
+    assert (np.abs(np.floor(255 - 246 * np.sqrt(last) + 0.5) - expected)[:, below] > 10).mean() > 0.2
+
+
 def test_a_screenshot_shows_the_page(opened, tmp_path):
     from PIL import Image  # matplotlib's dependency, in the test extra through it
 
@@ -310,6 +428,18 @@ def models_dir(tmp_path_factory):
     return tiny_models_dir(tmp_path_factory.mktemp("html"))
 
 
+
+
+def test_the_page_is_titled_by_the_model_it_shows(models_dir, tmp_path):
+    hparams = {"n_vocab": 257, "n_ctx": 64, "n_embd": 16, "n_head": 2, "n_layer": 3}
+    model = byte_model_dir(tmp_path / "my-model", hparams, random_params(hparams, 3))
+    target = tmp_path / "page.html"
+    result = run_explain("Hello", "--html", str(target), "--model", str(model), models_dir=models_dir)
+    assert result.returncode == 0, result.stderr
+    assert page_data(target)["title"] == "my-model (3 layers of 2 heads, 16 wide) on 5 tokens"
+    # a --models-dir whose 124M/ holds another shape: not "GPT-2 124M"
+    result = run_explain(PROMPT, "--html", str(target), models_dir=models_dir)
+    assert page_data(target)["title"] == "the 124M folder's GPT-2 (2 layers of 4 heads, 64 wide) on 11 tokens"
 
 
 def test_html_writes_the_page_and_nothing_else(models_dir, tmp_path):

@@ -10,7 +10,7 @@ from gpt2_numpy import model
 from gpt2_numpy.explain import logit_lens, trace
 from gpt2_numpy.explain import lens as lens_module, token_label
 from gpt2_numpy.explain.stepwise import fit
-from gpt2_numpy.random_params import random_params
+from gpt2_numpy.params import random_params
 from tests.conftest import FIXTURES, run_explain, tiny_models_dir
 
 TRACE_CONFIGS = ["five_heads", "three_heads", "one_layer"]  # 5 heads of 8; 3 heads of 16; 7 heads of 4 on one layer

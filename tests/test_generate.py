@@ -12,7 +12,7 @@ from gpt2_numpy import fast as model_module
 from gpt2_numpy.errors import NonFiniteError, UsageError, plural
 from gpt2_numpy.generate import generate, generate_batch, iter_batch, iter_generate
 from gpt2_numpy.fast import gpt2, gpt2_cached, new_cache
-from gpt2_numpy.random_params import random_params
+from gpt2_numpy.params import random_params
 from gpt2_numpy.sampling import next_token
 from tests.conftest import FIXTURES
 

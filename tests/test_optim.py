@@ -7,9 +7,9 @@ import math
 import numpy as np
 import pytest
 
-from gpt2_numpy.checkpoint import flatten
+from gpt2_numpy.params import flatten
 from gpt2_numpy.optim import adamw_state, adamw_step, clip_grads, global_norm, learning_rate
-from gpt2_numpy.random_params import random_params
+from gpt2_numpy.params import random_params
 from tests.conftest import FIXTURES
 
 
@@ -83,3 +83,12 @@ def test_constant_schedule_after_its_warmup():
     assert learning_rate(0, 1e-4, 10, 50, schedule="constant") == pytest.approx(1e-5)
     assert {learning_rate(step, 1e-4, 10, 50, schedule="constant") for step in range(9, 60)} == {1e-4}
     assert {learning_rate(step, 1e-4, 0, 50, schedule="constant") for step in range(60)} == {1e-4}
+
+
+def test_past_total_the_rate_stays_at_the_final_one():
+    peak, warmup, total = 6e-4, 10, 110
+    for step in (total, total + 1, total + 50, 2 * total - warmup, 5 * total):  # 2 total - warmup: a full cosine
+        assert learning_rate(step, peak, warmup, total) == pytest.approx(0.1 * peak), step
+        assert learning_rate(step, peak, warmup, total, schedule="constant") == peak, step
+    # a run shorter than its warmup ends on the way up, at step total's rate (total + 1)/warmup of the peak
+    assert [learning_rate(step, peak, 10, 5) for step in (5, 6, 9, 30)] == pytest.approx([peak * 6 / 10] * 4)

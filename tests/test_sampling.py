@@ -7,7 +7,7 @@ import pytest
 
 from gpt2_numpy.errors import UsageError
 from gpt2_numpy.generate import generate
-from gpt2_numpy.random_params import random_params
+from gpt2_numpy.params import random_params
 from gpt2_numpy.sampling import DRAW_BLOCK, check_sampling_args, draw, next_token, nucleus
 
 N_DRAWS = 8_000

@@ -21,7 +21,7 @@ import pytest
 
 from gpt2_numpy import fast as model, score
 from gpt2_numpy.errors import NonFiniteError, UsageError
-from gpt2_numpy.random_params import random_params
+from gpt2_numpy.params import random_params
 from gpt2_numpy.fast import log_softmax_at
 from gpt2_numpy.score import score_windows, summary, token_log_probs, visible
 from gpt2_numpy.tokenizer import EOT_ID, load_tokenizer

@@ -4,7 +4,7 @@ The files are the package's own copies (gpt2_numpy/data), so these tests run on 
 sha256 against the values it pins, and one test compares them byte for byte with ../shared/gpt2-official/124M."""
 import json
 import shutil
-from functools import partial
+from functools import cache, partial
 
 import numpy as np
 import pytest
@@ -53,8 +53,23 @@ def mismatches(ours, theirs, inputs):  # -> the first few inputs on which the tw
     return [value for value in inputs if ours(value) != theirs(value)][:5]
 
 
+def textbook_encoder(tokenizer):  # -> encode(text) that runs the textbook BPE (Tokenizer._textbook_bpe) on every word
+    word_ids = cache(lambda word: tokenizer._textbook_bpe(word.encode("utf-8")))  # words repeat: each is run once
+    return lambda text: [token_id for word in WORD_PATTERN.findall(text) for token_id in word_ids(word)]
+
+
 def test_encode_matches_tiktoken_on_generated_strings(tokenizer, reference, strings):
     assert mismatches(tokenizer.encode, reference.encode_ordinary, strings) == []
+
+
+def test_textbook_bpe_matches_tiktoken_on_generated_strings(tokenizer, reference, strings):
+    assert mismatches(textbook_encoder(tokenizer), reference.encode_ordinary, strings) == []
+
+
+@pytest.mark.parametrize("name", large_texts())
+def test_textbook_bpe_matches_tiktoken_on_large_texts(tokenizer, reference, name):
+    text = large_texts()[name]
+    assert textbook_encoder(tokenizer)(text) == reference.encode_ordinary(text)
 
 
 @pytest.mark.parametrize("name", large_texts())
@@ -82,7 +97,7 @@ def test_encode_matches_tiktoken_on_large_texts(tokenizer, reference, name):
     ],
 )
 def test_known_answers(tokenizer, text, ids):
-    assert tokenizer.encode(text) == ids
+    assert tokenizer.encode(text) == textbook_encoder(tokenizer)(text) == ids
     assert tokenizer.decode(ids) == text
 
 
@@ -108,12 +123,15 @@ def test_vocabulary_facts(tokenizer, reference):
     assert tokenizer.decode([EOT_ID]) == EOT
 
 
-def test_every_token_is_rebuilt_by_merging_its_bytes(tokenizer):
+@pytest.mark.parametrize("bpe", ["_bpe", "_textbook_bpe"])
+def test_every_token_is_rebuilt_by_merging_its_bytes(tokenizer, bpe):
     # why encode may take a word that is itself a token without running BPE: BPE would end at that token anyway
     token_ids = range(EOT_ID)  # every id but <|endoftext|>, the last
-    assert [token_id for token_id in token_ids if tokenizer._bpe(tokenizer.token_bytes(token_id)) != [token_id]] == []
+    bpe = getattr(tokenizer, bpe)
+    assert [token_id for token_id in token_ids if bpe(tokenizer.token_bytes(token_id)) != [token_id]] == []
 
 
+TEXTBOOK_WORD_CHARS = 1_001  # odd, so the runs of one letter end with a part left alone
 LONG_WORDS = {
     **{f"random {kind}": long_word(kind, 10_000, seed=3) for kind in LONG_WORD_ALPHABETS},
     # runs of one pair: equal ranks side by side, which must join left to right ("aaa" -> "aa a")
@@ -128,6 +146,13 @@ def test_long_words_match_tiktoken(tokenizer, reference, name):
     word = LONG_WORDS[name]
     assert WORD_PATTERN.findall(word) == [word]  # one word, so BPE runs on all of it at once
     assert tokenizer.encode(word) == reference.encode_ordinary(word)
+
+
+@pytest.mark.parametrize("name", LONG_WORDS)
+def test_textbook_bpe_matches_tiktoken_on_the_start_of_long_words(tokenizer, reference, name):
+    word = LONG_WORDS[name][:TEXTBOOK_WORD_CHARS]  # the textbook's work grows with the square of a word's length
+    assert tokenizer._textbook_bpe(word.encode("utf-8")) == tokenizer._bpe(word.encode("utf-8"))
+    assert tokenizer._textbook_bpe(word.encode("utf-8")) == reference.encode_ordinary(word)
 
 
 BENCHMARK_PIECES = {  # scripts/benchmark_tokenizer.py's long pieces at its smaller size, and runs of one pair

@@ -1,14 +1,13 @@
 """`python -m gpt2_numpy.train` and the model folders it writes, end to end in subprocesses, on tiny models.
 
 Expected values come from outside the code under test: Hugging Face's greedy continuation of the tiny weights
-(tests/fixtures/reference_tiny.npz) for the folder writer; an uninterrupted run for a resumed or interrupted one; the
-definition of GPT-2's initialisation for init_params. scripts/check_train_hf.py loads a trained folder in transformers.
+(tests/fixtures/reference_tiny.npz) for the folder writer; an uninterrupted run for a resumed or interrupted
+one. scripts/check_train_hf.py loads a trained folder in transformers.
 """
 import csv
 import json
 import os
 import random
-import runpy
 import shutil
 import signal
 import subprocess
@@ -18,11 +17,11 @@ import time
 import numpy as np
 import pytest
 
-from gpt2_numpy.checkpoint import flatten, load_params
-from gpt2_numpy.random_params import random_params
+from gpt2_numpy.checkpoint import load_params
+from gpt2_numpy.params import flatten
+from gpt2_numpy.params import random_params
 from gpt2_numpy.save import atomic_write, save_model
 from gpt2_numpy.tokenizer import load_tokenizer
-from gpt2_numpy.train import init_params
 from tests.conftest import FIXTURES, REPO, assert_one_error_line, official_path, tiny_models_dir
 from tests.text_samples import WORDS
 
@@ -83,21 +82,6 @@ def log_rows(folder):  # -> the rows of folder/log.csv
 # --- Initialisation and the folder ---
 
 
-def test_init_params_follow_gpt2s_initialisation():
-    hparams = {"n_vocab": 3000, "n_ctx": 256, "n_embd": 128, "n_head": 4, "n_layer": 8}
-    params = init_params(hparams, seed=0)
-    residual = 0.02 / np.sqrt(2 * 8)  # GPT-2 paper, section 2.3: residual layers' weights scaled by 1/sqrt(N)
-    for key, array in flatten(params):
-        assert array.dtype == np.float32, key
-        if key[-1] == "w" and key[-2] == "c_proj":
-            assert array.std() == pytest.approx(residual, rel=0.05), key
-        elif key[-1] == "w" or key in (("wte",), ("wpe",)):
-            assert array.std() == pytest.approx(0.02, rel=0.05), key
-            assert abs(array.mean()) < 0.002, key
-        else:
-            assert np.all(array == (1 if key[-1] == "g" else 0)), key
-
-
 def test_a_saved_folder_generates_hugging_faces_text(tmp_path, models_dir):
     # the tiny weights written by save_model must generate, through --model, what Hugging Face generated from them
     params = random_params(TINY["hparams"], TINY["seed"])
@@ -114,20 +98,6 @@ def test_a_saved_folder_generates_hugging_faces_text(tmp_path, models_dir):
     assert config["model_type"] == "gpt2" and config["activation_function"] == "gelu_new"
     assert {key: config[key] for key in ("vocab_size", "n_positions", "n_embd", "n_head", "n_layer")} == {
         "vocab_size": 512, "n_positions": 64, "n_embd": 64, "n_head": 4, "n_layer": 2}
-
-
-def test_head_scores_find_a_previous_token_head():
-    head_scores = runpy.run_path(str(REPO / "scripts" / "attention_heads.py"))["head_scores"]
-    n = 6
-    previous = np.eye(n, k=-1)
-    previous[0, 0] = 1  # each query attends to the key before it (query 0, which has none, to itself)
-    uniform = np.tril(np.ones((n, n))) / np.arange(1, n + 1)[:, None]
-    punct = np.array([False, False, True, False, False, False])  # key 2 is, say, a comma
-    scores = head_scores(np.stack([uniform, previous]), punct)
-    assert scores["previous"] == pytest.approx([np.mean(1 / np.arange(2, n + 1)), 1])
-    assert scores["first"] == pytest.approx([np.mean(1 / np.arange(2, n + 1)), 1 / (n - 1)])  # query 1's previous
-    assert scores["self"][1] == 0
-    assert scores["punct"] == pytest.approx([np.mean([0, 1 / 3, 1 / 4, 1 / 5, 1 / 6]), 1 / (n - 1)])  # query 3's
 
 
 def test_atomic_write_leaves_the_old_file_when_writing_fails(tmp_path):

@@ -62,6 +62,16 @@ def long_word(kind, n_bytes, seed=0):  # -> random characters of one LONG_WORD_A
     return text.encode("utf-8")[:n_bytes].decode("utf-8", errors="ignore")  # drops a character cut at the end
 
 
+# a few characters each (spaces, a newline, an accent, an emoji, a digit): texts over them hold many pairs with equal
+# counts, so BPE training's tie rule decides most merges, and runs such as "aaaa" where pairs overlap
+FEW_LETTER_ALPHABETS = ("ab", "abc", "ab ", "a b", "xyz  ", "aab", "é ", "😀a ", "a\n b", "1 2", "aA' ")
+
+
+def few_letter_text(rng, most=300):  # -> up to `most` characters drawn from one of FEW_LETTER_ALPHABETS
+    alphabet = rng.choice(FEW_LETTER_ALPHABETS)
+    return "".join(rng.choice(alphabet) for _ in range(rng.randint(0, most)))
+
+
 def sample_strings(count, seed=0):  # -> list of `count` strings, cycling through the kinds below
     rng = random.Random(seed)
     kinds = [prose, contractions, numbers, punctuation, whitespace, emoji, cjk, accents, rtl, code, unicode_soup, mixed]

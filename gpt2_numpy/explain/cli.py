@@ -1,16 +1,32 @@
-"""The command line: python -m gpt2_numpy.explain PROMPT [--layer L] [--head H] [--plot FILE] [--lens] [--html FILE].
+"""The command line: python -m gpt2_numpy.explain PROMPT [--layer L] [--head H] [--lens] [--heads [--json]]
+[--plot FILE] [--html FILE] [--walkthrough].
 
-stdout gets the walkthrough (the prompt's tokens, the shape of every step, one head's attention step by step, the
-next-token prediction) or, with --lens, the logit lens's table; --plot and --html write a picture and a page."""
+stdout gets what is asked for: the logit lens's table (--lens), the head scores (--heads, or one JSON object with
+--json), and the walkthrough (the prompt's tokens, the shape of every step, one head's attention step by step, the
+next-token prediction). The walkthrough prints when nothing else is asked for, or with --walkthrough; a command that
+writes a file (--plot, --html) otherwise prints only, on stderr, where the file went. Long stages show a progress bar
+on stderr."""
 import functools
+import json
+import sys
 from pathlib import Path
 
-from gpt2_numpy.cli import add_model_args, load_model, prompt_ids, read_prompt, write_stdout
+import numpy as np
+from tqdm import tqdm
+
+from gpt2_numpy.cli import add_model_args, load_model, prompt_ids, read_prompt, whole_number, write_stdout
 from gpt2_numpy.errors import ArgumentParser, UsageError, log, open_stdout, plural, run_cli
+from gpt2_numpy.explain.heads import (
+    head_scores, heads_json, heads_table, repeat_length, repeated_tokens, repetition_problem,
+)
 from gpt2_numpy.explain.lens import lens_table
 from gpt2_numpy.explain.page import check_page_file, page_html, write_page
 from gpt2_numpy.explain.plot import PLOT_INSTALL, attention_figure, check_plot_file, save_figure
 from gpt2_numpy.explain.stepwise import check_index, report, token_label, walkthrough
+from gpt2_numpy.models import OFFICIAL_HPARAMS
+
+HEADS_SEED = 0  # --heads's random tokens: the same table for the same model, unless --seed asks for others
+PROGRESS_DELAY = 2  # seconds a stage runs before its progress bar appears: a quick run prints none
 
 
 def head_number(text):  # -> int, or "all"; argparse reports a ValueError as "invalid head number or 'all' value"
@@ -20,31 +36,51 @@ def head_number(text):  # -> int, or "all"; argparse reports a ValueError as "in
 head_number.__name__ = "head number or 'all'"
 
 
-def parse_args(argv):  # -> argparse.Namespace
+def parse_args(argv):  # -> argparse.Namespace, checked
     parser = ArgumentParser(
         prog="python -m gpt2_numpy.explain",
         description="Show GPT-2 attention at work on a prompt: its tokens, the shape of every step of the forward "
-        "pass, one head's attention step by step, and the next-token prediction; or the logit lens (--lens), a "
-        "heatmap (--plot), an interactive page of every head (--html).",
+        "pass, one head's attention step by step, and the next-token prediction (the walkthrough); or the logit lens "
+        "(--lens), a score per head for five attention patterns (--heads), a heatmap (--plot), an interactive page "
+        "of every head (--html).",
         dash_hint='a prompt that begins with \'-\' goes last, after \'--\': python -m gpt2_numpy.explain -- "-x"',
     )
     parser.add_argument("prompt", metavar="PROMPT",
                         help='the text to explain; "-" reads stdin; "" starts from <|endoftext|>; a prompt beginning '
                         "with '-' goes last, after --")
-    parser.add_argument("--layer", type=int, default=0, metavar="L", help="the layer to show, from 0 (0)")
+    parser.add_argument("--layer", type=int, metavar="L",
+                        help="the layer to show, from 0 (0); with --heads, the only layer whose heads are listed (all)")
     parser.add_argument("--head", type=head_number, default=0, metavar="H",
                         help="the head to show, from 0 (0); 'all' plots every head of the layer (and prints head 0)")
+    parser.add_argument("--walkthrough", action="store_true",
+                        help="print the walkthrough also when another output is asked for (--lens, --heads, --plot, "
+                        "--html); it prints by itself only when none is")
     parser.add_argument("--plot", type=Path, metavar="FILE",
                         help=f"draw the attention weights as a heatmap into FILE (.png or .svg); needs matplotlib: "
                         f"{PLOT_INSTALL}")
     parser.add_argument("--lens", action="store_true",
-                        help="print the logit lens instead of the walkthrough: the top next token after each layer, "
-                        "at each position")
+                        help="print the logit lens: the top next token after each layer, at each position")
+    parser.add_argument("--heads", action="store_true",
+                        help="print a score per layer and head for five attention patterns: previous token, first "
+                        "token and self on the prompt; duplicate token and induction on <|endoftext|> and random "
+                        "tokens fed twice")
+    parser.add_argument("--json", action="store_true",
+                        help="with --heads: print the scores and the token ids they come from as one JSON object")
+    parser.add_argument("--seed", type=whole_number(0), metavar="S",
+                        help=f"with --heads: the seed of the random tokens ({HEADS_SEED})")
     parser.add_argument("--html", type=Path, metavar="FILE",
-                        help="write one self-contained page (.html) to explore every head's attention and the logit "
-                        "lens in a browser, offline")
+                        help="write one self-contained page (.html) to explore every head's attention, the head "
+                        "scores and the logit lens in a browser, offline")
     add_model_args(parser)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    for flag in ("json", "seed"):
+        if getattr(args, flag) not in (None, False) and not args.heads:
+            raise UsageError(f"--{flag} belongs to --heads: add --heads, or drop --{flag}")
+    if args.json and (args.lens or args.walkthrough):
+        raise UsageError("--json prints one JSON object of head scores, and nothing else: drop --lens and "
+                         "--walkthrough, or --json")
+    args.seed = HEADS_SEED if args.seed is None else args.seed
+    return args
 
 
 def run(argv=None):  # -> exit status
@@ -57,33 +93,95 @@ def run(argv=None):  # -> exit status
     if args.html is not None:
         check_page_file(args.html)
     hparams, params, tokenizer = load_model(args)
-    n_head = hparams["n_head"]
-    check_index(args.layer, hparams["n_layer"], "--layer", "layer")
+    ids, layer, heads = check_request(args, hparams, tokenizer, text)
+    n_head, n_layer = hparams["n_head"], hparams["n_layer"]
+    label = functools.partial(token_label, tokenizer)
+    # every output is computed before any is written: a model that fails one (NaN weights) leaves nothing behind
+    printed, steps, repeated, page = [], None, None, None
+    show_walkthrough = args.walkthrough or not (args.lens or args.heads or args.plot or args.html)
+    if show_walkthrough or args.plot is not None:
+        steps = walkthrough(ids, params, n_head, layer, progress=progress_bar("walkthrough"))
+    if show_walkthrough:
+        printed.append(report(text, ids, label, steps, hparams, layer, heads[0]))
+    if args.lens:
+        printed.append(lens_table(ids, params, n_head, label, progress=progress_bar("logit lens")))
+    eot_id = tokenizer.eot_id
+    if args.heads or (args.html is not None and not repetition_problem(hparams["n_vocab"], hparams["n_ctx"], eot_id)):
+        # the page shows the head scores whenever they can be computed
+        repeated = repeated_tokens(hparams["n_vocab"], eot_id, repeat_length(hparams["n_ctx"]), args.seed)
+    if args.heads:
+        scores = head_scores(ids, repeated, params, n_head, progress=progress_bar("head scores"))
+        layers = range(n_layer) if args.layer is None else [args.layer]
+        printed.append(json.dumps(heads_json(ids, repeated, scores, layers)) + "\n" if args.json
+                       else heads_table(ids, repeated, scores, layers, args.seed))
+    if args.html is not None:
+        page = page_html(ids, params, n_head, functools.partial(token_text, tokenizer),
+                         page_title(args, hparams, len(ids)), repeated, progress_bar("page"))
+    if args.plot is not None:
+        title = f"GPT-2 attention weights, layer {layer}" + (f", head {heads[0]}" if len(heads) == 1 else "")
+        save_figure(attention_figure(steps["attn.weights"][heads], heads, list(map(label, ids)), title), args.plot)
+        log(f"wrote {args.plot} ({file_size(args.plot)})")
+    if page is not None:
+        write_page(args.html, page)
+        log(f"wrote {args.html} ({file_size(args.html)})")
+    write_stdout("\n".join(printed))
+    return 0
+
+
+def check_request(args, hparams, tokenizer, text):  # -> prompt ids, layer, heads; UsageError for what cannot be done
+    n_layer, n_head = hparams["n_layer"], hparams["n_head"]
+    layer = 0 if args.layer is None else args.layer
+    check_index(layer, n_layer, "--layer", "layer")
     heads = list(range(n_head)) if args.head == "all" else [args.head]
     check_index(heads[-1], n_head, "--head", "head", " per layer")
     ids = prompt_ids(tokenizer, text, hparams["n_vocab"])
     if len(ids) > hparams["n_ctx"]:
         raise UsageError(f"the prompt's {plural(len(ids), 'token')} exceed the model's context of {hparams['n_ctx']} "
                          "tokens: shorten it")
+    problem = repetition_problem(hparams["n_vocab"], hparams["n_ctx"], tokenizer.eot_id)
+    if args.heads and problem:
+        raise UsageError(f"--heads: {problem}")
     if args.head == "all" and args.plot is None:
         log("note: --head all chooses what --plot draws; without --plot, head 0 is shown")
-    label = functools.partial(token_label, tokenizer)
-    if args.lens:
-        write_stdout(lens_table(ids, params, n_head, label))
-    steps = None
-    if not args.lens or args.plot is not None:
-        steps = walkthrough(ids, params, n_head, args.layer)
-    if not args.lens:
-        write_stdout(report(text, ids, label, steps, hparams, args.layer, heads[0]))
-    if args.plot is not None:
-        title = f"GPT-2 attention weights, layer {args.layer}" + (f", head {heads[0]}" if len(heads) == 1 else "")
-        save_figure(attention_figure(steps["attn.weights"][heads], heads, list(map(label, ids)), title), args.plot)
-        log(f"wrote {args.plot}")
-    if args.html is not None:
-        title = f"GPT-2 {args.model_size} on {plural(len(ids), 'token')}"
-        write_page(args.html, page_html(ids, params, n_head, functools.partial(token_text, tokenizer), title))
-        log(f"wrote {args.html} ({args.html.stat().st_size / 1e6:.1f} MB)")
-    return 0
+    return ids, layer, heads
+
+
+def page_title(args, hparams, n_tokens):  # -> "GPT-2 124M on 6 tokens", or what was loaded when it is another model
+    shape = f"{plural(hparams['n_layer'], 'layer')} of {plural(hparams['n_head'], 'head')}, {hparams['n_embd']} wide"
+    if args.model is not None:
+        name = f"{args.model.resolve().name} ({shape})"
+    elif hparams == OFFICIAL_HPARAMS[args.model_size]:
+        name = f"GPT-2 {args.model_size}"
+    else:  # a folder of --models-dir holding another shape than its name says
+        name = f"the {args.model_size} folder's GPT-2 ({shape})"
+    return f"{name} on {plural(n_tokens, 'token')}"
+
+
+def file_size(path):  # -> "42 KB" or "3.4 MB": a small page must not read "0.0 MB"
+    n_bytes = path.stat().st_size
+    return f"{n_bytes / 1e6:.1f} MB" if n_bytes >= 1e6 else f"{max(1, round(n_bytes / 1e3))} KB"
+
+
+class QuietStderr:  # stderr for progress bars: a closed or full stderr loses the bar, never the run (as log() does)
+    def write(self, text):
+        try:
+            sys.stderr.write(text)
+        except (OSError, ValueError):  # ValueError: stderr was closed under us
+            pass
+
+    def flush(self):
+        try:
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass
+
+
+def progress_bar(stage):  # -> progress(items, total): items wrapped in a bar on stderr, counting layers
+    def progress(items, total):
+        return tqdm(items, total=total, desc=stage, unit="layer", leave=False, delay=PROGRESS_DELAY,
+                    file=QuietStderr())
+
+    return progress
 
 
 def token_text(tokenizer, token_id):  # -> a token's text; a piece of a character shows its bytes as \xe2
@@ -91,4 +189,5 @@ def token_text(tokenizer, token_id):  # -> a token's text; a piece of a characte
 
 
 def main(argv=None):  # entry point: errors become one line on stderr and an exit status
-    run_cli(run, argv)
+    with np.errstate(invalid="ignore", over="ignore"):  # NaN or inf from the weights: NonFiniteError says it once
+        run_cli(run, argv)

@@ -2,20 +2,25 @@
 probability when the residual stream after that layer goes through ln_f and the output head."""
 import numpy as np
 
-from gpt2_numpy.explain.tracing import lens_layers
 from gpt2_numpy.explain.stepwise import cut, fit
+from gpt2_numpy.explain.tracing import lens_layers, no_progress
+from gpt2_numpy.generate import check_finite
 
 LENS_COLUMNS = 6  # positions shown: a longer prompt shows its last ones, which fit a 120-character line
 CELL = 17  # characters per column
 HIT = "*"  # marks a cell whose top token is the one that actually comes next
 
 
-def lens_table(ids, params, n_head, label):  # -> the table's text; label(token_id) names a token (token_label)
+def lens_table(ids, params, n_head, label, progress=no_progress):  # -> the table's text
+    """The lens at the last LENS_COLUMNS positions of token ids `ids`; label(token_id) names a token (token_label);
+    progress(items, total) wraps the loop over the layers. NonFiniteError when the model computes NaN or infinity."""
     n_seq, n_layer = len(ids), len(params["blocks"])
     first = max(0, n_seq - LENS_COLUMNS)
     positions = range(first, n_seq)
     # the lens is read at the shown positions only: each position's row is independent of the others
-    layers = list(lens_layers(ids, params, n_head, positions=slice(first, None)))
+    layers = list(progress(lens_layers(ids, params, n_head, positions=slice(first, None)), n_layer + 1))
+    for log_probs in layers:
+        check_finite(log_probs)
     lines = [f"Logit lens: the likeliest next token after each layer, and its probability; {HIT}: the token that "
              "comes next"]
     if first:

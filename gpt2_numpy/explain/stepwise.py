@@ -9,7 +9,8 @@ import math
 import numpy as np
 
 from gpt2_numpy.errors import UsageError, plural
-from gpt2_numpy.explain.tracing import block_trace, embedding, residual_stream, unembedding
+from gpt2_numpy.explain.tracing import block_trace, embedding, no_progress, residual_stream, unembedding
+from gpt2_numpy.generate import check_finite
 from gpt2_numpy.model import causal_mask, layer_norm, merge_heads, softmax
 
 SHOWN = 8  # rows, columns and dimensions of one head's matrices printed: a longer prompt shows its top-left corner
@@ -17,17 +18,19 @@ TOP_K = 5  # next tokens listed in the prediction
 LABEL_WIDTH = 15  # characters of a token's label: '<|endoftext|>' with its quotes
 
 
-def walkthrough(inputs, params, n_head, layer):  # [n_seq] -> {step name: array}
+def walkthrough(inputs, params, n_head, layer, progress=no_progress):  # [n_seq] -> {step name: array}
     """One forward pass of model.gpt2 with the arrays a reader follows, in the order the code runs them: "wte" and
     "wpe" (the rows gpt2 adds), "embed", "mask", "x" (block `layer`'s input), that block's steps by their trace names
     ("ln_1", "attn.q", ..., "out"; see tracing.py) with the blogs' "qk" (q·kᵀ unscaled), "masked" (scores + mask) and
-    "merged" (merge_heads of the heads' outputs), then "ln_f" and "logits". UsageError when there is no such layer."""
+    "merged" (merge_heads of the heads' outputs), then "ln_f" and "logits". UsageError when there is no such layer,
+    NonFiniteError when the logits are NaN or infinite. progress(items, total) wraps the loop over the layers."""
     check_index(layer, len(params["blocks"]), "layer", "layer")
     wte, wpe = params["wte"], params["wpe"]
     x = embedding(inputs, wte, wpe)  # first: it checks the ids
     n_seq = x.shape[-2]
     steps = {"wte": wte[np.asarray(inputs)], "wpe": wpe[:n_seq], "embed": x, "mask": causal_mask(n_seq)}
-    stream = list(residual_stream(inputs, params, n_head))  # n_layer + 1 arrays [n_seq, n_embd], model.block's
+    # n_layer + 1 arrays [n_seq, n_embd], model.block's
+    stream = list(progress(residual_stream(inputs, params, n_head), len(params["blocks"]) + 1))
     steps["x"] = stream[layer]
     steps.update(block_trace(steps["x"], **params["blocks"][layer], n_head=n_head))
     q, k = steps["attn.q"], steps["attn.k"]
@@ -36,6 +39,7 @@ def walkthrough(inputs, params, n_head, layer):  # [n_seq] -> {step name: array}
     steps["merged"] = merge_heads(steps["attn.z"])
     steps["ln_f"] = layer_norm(stream[-1], **params["ln_f"])
     steps["logits"] = unembedding(steps["ln_f"], wte)
+    check_finite(steps["logits"])  # every weight the walkthrough shows feeds the logits: a NaN among them shows here
     return steps
 
 

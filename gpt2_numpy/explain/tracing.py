@@ -120,6 +120,10 @@ def lens(x, ln_f, wte):  # [n, n_embd] -> [n, n_vocab]: log-probabilities of the
     return log_softmax(unembedding(layer_norm(x, **ln_f), wte))  # x's own mean and variance: layer_norm's, per row
 
 
+def no_progress(items, total):  # -> items: the default progress= of the loops over layers; a command passes a bar
+    return items
+
+
 def log_softmax(x):  # [..., n] -> [..., n]: log(softmax(x)), which would underflow to -inf for unlikely tokens
     shifted = x - np.max(x, axis=-1, keepdims=True)
     return shifted - np.log(np.sum(np.exp(shifted), axis=-1, keepdims=True))

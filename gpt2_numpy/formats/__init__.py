@@ -3,14 +3,25 @@ no pickle): TensorFlow tensor bundles (tf_bundle), safetensors (safetensors), an
 
 The readers return arrays under the file's own tensor names; gpt2_numpy.checkpoint maps the names to our layout.
 """
+import errno
 import json
 import math
 import mmap
-from pathlib import Path
+import os
+import stat
 
 from gpt2_numpy.errors import CheckpointError
 
 MAX_DIMS = 32  # NumPy 1.x's limit on an array's dimensions
+# A model folder may come from anyone, and a file read whole could be a symlink to /dev/zero: files read whole are
+# refused past a size far above any real one's. Real sizes: config.json and hparams.json under 1 KB, checkpoint 77
+# bytes; model.ckpt.index 5 KB for 124M (it grows with the number of tensors, not their size), encoder.json 1 MB and
+# vocab.bpe 0.5 MB for 50,257 tokens: 64 MB still holds a vocabulary of a million tokens and its merges.
+SETTINGS_LIMIT = 2**20  # bytes: config.json, hparams.json, checkpoint
+TABLE_LIMIT = 64 * 2**20  # bytes: model.ckpt.index, encoder.json or vocab.json, vocab.bpe or merges.txt
+READ_CHUNK = 2**16  # bytes
+FILE_KINDS = {stat.S_IFDIR: "a folder", stat.S_IFIFO: "a named pipe", stat.S_IFCHR: "a device",
+              stat.S_IFBLK: "a device", stat.S_IFSOCK: "a socket"}
 SHOWN_LIMIT = 100  # characters of a name read from a file that a message quotes
 MAX_DIGITS = 4300  # of a JSON integer: Python 3.11's own limit, on every version (str -> int takes quadratic time)
 
@@ -27,16 +38,36 @@ def unreadable(path, error):  # OSError -> CheckpointError naming the file
                            "folder, or download the model again", files=(path,))
 
 
-def read_file(path):  # -> bytes
+def read_file(path, limit):  # -> bytes of a regular file of at most limit bytes; CheckpointError for anything else
     try:
-        return Path(path).read_bytes()
+        return read_regular(path, limit)
     except OSError as error:
         raise unreadable(path, error) from None
 
 
+def read_regular(path, limit):  # -> bytes; OSError when path is missing, not a regular file, or over limit bytes
+    data = bytearray()
+    with open_regular(path) as file:  # in chunks: read(limit + 1) would allocate the whole limit for a small file
+        while len(data) <= limit and (chunk := file.read(READ_CHUNK)):  # a byte past the limit is enough to refuse
+            data += chunk
+    if len(data) > limit:
+        raise OSError(errno.EFBIG, f"it is larger than {limit // 2**20} MB, far more than any model needs")
+    return bytes(data)
+
+
+def open_regular(path):  # -> the file at path, open for reading in binary; OSError when it is not a regular file
+    # O_NONBLOCK: opening a FIFO would wait for a writer, forever; a regular file ignores the flag
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+    kind = stat.S_IFMT(os.fstat(fd).st_mode)  # of the file opened: nothing can swap it between the check and the read
+    if kind != stat.S_IFREG:
+        os.close(fd)
+        raise OSError(errno.EINVAL, f"it is {FILE_KINDS.get(kind, 'a special file')}, not a regular file")
+    return open(fd, "rb")
+
+
 def map_file(path):  # -> read-only buffer of the whole file; arrays made from it are views, read lazily by the OS
     try:
-        with open(path, "rb") as file:
+        with open_regular(path) as file:
             if file.seek(0, 2) == 0:
                 return b""  # mmap refuses empty files; an empty buffer gives the same "truncated" errors
             return mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)  # the mapping outlives the closed file

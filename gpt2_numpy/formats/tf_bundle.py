@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpt2_numpy.errors import CheckpointError
-from gpt2_numpy.formats import check_shape, corrupt, map_file, read_file, shown
+from gpt2_numpy.formats import TABLE_LIMIT, check_shape, corrupt, map_file, read_file, shown
 from gpt2_numpy.formats.crc32c import masked_crc32c
 
 TABLE_MAGIC = 0xDB4775248B80FB57
@@ -100,7 +100,7 @@ def check_disjoint(index_path, entries):  # tensors never share bytes: an entry 
 
 
 def read_index(path):  # -> (number of data shards, {tensor name: BundleEntry})
-    table = read_file(path)
+    table = read_file(path, TABLE_LIMIT)
     try:
         records = dict(table_records(table))
         if b"" not in records:

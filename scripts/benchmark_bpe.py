@@ -1,0 +1,99 @@
+"""Time BPE training: ours (gpt2_numpy.tokenizer_train.train_bpe) against Hugging Face's Rust trainer, if installed.
+
+    python scripts/benchmark_bpe.py [--data FILE] [--vocab-size N] [--runs N] [--hf-python PYTHON]
+
+The two train in turns (ours, Hugging Face's, ours, ...), each run in a fresh child process, so both see the same load
+on a shared machine and each peak memory is that run's own. Hugging Face's trainer is BpeTrainer with the ByteLevel
+pre-tokenizer, as tests/test_tokenizer_train.py checks ours against; it runs under --hf-python (default: this Python),
+and is left out when that Python lacks `tokenizers`, e.g. `--hf-python ../refvenv/bin/python`.
+
+Prints a markdown table row: the text, the vocabulary size, seconds for ours and for Hugging Face's (the median over the
+runs, wall-clock of the training call alone: reading the file and starting Python excluded; Hugging Face's trainer may
+use every core, ours uses one), their ratio, and each one's peak memory (the child's maximum resident set size, its
+Python included).
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CORPUS = REPO.parent / "shared" / "corpus" / "shakespeare-plays.txt"
+HEADER = "| text | vocab size | ours s | HF s | ours / HF | ours peak MB | HF peak MB |\n|---|---|---|---|---|---|---|"
+HF_MISSING = 3  # a child's exit status when its Python has no `tokenizers`
+
+
+def load_trainer(name):  # -> train(text, vocab_size); imported here, so the import is not timed
+    if name == "ours":
+        sys.path.insert(0, str(REPO))  # this checkout's gpt2_numpy
+        from gpt2_numpy.tokenizer_train import train_bpe
+        return lambda text, vocab_size: train_bpe(text, vocab_size, quiet=True)
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    def train_hf(text, vocab_size):
+        tokenizer = Tokenizer(models.BPE())
+        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, show_progress=False, special_tokens=[
+            "<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        tokenizer.train_from_iterator([text], trainer)
+    return train_hf
+
+
+def child(name, data, vocab_size):  # in the child process: train once, print the seconds the training took
+    try:
+        train = load_trainer(name)
+    except ModuleNotFoundError:
+        sys.exit(HF_MISSING)  # the parent says so, once
+    text = Path(data).read_text(encoding="utf-8")
+    start = time.perf_counter()
+    train(text, vocab_size)
+    print(json.dumps(time.perf_counter() - start))
+
+
+def run_child(python, trainer, args):  # -> (seconds, peak MB), or None when that Python lacks Hugging Face's trainer
+    command = [python, __file__, "--child", trainer, "--data", str(args.data), "--vocab-size", str(args.vocab_size)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    output = process.stdout.read()
+    _, status, usage = os.wait4(process.pid, 0)  # wait4, not wait: the resource usage of this one child
+    process.returncode = os.waitstatus_to_exitcode(status)
+    if process.returncode == HF_MISSING and trainer == "hf":
+        return None
+    if process.returncode:
+        sys.exit(f"error: {' '.join(command)} failed with status {process.returncode}")
+    return json.loads(output), usage.ru_maxrss / 1024  # ru_maxrss is in KB on Linux
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", type=Path, default=CORPUS, help="the text to train on (default: %(default)s)")
+    parser.add_argument("--vocab-size", type=int, default=4096)
+    parser.add_argument("--runs", type=int, default=3, help="runs of each trainer, in turns (default: 3)")
+    parser.add_argument("--hf-python", default=sys.executable, help="the Python that runs Hugging Face's trainer")
+    parser.add_argument("--child", choices=["ours", "hf"], help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        return child(args.child, args.data, args.vocab_size)
+    if not args.data.is_file():
+        sys.exit(f"error: {args.data} is not a file: pass the text to train on with --data")
+    ours, hf = [], []
+    for _ in range(args.runs):
+        ours.append(run_child(sys.executable, "ours", args))
+        hf.append(run_child(args.hf_python, "hf", args))
+    ours_seconds, ours_peak = statistics.median(s for s, _ in ours), max(peak for _, peak in ours)
+    row = [args.data.name, f"{args.vocab_size:,}", f"{ours_seconds:.2f}"]
+    if None in hf:
+        print(f"Hugging Face's trainer left out: {args.hf_python} has no `tokenizers`", file=sys.stderr)
+        row += ["-", "-", f"{ours_peak:.0f}", "-"]
+    else:
+        hf_seconds, hf_peak = statistics.median(s for s, _ in hf), max(peak for _, peak in hf)
+        row += [f"{hf_seconds:.2f}", f"{ours_seconds / hf_seconds:.2f}x", f"{ours_peak:.0f}", f"{hf_peak:.0f}"]
+    print(HEADER)
+    print("| " + " | ".join(row) + " |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,327 @@
+"""Resuming, fine-tuning a model folder and the data pipeline of `python -m gpt2_numpy.train`, on tiny models.
+
+Expected values come from outside the code under test: window counts and the schedule worked out by hand from their
+definitions, an uninterrupted run for an interrupted one, GPT-2's published layer-norm epsilon, and Hugging Face's
+logits for a folder written by save_model (tests/fixtures/reference_epsilon.npz: scripts/make_epsilon_reference.py).
+"""
+import inspect
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from gpt2_numpy import backward, fast, model
+from gpt2_numpy.checkpoint import load_params
+from gpt2_numpy.params import gpt2_init, random_params
+from gpt2_numpy.save import save_model
+from gpt2_numpy.tokenizer import PACKAGED_VOCABULARY
+from gpt2_numpy.train import Batches, val_windows
+from tests.conftest import FIXTURES, HF_TOLERANCE, REPO, assert_one_error_line
+from tests.test_train import SHAPE, assert_same_weights, log_rows, run_cli, weights
+
+TINY = json.loads((FIXTURES / "configs.json").read_text())["tiny"]
+# 8-token windows, half the text held out: a text of a hundred tokens makes an epoch of a few steps
+FLAGS = [*SHAPE, "--seq-len", 8, "--batch-size", 2, "--eval-batches", 1, "--warmup", 2, "--lr", 1e-2,
+         "--val-fraction", 0.5]
+
+
+def train(data, out, *args):  # -> CompletedProcess of the train command (from scratch: no models dir needed)
+    return run_cli("gpt2_numpy.train", "--data", data, "--out", out, *args)
+
+
+def a_tokens(path, n_tokens):  # -> path, holding a text of exactly n_tokens GPT-2 tokens: "a", then " a" (ids 64, 257)
+    path.write_text(("a" + " a" * (n_tokens - 1)) if n_tokens else "", encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def short_text(tmp_path_factory):  # -> a text of 100 tokens: with FLAGS, 6 training windows, so 3 steps an epoch
+    return a_tokens(tmp_path_factory.mktemp("data") / "short.txt", 100)
+
+
+def snapshot(folder):  # -> {file name: bytes} of a folder
+    return {path.name: path.read_bytes() for path in sorted(folder.iterdir())}
+
+
+# --- The data, counted by hand ---
+
+
+@pytest.mark.parametrize("n_tokens, n_windows", [
+    (50, 7),  # windows of 7 + 1 tokens start at 0, 7, ..., 42; the last ends at token 49, the stream's last
+    (56, 7),  # a multiple of 7: a window at 49 would need token 56, one past the end
+    (57, 8),  # now it fits
+])
+def test_every_epoch_visits_every_window_once(n_tokens, n_windows):
+    seq_len, batch_size, epochs = 7, 3, 4  # 3 does not divide the windows: batches straddle the epochs
+    batches = Batches(np.arange(n_tokens, dtype=np.int32), seq_len, batch_size, seed=5)
+    starts = []
+    for _ in range(math.ceil(epochs * n_windows / batch_size)):
+        inputs, targets = batches.next()
+        assert inputs.shape == targets.shape == (batch_size, seq_len)
+        # tokens equal to their positions: each row is a run of seq_len positions, its targets one ahead
+        np.testing.assert_array_equal(inputs, inputs[:, :1] + np.arange(seq_len))
+        np.testing.assert_array_equal(targets, inputs + 1)
+        starts += list(inputs[:, 0])
+    every_window = list(range(0, seq_len * n_windows, seq_len))
+    orders = [starts[i: i + n_windows] for i in range(0, epochs * n_windows, n_windows)]
+    for order in orders:
+        assert sorted(order) == every_window
+    assert len({tuple(order) for order in orders}) > 1  # a new order each epoch
+
+
+def test_restored_batches_continue_as_the_original_across_epochs():
+    tokens, seq_len, batch_size = np.arange(60, dtype=np.int32), 7, 2  # 8 windows, 4 batches an epoch
+    original = Batches(tokens, seq_len, batch_size, seed=3)
+    for _ in range(6):  # into the second epoch: the RNG has drawn two orders
+        original.next()
+    resumed = Batches(tokens, seq_len, batch_size, seed=3)
+    resumed.restore(original.state())
+    for _ in range(12):  # through the third and fourth epochs, whose orders come from the restored RNG
+        np.testing.assert_array_equal(resumed.next()[0], original.next()[0])
+
+
+@pytest.mark.parametrize("n_val, n_windows, expected", [
+    (40, 10, [0, 8, 16, 24]),  # (40 - 1) // 8 = 4 windows of 9 tokens fit
+    (33, 10, [0, 8, 16, 24]),  # the last window ends exactly at token 32
+    (32, 10, [0, 8, 16]),
+    (40, 2, [0, 8]),  # only the first n_windows
+])
+def test_validation_windows_are_whole_windows(n_val, n_windows, expected):
+    windows = val_windows(np.arange(n_val, dtype=np.int32), 8, n_windows)
+    np.testing.assert_array_equal(windows, np.array(expected)[:, None] + np.arange(9))
+
+
+def test_too_short_data_asks_for_one_minimum_and_that_minimum_trains(tmp_path):
+    # with --seq-len 16 each part needs 17 tokens; the held-out part of n tokens is round(0.2 n): 16.4 for 82 tokens,
+    # 16.6 for 83 (and 66 left for training), so 83 is the fewest
+    args = [*SHAPE, "--seq-len", 16, "--val-fraction", 0.2, "--steps", 0]
+    for n_tokens in (0, 82):
+        result = train(a_tokens(tmp_path / f"{n_tokens}.txt", n_tokens), tmp_path / "out", *args)
+        assert_one_error_line(result, "give at least 83 tokens")
+    result = train(a_tokens(tmp_path / "83.txt", 83), tmp_path / "out", *args)
+    assert result.returncode == 0, result.stderr
+    assert "66 training tokens, 17 held out" in result.stderr
+
+
+# --- The log: the schedule, and the last evaluation ---
+
+
+@pytest.fixture(scope="module")
+def seven_steps(tmp_path_factory, short_text):  # -> log.csv's rows of a 7-step cosine run evaluating every 3 steps
+    out = tmp_path_factory.mktemp("runs") / "seven"
+    result = train(short_text, out, *FLAGS, "--steps", 7, "--eval-every", 3, "--schedule", "cosine")
+    assert result.returncode == 0, result.stderr
+    return log_rows(out)
+
+
+def test_the_lr_column_follows_warmup_then_cosine(seven_steps):
+    # optim's schedule, as nanoGPT's: the update of step i (1-based) uses peak * i / warmup during the warmup, then
+    # a cosine from the peak, at the first step after the warmup, toward 10% of it at step `total` + 1
+    peak, warmup, total = 1e-2, 2, 7
+    expected = [peak * i / warmup if i <= warmup else
+                0.1 * peak + 0.5 * (1 + math.cos(math.pi * (i - 1 - warmup) / (total - warmup))) * 0.9 * peak
+                for i in range(1, total + 1)]
+    assert [int(row["step"]) for row in seven_steps] == list(range(total + 1))
+    assert [float(row["lr"]) for row in seven_steps[1:]] == pytest.approx(expected, rel=1e-5)
+
+
+def test_the_last_step_is_evaluated_when_not_a_multiple_of_eval_every(seven_steps):
+    assert [int(row["step"]) for row in seven_steps if row["val_loss"]] == [0, 3, 6, 7]
+
+
+# --- Resuming: the command the user started with, across epochs ---
+
+
+@pytest.fixture(scope="module")
+def saved_run(tmp_path_factory, short_text):  # -> the folder of a real 2-step run
+    out = tmp_path_factory.mktemp("runs") / "saved"
+    assert train(short_text, out, *FLAGS, "--steps", 2).returncode == 0
+    return out
+
+
+INTERRUPTED_TRAIN = """
+import os, signal, sys
+import gpt2_numpy.train as train
+signal.signal(signal.SIGINT, signal.default_int_handler)  # pytest's runner may have started us with SIGINT ignored
+at_step, next_batch, taken = int(sys.argv[1]), train.Batches.next, []
+
+def next_then_ctrl_c(batches):  # Ctrl-C while step at_step is in progress, as a user presses it mid-step
+    taken.append(1)
+    if len(taken) == at_step:
+        os.kill(os.getpid(), signal.SIGINT)
+    return next_batch(batches)
+
+train.Batches.next = next_then_ctrl_c
+train.main(sys.argv[2:])
+"""
+
+
+def test_ctrl_c_advice_followed_across_epochs_equals_an_uninterrupted_run(tmp_path, short_text):
+    steps, stop_at = 12, 5  # 3 steps an epoch: stopped in the second epoch, resumed through the third and fourth
+    command = ["--data", short_text, "--out", tmp_path / "stopped", *FLAGS, "--steps", steps]
+    stopped = subprocess.run([sys.executable, "-c", INTERRUPTED_TRAIN, str(stop_at), *map(str, command)],
+                             capture_output=True, text=True, timeout=120,
+                             env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert stopped.returncode == 130, stopped.stderr
+    assert "Traceback" not in stopped.stderr
+    advice = stopped.stderr.splitlines()[-1]
+    assert advice == f"interrupted: saved step {stop_at} to {tmp_path / 'stopped'}; continue with the same command " \
+                     "and --resume"
+    assert "50 training tokens" in stopped.stderr  # (50 - 1) // 8 = 6 windows: 3 steps an epoch, as planned
+    resumed = run_cli("gpt2_numpy.train", *command, "--resume")  # what the advice says, word for word
+    assert resumed.returncode == 0, resumed.stderr
+    whole = train(short_text, tmp_path / "whole", *FLAGS, "--steps", steps)
+    assert whole.returncode == 0, whole.stderr
+    assert_same_weights(tmp_path / "whole", tmp_path / "stopped")
+    assert [row["train_loss"] for row in log_rows(tmp_path / "stopped")] == [
+        row["train_loss"] for row in log_rows(tmp_path / "whole")]
+    assert [int(row["step"]) for row in log_rows(tmp_path / "stopped")] == list(range(steps + 1))
+
+
+@pytest.mark.parametrize("flag, value, saved", [
+    ("--n-layer", 2, "saved run's 1"),
+    ("--init", "124M", "saved run's none (it trained from scratch)"),
+    ("--seq-len", 16, "saved run's 8"),
+])
+def test_resume_refuses_a_flag_that_differs_naming_the_saved_value(tmp_path, short_text, saved_run, flag, value,
+                                                                   saved):
+    out = tmp_path / "out"
+    shutil.copytree(saved_run, out)
+    before = snapshot(out)
+    args = [*FLAGS, "--steps", 2, flag, value]
+    if flag == "--init":
+        args = args[len(SHAPE):]  # --init and shape flags together are refused before the comparison
+    result = train(short_text, out, *args, "--resume")
+    assert_one_error_line(result, f"{flag} {value} differs from the {saved}")
+    assert snapshot(out) == before
+
+
+# --- Fine-tuning a model folder: --init DIR, alias --model DIR ---
+
+
+def test_model_dir_fine_tunes_that_model_and_resumes_with_the_same_flag(tmp_path, short_text):
+    source = tmp_path / "mine"
+    source.mkdir()
+    save_model(source, TINY["hparams"], random_params(TINY["hparams"], TINY["seed"]), PACKAGED_VOCABULARY)
+    out = tmp_path / "tuned"
+    run_flags = FLAGS[len(SHAPE):]  # the model's shape comes from its folder
+    result = train(short_text, out, "--model", source, *run_flags, "--steps", 0)
+    assert result.returncode == 0, result.stderr
+    assert load_params(out)[0] == TINY["hparams"]  # not a new random model of the default shape
+    assert_same_weights(source, out)
+    for name in ("vocab.json", "merges.txt"):
+        assert (out / name).read_bytes() == (source / name).read_bytes()
+    out = tmp_path / "resumed"
+    assert train(short_text, out, "--model", source, *run_flags, "--steps", 1).returncode == 0
+    result = train(short_text, out, "--model", source, *run_flags, "--steps", 2, "--resume")
+    assert result.returncode == 0, result.stderr
+    tuned = weights(out)
+    assert all(not np.array_equal(tuned[key], array) for key, array in weights(source).items())  # every one trained
+    other = tmp_path / "other"
+    shutil.copytree(source, other)
+    result = train(short_text, out, "--init", other, *run_flags, "--steps", 3, "--resume")
+    assert_one_error_line(result, f"differs from the saved run's {source.resolve()}")
+
+
+@pytest.mark.parametrize("module, args, abbreviation", [
+    ("gpt2_numpy.train", ["--data", "x.txt", "--out", "out", "--mod", "folder"], "--mod"),
+    ("gpt2_numpy.train", ["--data", "x.txt", "--out", "out", "--vers"], "--vers"),
+    ("gpt2_numpy.generate", ["hello", "--vers"], "--vers"),
+    ("gpt2_numpy.score", ["hello", "--vers"], "--vers"),
+    ("gpt2_numpy.explain", ["hello", "--vers"], "--vers"),
+    ("gpt2_numpy.download", ["124M", "--vers"], "--vers"),
+])
+def test_no_command_accepts_an_abbreviated_flag(tmp_path, module, args, abbreviation):
+    # an abbreviation silently picks a flag: train's --model DIR used to become --models-dir and train a random model
+    result = run_cli(module, *args)
+    assert_one_error_line(result, f"unrecognized arguments: {abbreviation}")
+
+
+def test_unknown_init_is_neither_a_size_nor_a_folder(tmp_path, short_text):
+    result = train(short_text, tmp_path / "out", "--init", "124m", "--steps", 0)
+    assert_one_error_line(result, "--init 124m is neither an official size (124M, 355M, 774M, 1558M) nor a model")
+
+
+# --- A damaged run: one error line, nothing written ---
+
+
+def rewrite_state(folder, change):  # change({name: array}) -> None, applied to folder/train_state.npz
+    with np.load(folder / "train_state.npz") as file:
+        arrays = dict(file)
+    change(arrays)
+    np.savez(folder / "train_state.npz", **arrays)
+
+
+def drop_setting(arrays, name):
+    settings = json.loads(str(arrays["settings"]))
+    del settings[name]
+    arrays["settings"] = np.array(json.dumps(settings))
+
+
+DAMAGES = {  # name -> (damage(folder), a fragment of the error line)
+    "truncated state": (lambda folder: (folder / "train_state.npz").write_bytes(
+        (folder / "train_state.npz").read_bytes()[:3000]), "train_state.npz is damaged (it cannot be read"),
+    "no data_order": (lambda folder: rewrite_state(folder, lambda arrays: arrays.pop("data_order")),
+                      "is damaged (no data_order)"),
+    "no data_sha256": (lambda folder: rewrite_state(folder, lambda arrays: drop_setting(arrays, "data_sha256")),
+                       "the setting data_sha256 is 'missing'"),
+    "data_position out of range": (lambda folder: rewrite_state(
+        folder, lambda arrays: arrays.update(data_position=np.array(10**6))), "data_position 1000000 is outside"),
+    "data_rng not JSON": (lambda folder: rewrite_state(
+        folder, lambda arrays: arrays.update(data_rng=np.array("{not json"))), "settings or data_rng"),
+    "a moment of the wrong shape": (lambda folder: rewrite_state(
+        folder, lambda arrays: arrays.update({"opt/m/wpe": arrays["opt/m/wpe"][:-1]})),
+        "the moment opt/m/wpe should be (32, 8) floats, found (31, 8)"),
+    "a step in log.csv not a number": (lambda folder: (folder / "log.csv").write_text(
+        (folder / "log.csv").read_text().replace("\n2,", "\ntwo,")), "line 4 of"),
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+def test_resuming_a_damaged_run_is_one_error_line_and_writes_nothing(tmp_path, short_text, saved_run, damage):
+    out = tmp_path / "run"
+    shutil.copytree(saved_run, out)
+    make_damage, fragment = DAMAGES[damage]
+    make_damage(out)
+    before = snapshot(out)
+    result = train(short_text, out, "--steps", 4, "--resume")
+    assert_one_error_line(result, fragment)
+    assert snapshot(out) == before
+
+
+# --- The saved folder's layer-norm epsilon ---
+
+
+def test_the_saved_config_carries_the_epsilon_the_model_uses(tmp_path, short_text):
+    # GPT-2's layer norms use 1e-5 (OpenAI's model.py: norm(..., epsilon=1e-5); GPT2Config's layer_norm_epsilon)
+    for function in (model.layer_norm, fast.layer_norm, backward.layer_norm_backward):
+        assert inspect.signature(function).parameters["eps"].default == 1e-5, function
+    out = tmp_path / "out"
+    assert train(short_text, out, *FLAGS, "--seed", 4, "--steps", 0).returncode == 0
+    assert json.loads((out / "config.json").read_text())["layer_norm_epsilon"] == 1e-5
+    # and our loader reads back the model train made: the logits of the seed's initial weights
+    hparams, params = load_params(out)
+    ids = [64, 257, 257, 40, 481, 467]
+    expected = fast.gpt2(ids, **gpt2_init(hparams, seed=4), n_head=hparams["n_head"])
+    np.testing.assert_array_equal(fast.gpt2(ids, **params, n_head=hparams["n_head"]), expected)
+
+
+def test_hugging_face_reads_the_saved_epsilon_and_computes_our_logits(tmp_path):
+    reference = np.load(FIXTURES / "reference_epsilon.npz")
+    # transformers reads layer_norm_epsilon from config.json: the same weights give other logits under another one
+    logits = reference["logits"]
+    assert len(reference["epsilons"]) > 1
+    assert min(np.abs(logits[i] - logits[0]).max() for i in range(1, len(logits))) > 100 * HF_TOLERANCE
+    hparams = json.loads(str(reference["hparams"]))
+    save_model(tmp_path, hparams, random_params(hparams, int(reference["seed"])), PACKAGED_VOCABULARY)
+    saved_epsilon = json.loads((tmp_path / "config.json").read_text())["layer_norm_epsilon"]
+    assert saved_epsilon in list(reference["epsilons"])
+    theirs = logits[list(reference["epsilons"]).index(saved_epsilon)]
+    loaded_hparams, params = load_params(tmp_path)
+    ours = fast.gpt2(reference["ids"], **params, n_head=loaded_hparams["n_head"])
+    np.testing.assert_allclose(ours, theirs, rtol=0, atol=HF_TOLERANCE)
