@@ -5,10 +5,12 @@ import sys
 import time
 from pathlib import Path
 
+from gpt2_numpy import loading
 from gpt2_numpy.allocator import keep_freed_memory
 from gpt2_numpy.checkpoint import load_params
 from gpt2_numpy.errors import UsageError, log, plural, writing_stdout
 from gpt2_numpy.models import MODEL_SIZES, OFFICIAL_HPARAMS, SOURCES, models_dir_path
+from gpt2_numpy.loading import prompt_ids  # noqa: F401 (the command lines import it from here)
 from gpt2_numpy.tokenizer import load_tokenizer
 from gpt2_numpy.weights import ensure_model
 
@@ -81,18 +83,10 @@ def loaded_name(size, hparams):  # -> "GPT-2 124M", or what a size's folder hold
 
 
 def load_folder(model_dir):  # -> hparams, params, tokenizer of the model in a folder given by --model, used as it is
-    # nothing is downloaded or recorded in the user's folder; the loaders check every file's structure and shape
-    if not model_dir.is_dir():
-        problem = "is a file" if model_dir.exists() else "does not exist"
-        raise UsageError(f"--model {model_dir} {problem}: pass a model folder (model.safetensors + config.json + "
-                         "vocab.json + merges.txt, or OpenAI's checkpoint files)")
+    # nothing is downloaded or recorded in the user's folder
     keep_freed_memory()
     start = time.perf_counter()
-    hparams, params = load_params(model_dir)
-    tokenizer = load_tokenizer(model_dir)
-    if tokenizer.n_vocab < hparams["n_vocab"]:  # the model could choose ids the tokenizer cannot print
-        raise UsageError(f"--model {model_dir}: the model has {hparams['n_vocab']:,} tokens but its vocabulary files "
-                         f"only {tokenizer.n_vocab:,}: put the model's own vocabulary files beside it")
+    hparams, params, tokenizer = loading.load_folder(model_dir, name=f"--model {model_dir}")
     log(f"loaded a GPT-2 of {plural(hparams['n_layer'], 'layer')}, {hparams['n_embd']} wide, "
         f"{plural(hparams['n_head'], 'head')}, from {model_dir} in {time.perf_counter() - start:.1f} s")
     return hparams, params, tokenizer
@@ -106,18 +100,6 @@ def check_models_dir(models_root):  # -> None, or UsageError when the models dir
     except OSError as error:
         raise UsageError(f"cannot read the models dir {models_root} ({error.strerror}): fix its permissions or pass "
                          "another folder with --models-dir") from None
-
-
-def prompt_ids(tokenizer, prompt, n_vocab, name="the prompt"):  # -> ids to feed the model, all < n_vocab
-    # "<|endoftext|>" typed in a prompt is the document separator; an empty prompt starts from it, as GPT-2 was trained
-    ids = tokenizer.encode(prompt, allowed_special="all") or [tokenizer.eot_id]
-    outside = [token_id for token_id in ids if token_id >= n_vocab]
-    if outside:
-        raise UsageError(
-            f"{name}'s token {outside[0]} ({tokenizer.decode(outside[:1])!r}) is outside this model's vocabulary "
-            f"of {n_vocab} tokens: use a model with GPT-2's full vocabulary, or a prompt of other words"
-        )
-    return ids
 
 
 def write_stdout(text):  # -> None; OutputError when stdout is closed or refuses the text

@@ -88,6 +88,10 @@ def summary(log_probs, n_bytes):  # float [n] -> {n_tokens, nll, perplexity, bit
             "bits_per_byte": total / math.log(2) / n_bytes, "n_bytes": n_bytes}
 
 
+def scored_bytes(tokenizer, ids):  # -> the UTF-8 bytes the scored tokens spell: every id's but the first, only context
+    return sum(len(tokenizer.token_bytes(token_id)) for token_id in ids[1:])
+
+
 def perplexity(nll):  # -> e^nll; inf where that exceeds the largest double (nll above 709.78 nats)
     try:
         return math.exp(nll)
@@ -139,7 +143,7 @@ def run(argv=None):  # -> exit status
     hparams, params, tokenizer = load_model(args)
     ids = text_ids(tokenizer, text, hparams["n_vocab"], bos=not args.no_bos)
     log_probs = scored_with_progress(ids, params, hparams["n_head"], args.stride)
-    scores = summary(log_probs, sum(len(tokenizer.token_bytes(token_id)) for token_id in ids[1:]))
+    scores = summary(log_probs, scored_bytes(tokenizer, ids))
     rows = [(position, ids[position], log_prob) for position, log_prob in enumerate(log_probs, start=1)]
     if args.json:
         if args.per_token:

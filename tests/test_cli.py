@@ -22,7 +22,7 @@ from gpt2_numpy.errors import Gpt2NumpyError, UsageError, run_cli
 from gpt2_numpy.cli import prompt_ids
 from gpt2_numpy.generate import generate, print_sample, run
 from gpt2_numpy.params import random_params
-from gpt2_numpy.tokenizer import load_tokenizer
+from gpt2_numpy.tokenizer import Tokenizer, load_tokenizer
 from tests.conftest import FIXTURES, REPO, assert_one_error_line, official_path, tiny_models_dir
 from tests.http_server import FileServer, official_layout_files
 from tests.test_generate import with_weight
@@ -224,10 +224,21 @@ def test_a_reader_that_quits_early_ends_generation_quietly(models_dir):
 # --- in-process: end of text, notes, streaming, Ctrl-C and the empty prompt ---
 
 
+def stand_in_for_end_of_text(monkeypatch, token_id):  # tokenizers loaded from now on end text with token_id
+    # the tiny model's 512 ids hold no <|endoftext|> (50256): a token it generates stands in for the tokenizer's own
+    build = Tokenizer.__init__
+
+    def with_stand_in(self, *args):
+        build(self, *args)
+        self.eot_id = token_id
+
+    monkeypatch.setattr(Tokenizer, "__init__", with_stand_in)
+
+
 def test_ignore_eos_keeps_going_past_end_of_text(models_dir, tokenizer, params, monkeypatch, capsys):
     ids = generate(tokenizer.encode(PROMPT), params, TINY["hparams"]["n_head"], N_TOKENS)
     stop = next(i for i, token_id in enumerate(ids) if token_id not in ids[:i] and i >= 3)
-    monkeypatch.setattr(generate_module, "EOT_ID", ids[stop])  # the tiny vocabulary has no id 50256: pick a stand-in
+    stand_in_for_end_of_text(monkeypatch, ids[stop])
     args = [PROMPT, "--n-tokens", str(N_TOKENS), "--models-dir", str(models_dir)]
     assert run(args) == 0
     out, err = capsys.readouterr()
@@ -374,7 +385,7 @@ def test_rows_finishing_out_of_order_print_in_order(models_dir, tokenizer, param
     ids = [generate(tokenizer.encode(p), params, n_head, N_TOKENS) for p in prompts]
     # a stand-in end of text that only the second row reaches, mid-way: it finishes before the first
     stop = next(i for i, token in enumerate(ids[1]) if i >= 1 and token not in ids[1][:i] and token not in ids[0])
-    monkeypatch.setattr(generate_module, "EOT_ID", ids[1][stop])
+    stand_in_for_end_of_text(monkeypatch, ids[1][stop])
     assert run([*prompts, "--n-tokens", str(N_TOKENS), "--models-dir", str(models_dir)]) == 0
     out, err = capsys.readouterr()
     assert out == tokenizer.decode(ids[0]) + "\n\n" + tokenizer.decode(ids[1][:stop]) + "\n"
@@ -446,7 +457,7 @@ def test_json_says_which_samples_stopped_at_end_of_text(models_dir, tokenizer, p
     ids = [generate(tokenizer.encode(p), params, n_head, N_TOKENS) for p in prompts]
     # a stand-in end of text that only the second row reaches, mid-way (the tiny vocabulary has no id 50256)
     stop = next(i for i, token in enumerate(ids[1]) if i >= 1 and token not in ids[1][:i] and token not in ids[0])
-    monkeypatch.setattr(generate_module, "EOT_ID", ids[1][stop])
+    stand_in_for_end_of_text(monkeypatch, ids[1][stop])
     args = [*prompts, "--n-tokens", str(N_TOKENS), "--json", "--models-dir", str(models_dir)]
     assert run(args) == 0
     records = json_records(capsys.readouterr().out)

@@ -1,6 +1,6 @@
 """Every activation of one forward pass by name, and the logit lens: model.py's functions composed in the order
 model.gpt2 and model.block run them, so each array is the one the textbook model computes, never a second copy of its
-formulas. float32 throughout, as the model is. The names (README, "Look inside", maps them to TransformerLens's hooks):
+formulas. float32 throughout, as the model is. The names (docs/look-inside.md maps them to TransformerLens's hooks):
 
     embed                                  [n_seq, n_embd]      wte[inputs] + wpe[positions], the residual stream
     blocks.{i}.ln_1                        [n_seq, n_embd]      layer_norm(x, **ln_1)

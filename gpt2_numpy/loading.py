@@ -1,0 +1,56 @@
+"""A model ready to use: GPT-2 by size (downloaded and verified on first use) or from a folder, as
+Model(hparams, params, tokenizer), and a prompt's token ids for it. The command lines (cli.py) and the text-in,
+text-out calls (pipeline.py) both load through here."""
+from pathlib import Path
+from typing import NamedTuple
+
+from gpt2_numpy.checkpoint import load_params
+from gpt2_numpy.errors import UsageError
+from gpt2_numpy.models import MODEL_SIZES
+from gpt2_numpy.tokenizer import Tokenizer, load_tokenizer
+from gpt2_numpy.weights import ensure_model
+
+
+class Model(NamedTuple):
+    hparams: dict  # n_vocab, n_ctx, n_embd, n_head, n_layer
+    params: dict  # nested dicts of float32 arrays, splatted into model.py's and fast.py's functions with **
+    tokenizer: Tokenizer
+
+
+def load_model(model="124M", models_dir=None, source="openai"):  # -> Model
+    """An official GPT-2 by size ("124M", "355M", "774M" or "1558M"): missing files are downloaded into models_dir
+    (default $GPT2_NUMPY_WEIGHTS, else ./weights) from source ("openai" or "huggingface"), and every file is verified
+    once, as the command lines do. Anything else (a str that is no size, or any Path) is a model folder, loaded as it
+    is: nothing is downloaded or written there."""
+    if isinstance(model, str) and model in MODEL_SIZES:
+        model_dir = ensure_model(model, models_dir, source)  # verifies the tokenizer against the weights too
+        return Model(*load_params(model_dir), load_tokenizer(model_dir))
+    return load_folder(Path(model))
+
+
+def load_folder(model_dir, name=None):  # -> Model; UsageError naming `name` (default: the folder) when it is unusable
+    # the loaders check every file's structure and shape; only what they cannot see alone is checked here
+    model_dir = Path(model_dir)
+    name = name or str(model_dir)
+    if not model_dir.is_dir():
+        problem = "is a file" if model_dir.exists() else "does not exist"
+        raise UsageError(f"{name} {problem}: pass a model folder (model.safetensors + config.json + vocab.json + "
+                         "merges.txt, or OpenAI's checkpoint files)")
+    hparams, params = load_params(model_dir)
+    tokenizer = load_tokenizer(model_dir)
+    if tokenizer.n_vocab < hparams["n_vocab"]:  # the model could choose ids the tokenizer cannot print
+        raise UsageError(f"{name}: the model has {hparams['n_vocab']:,} tokens but its vocabulary files only "
+                         f"{tokenizer.n_vocab:,}: put the model's own vocabulary files beside it")
+    return Model(hparams, params, tokenizer)
+
+
+def prompt_ids(tokenizer, prompt, n_vocab, name="the prompt"):  # -> ids to feed the model, all < n_vocab
+    # "<|endoftext|>" typed in a prompt is the document separator; an empty prompt starts from it, as GPT-2 was trained
+    ids = tokenizer.encode(prompt, allowed_special="all") or [tokenizer.eot_id]
+    outside = [token_id for token_id in ids if token_id >= n_vocab]
+    if outside:
+        raise UsageError(
+            f"{name}'s token {outside[0]} ({tokenizer.decode(outside[:1])!r}) is outside this model's vocabulary "
+            f"of {n_vocab} tokens: use a model with GPT-2's full vocabulary, or a prompt of other words"
+        )
+    return ids
