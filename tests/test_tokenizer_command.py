@@ -1,0 +1,72 @@
+"""`gpt2-numpy tokenizer`: a tokenizer trained on a file and written as Hugging Face's GPT-2 files, or one error line.
+
+The merges are held to the textbook trainer's (itself held to Hugging Face's trainer by tests/test_tokenizer_train.py),
+and the files to the format's definition: `#version: 0.2`, then one merge a line; ids 0..N-1, <|endoftext|> last.
+"""
+import json
+
+import pytest
+
+from gpt2_numpy.tokenizer import load_tokenizer
+from gpt2_numpy.tokenizer_train import spelled_tokens, train_bpe_textbook
+from tests.conftest import assert_one_error_line
+from tests.test_train import run_cli
+
+TEXT = "".join(f"the {word} and the {word}s of a {word}ed land.\n" for word in
+               "king queen sea sand wind fire stone crown field river night".split()) * 3
+
+
+@pytest.fixture
+def data(tmp_path):
+    path = tmp_path / "data.txt"
+    path.write_text(TEXT, encoding="utf-8")
+    return path
+
+
+def test_it_writes_the_textbook_trainers_merges_in_hugging_faces_layout(tmp_path, data):
+    result = run_cli("gpt2_numpy", "tokenizer", "--data", data, "--vocab-size", 300, "--out", tmp_path / "tok")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"{tmp_path / 'tok'}\n"
+    merges = train_bpe_textbook(TEXT, 300)
+    spelled = spelled_tokens(merges)
+    lines = (tmp_path / "tok" / "merges.txt").read_text(encoding="utf-8").splitlines()
+    assert lines == ["#version: 0.2", *(f"{spelled[left]} {spelled[right]}" for left, right in merges)]
+    vocab = json.loads((tmp_path / "tok" / "vocab.json").read_text(encoding="utf-8"))
+    assert sorted(vocab.values()) == list(range(300)) and vocab["<|endoftext|>"] == 299
+    tokenizer = load_tokenizer(tmp_path / "tok")
+    assert tokenizer.decode(tokenizer.encode(TEXT)) == TEXT and tokenizer.eot_id == 299
+
+
+def test_json_says_what_was_made(tmp_path, data):
+    result = run_cli("gpt2_numpy", "tokenizer", "--data", data, "--vocab-size", 280, "--out", tmp_path / "tok",
+                     "--min-frequency", 3, "--json")
+    assert result.returncode == 0, result.stderr
+    made = json.loads(result.stdout)
+    ids = load_tokenizer(tmp_path / "tok").encode(TEXT)
+    merges = train_bpe_textbook(TEXT, 280, min_frequency=3)
+    assert made == {"folder": str(tmp_path / "tok"), "vocab_size": 280, "merges": len(merges), "tokens": len(ids),
+                    "bytes": len(TEXT.encode())}
+
+
+def test_a_text_too_small_says_how_large_a_vocabulary_it_makes(tmp_path, data):
+    possible = 257 + len(train_bpe_textbook(TEXT, 10_000))  # every pair seen twice, merged
+    result = run_cli("gpt2_numpy", "tokenizer", "--data", data, "--vocab-size", 10_000, "--out", tmp_path / "tok")
+    assert_one_error_line(result, f"ask for --vocab-size {possible} or less")
+    assert not (tmp_path / "tok").exists()
+
+
+@pytest.mark.parametrize("flags, fragment", [
+    (["--vocab-size", "256"], "--vocab-size: must be at least 257, got 256"),
+    (["--vocab-size", "300", "--min-frequency", "0"], "--min-frequency: must be at least 1"),
+])
+def test_bad_flags_are_one_line(tmp_path, data, flags, fragment):
+    assert_one_error_line(run_cli("gpt2_numpy", "tokenizer", "--data", data, "--out", tmp_path / "tok", *flags),
+                          fragment)
+
+
+def test_a_folder_holding_a_tokenizer_is_never_written_over(tmp_path, data):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "vocab.json").write_text("{}")
+    result = run_cli("gpt2_numpy", "tokenizer", "--data", data, "--vocab-size", 300, "--out", tmp_path / "model")
+    assert_one_error_line(result, "already holds vocab.json")
+    assert (tmp_path / "model" / "vocab.json").read_text() == "{}"
