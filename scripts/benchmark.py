@@ -61,6 +61,9 @@ GOALS = [  # (goal, the row's metric starts with this, ours over: HF's value in 
     ("batch of 8 ≥ 2× HF's batched generate", "generate, 8 prompts of 16", HF, lambda r: r >= 2),
     ("batch of 32 ≥ 4× our single-sequence tok/s", "generate, 32 prompts of 16", "generate, 1 prompts of 16",
      lambda r: r >= 4),
+    ("train step, 4 layers × 256 wide ≤ 1.0× torch's time", "train step, 4 layers x 256 wide", HF, lambda r: r <= 1),
+    ("train step, its own 4,096-token vocabulary ≤ 1.0× torch's time", "train step, the same with its own", HF,
+     lambda r: r <= 1),
     ("peak RSS, batch of 8 at 144 tokens ≤ 1.2× single", "peak RSS, generate_batch",
      "peak RSS, generate, 16-token prompt + 128", lambda r: r <= 1.2),
 ]

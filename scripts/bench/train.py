@@ -3,13 +3,14 @@
     python -m scripts.bench.train                  # our numbers only
     python -m scripts.bench.train --compare-torch  # also torch autograd on HF's GPT2LMHeadModel, in turns
 
-Two configs: a small one (4 layers, 256 wide, 8 heads, 8 x 128 tokens) and the 124M shape (4 x 256 tokens), both with
-GPT-2's 50,257-token vocabulary and seeded random weights. torch runs HF's GPT2LMHeadModel (its default sdpa attention,
-dropout off), `cross_entropy` on the logits, `clip_grad_norm_` and `torch.optim.AdamW` with the same decay groups, on
-as many threads as NumPy's BLAS uses. The engines take turns, step by step; each time is the median of `--repeats`
-steps after a warm-up. The peak memory of the 124M step is each engine's in a fresh process (VmHWM). Where our time
-goes: one more step with the backward's functions wrapped in stopwatches (exclusive times: a part's callees are not in
-it). scripts/benchmark.py runs these rows as its "training" part, with torch under HF's name.
+Three configs: a small one (4 layers, 256 wide, 8 heads, 8 x 128 tokens) with GPT-2's 50,257-token vocabulary and with a
+4,096-token one of its own (train --vocab-size), and the 124M shape (4 x 256 tokens); seeded random weights. torch runs
+HF's GPT2LMHeadModel (its default sdpa attention, dropout off), `cross_entropy` on the logits, `clip_grad_norm_` and
+`torch.optim.AdamW` with the same decay groups, on as many threads as NumPy's BLAS uses. The engines take turns, step by
+step; each time is the median of `--repeats` steps after a warm-up. The peak memory of the 124M step is each engine's in
+a fresh process (VmHWM). Where our time goes: one more step with the backward's functions wrapped in stopwatches
+(exclusive times: a part's callees are not in it). scripts/benchmark.py runs these rows as its "training" part, with
+torch under HF's name.
 """
 import argparse
 import time
@@ -25,6 +26,8 @@ TORCH = "torch"
 CONFIGS = {  # name -> hparams, (batch, n_seq)
     "4 layers x 256 wide, 8 x 128 tokens": (
         {"n_vocab": 50257, "n_ctx": 1024, "n_embd": 256, "n_head": 8, "n_layer": 4}, (8, 128)),
+    "the same with its own 4,096-token vocabulary": (  # train --vocab-size 4096: the Shakespeare demo's
+        {"n_vocab": 4096, "n_ctx": 1024, "n_embd": 256, "n_head": 8, "n_layer": 4}, (8, 128)),
     "124M shape, 4 x 256 tokens": (
         {"n_vocab": 50257, "n_ctx": 1024, "n_embd": 768, "n_head": 12, "n_layer": 12}, (4, 256)),
 }
@@ -140,7 +143,7 @@ def train_rows(repeats, compare_torch, theirs=TORCH):  # -> the table rows (torc
         rows.append(row(f"train tokens/s, {config}", "higher",
                         {name: inputs.size / value for name, value in seconds.items()}))
         parts[config] = our_parts(steps[OURS])
-    config_124m = list(CONFIGS)[1]
+    config_124m = next(name for name in CONFIGS if name.startswith("124M"))
     memory = {OURS: peak_rss_mb(config_124m, "ours")}
     if compare_torch:
         memory[theirs] = peak_rss_mb(config_124m, "torch")
