@@ -23,7 +23,7 @@ GELU_C = math.sqrt(2 / math.pi)  # gelu(x) = Â½x(1 + tanh(GELU_C (x + 0.044715xÂ
 
 def rows(x):  # [..., n] -> [n_rows, n], a view
     # every position as one matrix's rows: NumPy runs a stacked [batch, n_seq, n] @ w as a matmul per batch row,
-    # and a 2-D one as a single BLAS call, up to 2x faster here with two threads
+    # and a 2-D one as a single BLAS call, which keeps every core busy
     return x.reshape(-1, x.shape[-1])
 
 

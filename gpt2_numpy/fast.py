@@ -22,10 +22,10 @@ ALL = slice(None)  # every position
 QUERY_BLOCK = 128  # queries per block of causal attention: a block's scores stay in L3 cache, and it skips the future
 EINSUM_PATH = ["einsum_path", (0, 1)]  # contract operand 0 with operand 1: the only order two operands have
 PLAIN_EINSUM_MACS = 1 << 18  # up to this many multiply-adds, einsum's own loop beats its matmul route (einsum())
-FEW_ROWS = 32  # lm_head multiplies 2 to FEW_ROWS rows by pieces of the vocabulary: 10-26% faster (lm_head())
+FEW_ROWS = 32  # lm_head multiplies 2 to FEW_ROWS rows by pieces of the vocabulary, where that is faster (lm_head())
 VOCAB_CHUNK = 2048  # tokens per piece: 2048 x 768 floats (6 MB) of wte
-ALL_CORES_FROM = 512  # positions from which a pass shares its heads and columns among the cores (cores.py): 512, 1024
-# tokens gain about 10%, 256 nothing, and then OpenBLAS's workers, still spinning from a product before, cost more
+ALL_CORES_FROM = 512  # positions from which a pass shares its heads and columns among the cores (cores.py): shorter
+# passes gain nothing, as OpenBLAS's workers, still spinning from a product before, cost more than the sharing saves
 
 
 def gelu(x):  # [...] -> [...]
@@ -60,7 +60,7 @@ def softmax(x):  # [..., n] -> [..., n]
 
 def shifted_exp(x, out=None):  # [..., n] -> [..., n]: e^(x - max x), softmax before its division
     # softmax(x) = softmax(x - c) for any c, and c = max x keeps e^(x - c) <= 1, so it cannot overflow
-    out = np.subtract(x, x.max(axis=-1, keepdims=True), out=out)  # the method: np.max's wrapper costs 4 µs
+    out = np.subtract(x, x.max(axis=-1, keepdims=True), out=out)  # the method: np.max's Python wrapper costs more
     return np.exp(out, out=out)
 
 
@@ -120,15 +120,15 @@ def attention(q, k, v, mask):  # [..., n_head, n_q, d_head], [..., n_head, n_k, 
 
 
 def einsum(subscripts, a, b, n_macs):  # np.einsum of two operands, in its cheapest measured form
-    # einsum's own C loop has no setup but runs 10-15x slower than BLAS on large products; given a path, NumPy 2.4
-    # reshapes the operands into one batched matmul, after about 50 µs of parsing. Below 2^18 multiply-adds (one
+    # einsum's own C loop has no setup but runs many times slower than BLAS on large products; given a path, NumPy
+    # reshapes the operands into one batched matmul, after a fixed cost of parsing. Below 2^18 multiply-adds (one
     # decode query against up to about 340 keys, 12 heads of 64) the plain loop is the cheaper: benchmark.py's
     # einsum rows measure both. The path of two operands is always (0, 1): given, einsum skips searching for it
     return np.einsum(subscripts, a, b, optimize=False if n_macs <= PLAIN_EINSUM_MACS else EINSUM_PATH)
 
 
 def split_qkv(x, n_head):  # [..., n_seq, 3*n_embd] -> [3, ..., n_head, n_seq, d_head]: q, k, v, split into heads
-    # one transpose of the [..., n_seq, 3, n_head, d_head] view (np.moveaxis and swapaxes cost 12 µs a call, this 3)
+    # one transpose of the [..., n_seq, 3, n_head, d_head] view: cheaper per call than np.moveaxis or swapaxes
     n_batch = x.ndim - 2
     qkv = x.reshape(*x.shape[:-1], 3, n_head, -1)
     return qkv.transpose(n_batch + 1, *range(n_batch), n_batch + 2, n_batch, n_batch + 3)
@@ -210,9 +210,9 @@ def lm_head(x, wte):  # [..., n_seq, n_embd] -> [..., n_seq, n_vocab]
     rows = x.reshape(-1, x.shape[-1])  # one product for all leading axes, as in linear()
     if not 1 < len(rows) <= FEW_ROWS:
         return (rows @ wte.T).reshape(*x.shape[:-1], len(wte))
-    # A few rows (a batch's decode step) by all of wte.T run far from the memory floor here (8 rows: 3.4x one row's
-    # time), as OpenBLAS packs the operands first; by pieces of VOCAB_CHUNK tokens, whose packed copy is still in cache
-    # when it is used, 8 rows take 18.3 ms instead of 24.8. One row (no packing) and many rows gain nothing
+    # A few rows (a batch's decode step) by all of wte.T run far from the memory floor, as OpenBLAS packs the
+    # operands first; by pieces of VOCAB_CHUNK tokens, whose packed copy is still in cache when it is used, they run
+    # faster (the benchmark's lm-head row). One row (no packing) and many rows gain nothing
     out = np.empty((len(rows), len(wte)), rows.dtype)
     for start in range(0, len(wte), VOCAB_CHUNK):
         chunk = slice(start, start + VOCAB_CHUNK)

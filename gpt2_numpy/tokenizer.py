@@ -148,7 +148,7 @@ class Tokenizer:
         pair_rank = [rank_of(left * n_vocab + right) for left, right in zip(ids, ids[1:])] + [None]
         # one int object per position, shared by before, after and the buckets (not one per list, from range and
         # enumerate): 80 bytes of memory per byte of the word instead of 130, so fewer cache misses once a long word
-        # outgrows the CPU's cache: 1 MB words encode 15-30% faster (scripts/bench/tokenizer.py --baseline)
+        # outgrows the CPU's cache: long words encode faster (scripts/bench/tokenizer.py --baseline)
         positions = list(range(n + 1))
         buckets = defaultdict(list)  # rank -> starts of the pairs that had that rank when added
         for i, rank in zip(positions, pair_rank):
