@@ -49,10 +49,26 @@ def linear_backward(d_out, x, w):  # [..., n_out], [..., n_in], [n_in, n_out] ->
 
 
 def gelu_backward(d_out, x):  # [...], [...] -> [...]
-    # y = ½x(1 + tanh u), u = c(x + 0.044715x³): dy/dx = ½(1 + tanh u) + ½x(1 - tanh²u) c(1 + 3·0.044715x²)
+    # y = ½x(1 + tanh u), u = c(x + 0.044715x³): dy/dx = ½(1 + tanh u) + ½x(1 - tanh²u) c(1 + 3·0.044715x²).
+    # The formula as one expression makes a fresh array per operation; in place, three arrays serve every step, which
+    # runs in less than half the time on a step's [batch, n_seq, 4 n_embd] (the benchmark's training breakdown)
     x_sq = x * x
-    tanh_u = np.tanh(GELU_C * x * (1 + 0.044715 * x_sq))  # u = c(x + 0.044715x³), as cx(1 + 0.044715x²)
-    return d_out * (0.5 * (1 + tanh_u) + (0.5 * GELU_C) * x * (1 + 3 * 0.044715 * x_sq) * (1 - tanh_u * tanh_u))
+    tanh_u = 0.044715 * x_sq
+    tanh_u += 1
+    tanh_u *= x
+    tanh_u *= GELU_C
+    np.tanh(tanh_u, out=tanh_u)  # tanh u, u = c(x + 0.044715x³) written as cx(1 + 0.044715x²)
+    sech_sq = np.subtract(1, tanh_u * tanh_u, dtype=x.dtype)  # 1 - tanh²u
+    x_sq *= 3 * 0.044715
+    x_sq += 1
+    x_sq *= x
+    x_sq *= 0.5 * GELU_C
+    x_sq *= sech_sq  # ½x(1 - tanh²u) c(1 + 3·0.044715x²)
+    tanh_u += 1
+    tanh_u *= 0.5
+    tanh_u += x_sq  # ½(1 + tanh u) + the line above: dy/dx
+    tanh_u *= d_out
+    return tanh_u
 
 
 # --- layer norm (its forward is model.layer_norm) ---
