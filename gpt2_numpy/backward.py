@@ -2,13 +2,13 @@
 them out.
 
 A `*_forward` runs model.py's function and also returns what its backward needs, kept by name in a dict (named like
-explain's trace: a block keeps {"x", "attn": {"x", "q", "k", "v", "weights", "heads"}, "mid", "mlp": {"x", "pre",
-"hidden"}}). A `*_backward(d_out, kept, ...)` takes the gradient of the loss with respect to the forward's output and
+explain's trace: a block keeps {"ln_1": {"x_hat", "inv_sigma"}, "attn": {"x", "q", "k", "v", "weights", "heads"},
+"ln_2": {...}, "mlp": {"x", "pre", "hidden"}}). A `*_backward(d_out, kept, ...)` takes the gradient of the loss with respect to the forward's output and
 returns the gradient with respect to its input, and its parameters' gradients as a dict named like the params.
 
-The training forward is model.py's functions composed as `gpt2` composes them, except for two that run in the tuned
-pass's form (fast.py, held equal to model.py by tests/test_fast.py): the attention scores and GELU, the two that cost
-most in model.py's form. `loss_and_grads` runs both directions: the mean cross-entropy of next-token prediction and
+The training forward is model.py's functions composed as `gpt2` composes them, except where model.py's form costs
+most: the attention scores, the attention's softmax and GELU run in the tuned pass's form (fast.py, held equal to
+model.py by tests/test_fast.py), and layer norm in two steps that keep x̂. `loss_and_grads` runs both directions: the mean cross-entropy of next-token prediction and
 its gradient for every param. Float32 throughout, as the forward; a leading batch axis works too ("..." in shapes).
 """
 import math
@@ -16,7 +16,7 @@ import math
 import numpy as np
 
 from gpt2_numpy import fast
-from gpt2_numpy.model import causal_mask, layer_norm, linear, merge_heads, softmax, split_heads
+from gpt2_numpy.model import causal_mask, linear, merge_heads, split_heads
 
 GELU_C = math.sqrt(2 / math.pi)  # gelu(x) = ½x(1 + tanh(GELU_C (x + 0.044715x³)))
 
@@ -25,11 +25,6 @@ def rows(x):  # [..., n] -> [n_rows, n], a view
     # every position as one matrix's rows: NumPy runs a stacked [batch, n_seq, n] @ w as a matmul per batch row,
     # and a 2-D one as a single BLAS call, which keeps every core busy
     return x.reshape(-1, x.shape[-1])
-
-
-def einsum(subscripts, a, b):  # np.einsum, every head at once
-    # optimize=True: NumPy runs these as a batched matmul (BLAS), many times faster than einsum's own loop
-    return np.einsum(subscripts, a, b, optimize=True)
 
 
 # --- linear: y = x w + b ---
@@ -48,47 +43,61 @@ def linear_backward(d_out, x, w):  # [..., n_out], [..., n_in], [n_in, n_out] ->
 # --- GELU (its forward is fast.gelu) ---
 
 
-def gelu_backward(d_out, x):  # [...], [...] -> [...]
-    # y = ½x(1 + tanh u), u = c(x + 0.044715x³): dy/dx = ½(1 + tanh u) + ½x(1 - tanh²u) c(1 + 3·0.044715x²).
-    # The formula as one expression makes a fresh array per operation; in place, three arrays serve every step, which
-    # runs in less than half the time on a step's [batch, n_seq, 4 n_embd] (the benchmark's training breakdown)
-    x_sq = x * x
-    tanh_u = 0.044715 * x_sq
-    tanh_u += 1
-    tanh_u *= x
-    tanh_u *= GELU_C
-    np.tanh(tanh_u, out=tanh_u)  # tanh u, u = c(x + 0.044715x³) written as cx(1 + 0.044715x²)
-    sech_sq = np.subtract(1, tanh_u * tanh_u, dtype=x.dtype)  # 1 - tanh²u
-    x_sq *= 3 * 0.044715
-    x_sq += 1
-    x_sq *= x
-    x_sq *= 0.5 * GELU_C
-    x_sq *= sech_sq  # ½x(1 - tanh²u) c(1 + 3·0.044715x²)
-    tanh_u += 1
-    tanh_u *= 0.5
-    tanh_u += x_sq  # ½(1 + tanh u) + the line above: dy/dx
-    tanh_u *= d_out
-    return tanh_u
+def gelu_backward(d_out, x, y):  # [...], gelu's input and output [...] -> [...]
+    # y = x s, s = ½(1 + tanh u) = 1/(1 + e^(-2u)), u = c(x + 0.044715x³):
+    # dy/dx = s + x·2s(1 - s)·c(1 + 3·0.044715x²) = s (1 + (1 - s)·2cx(1 + 3·0.044715x²)),
+    # with s = y/x taken from the forward's output instead of a second exp (s = ½ at x = 0). A dozen passes, run as
+    # fast.gelu runs its own: a chunk at a time, in cache (fast.in_chunks)
+    return fast.in_chunks(gelu_backward_chunk, d_out, x, y)
 
 
-# --- layer norm (its forward is model.layer_norm) ---
+def gelu_backward_chunk(d_out, x, y, out):  # [n] x3 -> out [n]: gelu_backward's passes
+    out.fill(0.5)
+    s = np.divide(y, x, out=out, where=x != 0)
+    slope = x * x
+    slope *= 3 * 0.044715
+    slope += 1
+    slope *= x
+    slope *= 2 * GELU_C  # 2cx(1 + 3·0.044715x²)
+    slope *= np.subtract(1, s, dtype=s.dtype)
+    slope += 1
+    s *= slope
+    s *= d_out
+    return s
 
 
-def layer_norm_backward(d_out, x, g, b, eps=1e-5):  # [..., n], [..., n], [n], [n] -> [..., n], {"g", "b"}
-    # y = g x̂ + b, x̂ = (x - μ)/σ: dx = (ĝ - mean(ĝ) - x̂ mean(ĝ x̂))/σ with ĝ = g dy; dg = Σ dy x̂, db = Σ dy
-    x_hat = layer_norm(x, 1, 0, eps)  # x̂: model.py's formula with g = 1, b = 0
-    inv_sigma = 1 / np.sqrt(np.var(x, axis=-1, keepdims=True) + eps)
-    g_dy = g * d_out
-    d_x = inv_sigma * (g_dy - g_dy.mean(axis=-1, keepdims=True) - x_hat * (g_dy * x_hat).mean(axis=-1, keepdims=True))
+# --- layer norm: y = g x̂ + b, x̂ = (x - μ)/σ ---
+
+
+def layer_norm_forward(x, g, b, eps=1e-5):  # model.layer_norm -> [..., n], kept
+    # model.layer_norm's formula in two steps, keeping x̂ and 1/σ for the backward, as llm.c keeps μ and 1/σ: the
+    # backward needs no second pass over x. Centred in place, with the variance as one dot product per row
+    x_hat = x - x.mean(axis=-1, keepdims=True)
+    inv_sigma = 1 / np.sqrt(np.vecdot(x_hat, x_hat)[..., None] / x.shape[-1] + eps)
+    x_hat *= inv_sigma
+    return g * x_hat + b, {"x_hat": x_hat, "inv_sigma": inv_sigma}
+
+
+def layer_norm_backward(d_out, kept, g):  # [..., n], layer_norm_forward's kept, [n] -> [..., n], {"g", "b"}
+    # dx = (ĝ - mean(ĝ) - x̂ mean(ĝ x̂))/σ with ĝ = g dy; dg = Σ dy x̂, db = Σ dy. In place on ĝ, a fresh array
+    x_hat, n = kept["x_hat"], d_out.shape[-1]
+    d_x = g * d_out
+    d_x -= d_x.mean(axis=-1, keepdims=True)  # mean(x̂) = 0, so this leaves d_x's product with x̂ as it was
+    d_x -= x_hat * (np.vecdot(d_x, x_hat)[..., None] / n)
+    d_x *= kept["inv_sigma"]
     return d_x, {"g": (rows(d_out) * rows(x_hat)).sum(axis=0), "b": rows(d_out).sum(axis=0)}
 
 
 # --- softmax (its forward is model.softmax) ---
 
 
-def softmax_backward(d_out, y):  # [..., n], [..., n] (the softmax's output) -> [..., n]
-    # y = softmax(x): dx = y ⊙ (dy - Σ dy ⊙ y), the Jacobian diag(y) - y yᵀ applied to dy
-    return y * (d_out - (d_out * y).sum(axis=-1, keepdims=True))
+def softmax_backward(d_out, y):  # [..., n], [..., n] (the softmax's output) -> [..., n], in d_out's memory
+    # y = softmax(x): dx = y ⊙ (dy - Σ dy ⊙ y), the Jacobian diag(y) - y yᵀ applied to dy. In place on d_out (the
+    # caller's own fresh array), with Σ dy ⊙ y as one dot product per row: the formula as written would make three
+    # arrays the size of the attention weights, the largest of a step
+    d_out -= np.vecdot(d_out, y)[..., None]
+    d_out *= y
+    return d_out
 
 
 # --- attention: softmax(q kᵀ/√d + mask) v ---
@@ -96,18 +105,22 @@ def softmax_backward(d_out, y):  # [..., n], [..., n] (the softmax's output) -> 
 
 def attention_forward(q, k, v, mask):  # model.attention -> [..., n_head, n_q, d_head], weights [..., n_head, n_q, n_k]
     # model.attention's two lines, keeping the weights for the backward (recomputing them there would cost another
-    # q kᵀ and softmax per layer). Both einsums run as batched matmuls: the scores by the tuned pass's
-    # attention_scores (held equal to model.attention_scores by tests/test_fast.py), the weighted sum by einsum();
-    # model.py's plain einsum of the scores is the slowest part of a step on the 124M shape (scripts/benchmark.py)
-    weights = softmax(fast.attention_scores(q, k) + mask)
-    return einsum("...qk,...kd->...qd", weights, v), weights
+    # q kᵀ and softmax per layer), in the tuned pass's forms (held equal to model.py's by tests/test_fast.py): its
+    # attention_scores, and its softmax in place on the scores, where model.softmax(scores + mask) would make three
+    # more arrays of the weights' size. Every product below is a matmul, one BLAS call per head
+    scores = fast.attention_scores(q, k)
+    scores += mask
+    weights = fast.softmax(scores, out=scores)
+    return weights @ v, weights
 
 
 def attention_backward(d_out, q, k, v, weights):  # [..., n_head, n_q, d_head], q, k, v, [..., n_head, n_q, n_k]
     # out = w v, w = softmax(q kᵀ/√d + mask): dv = wᵀ dout, dw = dout vᵀ, ds = softmax'(dw), dq = ds k/√d, dk = dsᵀ q/√d
-    d_v = einsum("...qk,...qd->...kd", weights, d_out)
-    d_scores = softmax_backward(einsum("...qd,...kd->...qk", d_out, v), weights) / math.sqrt(q.shape[-1])
-    return einsum("...qk,...kd->...qd", d_scores, k), einsum("...qk,...qd->...kd", d_scores, q), d_v  # the mask: none
+    # (the mask: none). The 1/√d scales k and q, [n, d_head] each, instead of ds, [n_q, n_k]
+    d_v = weights.swapaxes(-1, -2) @ d_out
+    d_scores = softmax_backward(d_out @ v.swapaxes(-1, -2), weights)
+    scale = 1 / math.sqrt(q.shape[-1])
+    return d_scores @ (k * scale), d_scores.swapaxes(-1, -2) @ (q * scale), d_v
 
 
 # --- multi-head attention: c_proj(merge(attention(split(c_attn(x))))) ---
@@ -142,7 +155,7 @@ def ffn_forward(x, c_fc, c_proj):  # model.ffn -> [..., n_seq, n_embd], kept
 def ffn_backward(d_out, kept, c_fc, c_proj):  # [..., n_seq, n_embd], ffn_forward's kept -> dx, grads
     # the chain rule, from c_proj back to c_fc
     d_hidden, g_proj = linear_backward(d_out, kept["hidden"], c_proj["w"])
-    d_x, g_fc = linear_backward(gelu_backward(d_hidden, kept["pre"]), kept["x"], c_fc["w"])
+    d_x, g_fc = linear_backward(gelu_backward(d_hidden, kept["pre"], kept["hidden"]), kept["x"], c_fc["w"])
     return d_x, {"c_fc": g_fc, "c_proj": g_proj}
 
 
@@ -150,19 +163,21 @@ def ffn_backward(d_out, kept, c_fc, c_proj):  # [..., n_seq, n_embd], ffn_forwar
 
 
 def block_forward(x, ln_1, attn, ln_2, mlp, n_head):  # model.block -> [..., n_seq, n_embd], kept
-    attn_out, attn_kept = mha_forward(layer_norm(x, **ln_1), **attn, n_head=n_head)
+    normed_1, ln_1_kept = layer_norm_forward(x, **ln_1)
+    attn_out, attn_kept = mha_forward(normed_1, **attn, n_head=n_head)
     mid = x + attn_out
-    mlp_out, mlp_kept = ffn_forward(layer_norm(mid, **ln_2), **mlp)
-    return mid + mlp_out, {"x": x, "attn": attn_kept, "mid": mid, "mlp": mlp_kept}
+    normed_2, ln_2_kept = layer_norm_forward(mid, **ln_2)
+    mlp_out, mlp_kept = ffn_forward(normed_2, **mlp)
+    return mid + mlp_out, {"ln_1": ln_1_kept, "attn": attn_kept, "ln_2": ln_2_kept, "mlp": mlp_kept}
 
 
 def block_backward(d_out, kept, ln_1, attn, ln_2, mlp, n_head):  # [..., n_seq, n_embd], block_forward's kept
     # each residual passes its gradient through unchanged, and adds it to its branch's
     d_ln_2, g_mlp = ffn_backward(d_out, kept["mlp"], **mlp)
-    d_mid, g_ln_2 = layer_norm_backward(d_ln_2, kept["mid"], **ln_2)
+    d_mid, g_ln_2 = layer_norm_backward(d_ln_2, kept["ln_2"], ln_2["g"])
     d_mid += d_out
     d_ln_1, g_attn = mha_backward(d_mid, kept["attn"], **attn, n_head=n_head)
-    d_x, g_ln_1 = layer_norm_backward(d_ln_1, kept["x"], **ln_1)
+    d_x, g_ln_1 = layer_norm_backward(d_ln_1, kept["ln_1"], ln_1["g"])
     d_x += d_mid
     return d_x, {"ln_1": g_ln_1, "attn": g_attn, "ln_2": g_ln_2, "mlp": g_mlp}
 
@@ -189,18 +204,26 @@ def lm_head_backward(d_logits, x, wte):  # [..., n_seq, n_vocab], [..., n_seq, n
 
 
 def cross_entropy(logits, targets):  # [..., n_vocab] (overwritten), int [...] -> mean loss (float), dlogits
-    # loss = mean(log Σ exp(logits) - logits[target]): dlogits = (softmax(logits) - onehot(target)) / n_positions
-    # softmax written out in place, where model.softmax would make three [n_positions, n_vocab] temporaries (200 MB
-    # each at 4 x 256 tokens of GPT-2's vocabulary) and a pass over each: the logits become the gradient
+    # loss = mean(log Σ exp(logits) - logits[target]): dlogits = (softmax(logits) - onehot(target)) / n_positions.
+    # The softmax written out in place, a few rows at a time (each pass over them runs in cache), where model.softmax
+    # would make three [n_positions, n_vocab] temporaries (200 MB each at 4 x 256 tokens of GPT-2's vocabulary) and
+    # a pass over each: the logits become the gradient
+    flat, targets = rows(logits), targets.reshape(-1)
+    total = sum(cross_entropy_rows(flat[piece], targets[piece], len(targets))
+                for piece in fast.chunks(len(flat), flat.shape[-1]))
+    return total / len(targets), logits
+
+
+def cross_entropy_rows(logits, targets, n_positions):  # [n, n_vocab] (made the gradient), int [n] -> the summed loss
     logits -= logits.max(axis=-1, keepdims=True)  # the same softmax and loss, and exp cannot overflow
-    target_rows = (np.arange(targets.size), targets.reshape(-1))
-    target_logits = rows(logits)[target_rows]
+    target_at = (np.arange(len(targets)), targets)
+    target_logits = logits[target_at]
     np.exp(logits, out=logits)
     z = logits.sum(axis=-1, keepdims=True)
-    loss = float((np.log(z).reshape(-1) - target_logits).mean(dtype=np.float64))
-    logits /= z * targets.size  # softmax / n_positions, in one pass
-    rows(logits)[target_rows] -= 1 / targets.size
-    return loss, logits
+    loss = float((np.log(z).reshape(-1) - target_logits).sum(dtype=np.float64))
+    logits /= z * n_positions  # softmax / n_positions, in one pass
+    logits[target_at] -= 1 / n_positions
+    return loss
 
 
 # --- the whole model ---
@@ -215,11 +238,11 @@ def loss_and_grads(inputs, targets, params, n_head):  # int [..., n_seq] x2 -> (
     for block_params in params["blocks"]:
         x, block_kept = block_forward(x, **block_params, n_head=n_head)
         kept.append(block_kept)
-    x_f = layer_norm(x, **ln_f)
+    x_f, ln_f_kept = layer_norm_forward(x, **ln_f)
     loss, d_logits = cross_entropy((rows(x_f) @ wte.T).reshape(*x.shape[:-1], -1), targets)
 
     d_x_f, d_wte_head = lm_head_backward(d_logits, x_f, wte)
-    d_x, g_ln_f = layer_norm_backward(d_x_f, x, **ln_f)
+    d_x, g_ln_f = layer_norm_backward(d_x_f, ln_f_kept, ln_f["g"])
     block_grads = []
     for block_params, block_kept in zip(reversed(params["blocks"]), reversed(kept)):
         d_x, block_grad = block_backward(d_x, block_kept, **block_params, n_head=n_head)

@@ -17,7 +17,7 @@ from gpt2_numpy.model import merge_heads
 # Python floats, not NumPy's: NumPy 2 would promote float32 * np.float64 to float64
 GELU_SCALE = math.sqrt(2 / math.pi)
 MINUS_2U = (-2 * GELU_SCALE, -2 * GELU_SCALE * 0.044715)  # -2 sqrt(2/pi) (x + 0.044715 x^3) = x (a + b x^2)
-GELU_CHUNK = 1 << 15  # elements per pass of gelu: a chunk and its output (256 KB) stay in a core's 512 KB L2 cache
+CHUNK = 1 << 15  # elements per pass of in_chunks: a chunk and its output (256 KB) stay in a core's 512 KB L2
 ALL = slice(None)  # every position
 QUERY_BLOCK = 128  # queries per block of causal attention: a block's scores stay in L3 cache, and it skips the future
 EINSUM_PATH = ["einsum_path", (0, 1)]  # contract operand 0 with operand 1: the only order two operands have
@@ -31,17 +31,15 @@ ALL_CORES_FROM = 512  # positions from which a pass shares its heads and columns
 def gelu(x):  # [...] -> [...]
     # GPT-2's tanh approximation of x Phi(x): 0.5 x (1 + tanh u), u = sqrt(2/pi) (x + 0.044715 x^3), computed as
     # x / (1 + e^(-2u)), since 0.5 (1 + tanh u) = 1 / (1 + e^(-2u)) and exp costs half of tanh here
-    x = np.asarray(x)
-    out = np.empty(x.shape, x.dtype)  # C-ordered, so that out.reshape(-1) is a view of it, not a copy
-    flat_x, flat_out = x.reshape(-1), out.reshape(-1)
     with np.errstate(over="ignore"):  # e^(-2u) = inf for x below about -10 gives x / inf = -0, the true limit
-        for start in range(0, flat_x.size, GELU_CHUNK):  # a chunk's seven passes run in L2 cache, not memory
-            chunk = slice(start, start + GELU_CHUNK)
-            gelu_chunk(flat_x[chunk], out=flat_out[chunk])
-    return out
+        return in_chunks(gelu_chunk, x)
 
 
 def gelu_chunk(x, out):  # [n] -> out [n]: gelu's passes, in place on out
+    np.divide(x, gelu_denominator(x, out=out), out=out)
+
+
+def gelu_denominator(x, out):  # [n] -> out [n]: 1 + e^(-2u), so that gelu(x) = x / it
     a, b = MINUS_2U
     np.multiply(x, x, out=out)
     out *= b
@@ -49,11 +47,26 @@ def gelu_chunk(x, out):  # [n] -> out [n]: gelu's passes, in place on out
     out *= x  # -2u = x (a + b x^2)
     np.exp(out, out=out)
     out += 1
-    np.divide(x, out, out=out)
+    return out
 
 
-def softmax(x):  # [..., n] -> [..., n]
-    exp_x = shifted_exp(x)
+def in_chunks(passes, *arrays):  # passes(*chunks, out=chunk of the result) over pieces of equal-shaped arrays -> result
+    # an elementwise formula of several passes, run a chunk at a time: each pass over a chunk and its output runs in
+    # L2 cache, where one pass over the whole array after another would stream it from memory each time
+    out = np.empty(arrays[0].shape, np.result_type(*arrays))  # C-ordered, so that out.reshape(-1) is a view
+    flats, flat_out = [np.asarray(array).reshape(-1) for array in arrays], out.reshape(-1)
+    for piece in chunks(flat_out.size):
+        passes(*(flat[piece] for flat in flats), out=flat_out[piece])
+    return out
+
+
+def chunks(n_items, item_size=1):  # -> slices over n_items, each of about CHUNK elements (at least one item)
+    step = max(1, CHUNK // item_size)
+    return [slice(start, start + step) for start in range(0, n_items, step)]
+
+
+def softmax(x, out=None):  # [..., n] -> [..., n], in out when given (x itself may be out)
+    exp_x = shifted_exp(x, out=out)
     exp_x /= exp_x.sum(axis=-1, keepdims=True)
     return exp_x
 

@@ -8,6 +8,7 @@ import math
 
 import numpy as np
 
+from gpt2_numpy.fast import chunks
 from gpt2_numpy.params import flatten, map_leaves
 
 BETAS, EPS, WEIGHT_DECAY, CLIP = (0.9, 0.95), 1e-8, 0.1, 1.0
@@ -54,12 +55,26 @@ def adamw_step(params, grads, state, lr, betas=BETAS, eps=EPS, weight_decay=WEIG
     step_size, sqrt_c2 = lr / (1 - beta1**t), math.sqrt(1 - beta2**t)
     moments = zip(flatten(params), flatten(grads), flatten(state["m"]), flatten(state["v"]))
     for (_, p), (_, g), (_, m), (_, v) in moments:
-        # in place throughout: the 124M model's params, moments and grads are 500 MB each
-        if p.ndim >= 2:  # the matrices and embeddings; decoupled from the gradient: p ← p - lr λ p
-            p *= np.float32(1 - lr * weight_decay)
-        m *= np.float32(beta1)  # m ← β₁ m + (1-β₁) g
-        m += np.float32(1 - beta1) * g
-        v *= np.float32(beta2)  # v ← β₂ v + (1-β₂) g²
-        v += np.float32(1 - beta2) * g * g
-        p -= np.float32(step_size) * m / (np.sqrt(v) / np.float32(sqrt_c2) + np.float32(eps))
+        decay = np.float32(1 - lr * weight_decay) if p.ndim >= 2 else None  # the matrices and embeddings only
+        for rows in chunks(len(p), p[0].size):  # a few rows at a time: the passes below run in cache, not memory
+            adamw_update(p[rows], g[rows], m[rows], v[rows], decay, beta1, beta2, step_size, sqrt_c2, eps)
     return state
+
+
+def adamw_update(p, g, m, v, decay, beta1, beta2, step_size, sqrt_c2, eps):  # one piece of adamw_step, in place
+    # in place throughout, on one scratch array: the 124M model's params, moments and grads are 500 MB each
+    if decay is not None:  # decoupled from the gradient: p ← p - lr λ p
+        p *= decay
+    scratch = np.multiply(g, np.float32(1 - beta1))
+    m *= np.float32(beta1)  # m ← β₁ m + (1-β₁) g
+    m += scratch
+    np.multiply(g, g, out=scratch)
+    scratch *= np.float32(1 - beta2)
+    v *= np.float32(beta2)  # v ← β₂ v + (1-β₂) g²
+    v += scratch
+    np.sqrt(v, out=scratch)  # p ← p - step_size m / (√v / √c₂ + eps)
+    scratch *= np.float32(1 / sqrt_c2)
+    scratch += np.float32(eps)
+    np.divide(m, scratch, out=scratch)
+    scratch *= np.float32(step_size)
+    p -= scratch

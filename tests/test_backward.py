@@ -2,12 +2,13 @@
 scripts/fixtures/make_grad_reference.py), and against float64 finite differences of model.py's forward, which need no
 reference at all."""
 import json
+import math
 
 import numpy as np
 import pytest
 
-from gpt2_numpy import model
-from gpt2_numpy.backward import block_forward, ffn_forward, loss_and_grads, mha_forward
+from gpt2_numpy import fast, model
+from gpt2_numpy.backward import block_forward, ffn_forward, gelu_backward, loss_and_grads, mha_forward
 from gpt2_numpy.params import flatten, map_leaves
 from gpt2_numpy.params import random_params
 from tests.conftest import FIXTURES
@@ -25,8 +26,10 @@ def path_name(path):
     return "/".join(str(part) for part in path)
 
 
+@pytest.mark.parametrize("chunk", [fast.CHUNK, 5])  # 5: the loss's rows and GELU's elements in many pieces
 @pytest.mark.parametrize("case", ["single", "batch"])
-def test_grads_match_torch_for_every_parameter(reference, case):
+def test_grads_match_torch_for_every_parameter(reference, case, monkeypatch, chunk):
+    monkeypatch.setattr(fast, "CHUNK", chunk)
     hparams, params, ref = reference
     loss, grads = loss_and_grads(ref[f"{case}/inputs"], ref[f"{case}/targets"], params, hparams["n_head"])
     assert isinstance(loss, float) and loss == pytest.approx(float(ref[f"{case}/loss"]), rel=1e-5)
@@ -115,3 +118,18 @@ def test_grads_match_finite_differences_in_float64():
             array[index] = old
             numeric = (plus - minus) / (2 * h)
             assert abs(analytic[path][index] - numeric) <= 1e-6 * max(1, abs(numeric)), (path, index)
+
+
+def test_gelu_backward_is_the_tanh_formulas_derivative(monkeypatch):
+    # the derivative of 0.5 x (1 + tanh u), u = c (x + 0.044715 x^3), written with tanh in float64, where ours goes
+    # through gelu's output; x = 0 (where ours cannot divide by x) and far out on both sides, in ragged chunks
+    monkeypatch.setattr(fast, "CHUNK", 7)
+    x = np.random.default_rng(0).standard_normal((3, 5, 11)).astype(np.float32) * 4
+    x[0, 0, :5] = 0, -100, 100, -1e4, 1e4
+    d_out = np.random.default_rng(1).standard_normal(x.shape).astype(np.float32)
+    x64, c = x.astype(np.float64), math.sqrt(2 / math.pi)
+    tanh_u = np.tanh(c * (x64 + 0.044715 * x64**3))
+    slope = 0.5 * (1 + tanh_u) + 0.5 * x64 * (1 - tanh_u**2) * c * (1 + 3 * 0.044715 * x64**2)
+    d_x = gelu_backward(d_out, x, fast.gelu(x))
+    assert d_x.dtype == np.float32 and d_x[0, 0, 0] == 0.5 * d_out[0, 0, 0]  # slope ½ at 0
+    np.testing.assert_allclose(d_x, d_out * slope, rtol=1e-5, atol=1e-6)

@@ -199,7 +199,7 @@ def tanh_gelu(x):  # float64, GPT-2's formula as written: 0.5 x (1 + tanh(sqrt(2
 
 
 def test_gelu_in_many_chunks_is_the_tanh_formula_everywhere(monkeypatch):
-    monkeypatch.setattr(model, "GELU_CHUNK", 7)  # 3 * 5 * 11 = 165 elements: 23 whole chunks and a part
+    monkeypatch.setattr(model, "CHUNK", 7)  # 3 * 5 * 11 = 165 elements: 23 whole chunks and a part
     x = np.random.default_rng(0).standard_normal((3, 5, 11), dtype=np.float32) * 4
     x[0, 0, :2] = -100, 100  # e^(-2u) overflows to inf (-100) or vanishes (100)
     for array in (x.transpose(2, 0, 1), x):  # a view in another memory order, and C-ordered
@@ -218,7 +218,7 @@ def test_gelu_of_very_negative_inputs_is_zero_without_a_warning():
 
 @pytest.mark.parametrize("size", [0, 1, 17])  # a 0-d array, one element, two whole chunks of 8 and one element
 def test_gelu_of_sizes_just_past_a_chunk_is_the_tanh_formula(monkeypatch, size):
-    monkeypatch.setattr(model, "GELU_CHUNK", 8)
+    monkeypatch.setattr(model, "CHUNK", 8)
     x = np.float32(-1.5) if size == 0 else np.linspace(-4, 4, size, dtype=np.float32)
     y = gelu(x)
     assert y.shape == np.shape(x) and y.dtype == np.float32

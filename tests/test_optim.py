@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 
+from gpt2_numpy import fast
 from gpt2_numpy.params import flatten
 from gpt2_numpy.optim import adamw_state, adamw_step, clip_grads, global_norm, learning_rate
 from gpt2_numpy.params import random_params
@@ -25,7 +26,9 @@ def rebuild(tree, leaf, prefix=()):  # the same structure, each leaf replaced by
     return leaf(prefix)
 
 
-def test_adamw_and_clipping_match_torch():
+@pytest.mark.parametrize("chunk", [fast.CHUNK, 5])  # 5: every param in many pieces of rows, the last one short
+def test_adamw_and_clipping_match_torch(monkeypatch, chunk):
+    monkeypatch.setattr(fast, "CHUNK", chunk)
     with np.load(FIXTURES / "reference_adamw.npz") as f:
         ref = dict(f)
     params = random_params(json.loads(str(ref["hparams"])), int(ref["seed"]))

@@ -1,5 +1,5 @@
-"""Plausible bugs in model.py, fast.py, cores.py, fetch.py and training, each applied alone to a copy of the repo: the
-tests that catch it.
+"""Plausible bugs in model.py, fast.py, cores.py, fetch.py, the backward pass and training, each applied alone to a
+copy of the repo: the tests that catch it.
 
     python -m scripts.dev.mutants [TEST_FILE ...]  (default: tests/test_model.py tests/test_fast.py tests/test_cores.py)
     python -m scripts.dev.mutants --only train,commands,optim,save tests/test_train_resume.py tests/test_optim.py
@@ -91,6 +91,18 @@ MUTANTS = [  # (what, file, text, replacement)
      "    if args.init is not None:  # a model folder", "    if False:  # a model folder"),
     ("commands: abbreviated flags accepted", "gpt2_numpy/commands/common.py",
      "super().__init__(*args, allow_abbrev=False, **", "super().__init__(*args, **"),
+    # caught by tests/test_backward.py and tests/test_optim.py
+    ("backward: GELU's slope at x = 0 taken as 0", "gpt2_numpy/backward.py", "    out.fill(0.5)\n", "    out.fill(0.0)\n"),
+    ("backward: each piece of the loss divided by its own rows, not by all", "gpt2_numpy/backward.py",
+     "logits /= z * n_positions", "logits /= z * len(targets)"),
+    ("backward: the softmax's backward without its row sums", "gpt2_numpy/backward.py",
+     "    d_out -= np.vecdot(d_out, y)[..., None]\n", ""),
+    ("backward: layer norm's backward keeps the gradient's mean", "gpt2_numpy/backward.py",
+     "d_x -= d_x.mean(axis=-1, keepdims=True)", "d_x -= 0 * d_x.mean(axis=-1, keepdims=True)"),
+    ("fast: the pieces of a chunked pass skip an item between them", "gpt2_numpy/fast.py",
+     "slice(start, start + step)", "slice(start, start + step - 1)"),
+    ("optim: weight decay on the biases and norms too", "gpt2_numpy/optim.py", "if p.ndim >= 2 else None",
+     "if p.ndim >= 1 else None"),
     ("optim: past the last step the cosine climbs back", "gpt2_numpy/optim.py", "    step = min(step, total)", ""),
     ("save: config.json's layer_norm_epsilon 1e-6", "gpt2_numpy/save.py", '"layer_norm_epsilon": 1e-5,',
      '"layer_norm_epsilon": 1e-6,'),
