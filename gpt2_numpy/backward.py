@@ -3,13 +3,15 @@ them out.
 
 A `*_forward` runs model.py's function and also returns what its backward needs, kept by name in a dict (named like
 explain's trace: a block keeps {"ln_1": {"x_hat", "inv_sigma"}, "attn": {"x", "q", "k", "v", "weights", "heads"},
-"ln_2": {...}, "mlp": {"x", "pre", "hidden"}}). A `*_backward(d_out, kept, ...)` takes the gradient of the loss with respect to the forward's output and
-returns the gradient with respect to its input, and its parameters' gradients as a dict named like the params.
+"ln_2": {...}, "mlp": {"x", "pre", "hidden"}}). A `*_backward(d_out, kept, ...)` takes the gradient of the loss with
+respect to the forward's output and returns the gradient with respect to its input, and its parameters' gradients as a
+dict named like the params.
 
 The training forward is model.py's functions composed as `gpt2` composes them, except where model.py's form costs
 most: the attention scores, the attention's softmax and GELU run in the tuned pass's form (fast.py, held equal to
-model.py by tests/test_fast.py), and layer norm in two steps that keep x̂. `loss_and_grads` runs both directions: the mean cross-entropy of next-token prediction and
-its gradient for every param. Float32 throughout, as the forward; a leading batch axis works too ("..." in shapes).
+model.py by tests/test_fast.py), and layer norm in two steps that keep x̂. `loss_and_grads` runs both directions: the
+mean cross-entropy of next-token prediction and its gradient for every param. Float32 throughout, as the forward; a
+leading batch axis works too ("..." in shapes).
 """
 import math
 

@@ -2,13 +2,13 @@
 
 Where files go: <models-dir>/<SIZE>/ for OpenAI's TensorFlow checkpoint, <models-dir>/<SIZE>-hf/ for Hugging Face's
 safetensors (the two layouts live apart, so loading a folder never has to guess between them). The models dir is
---models-dir, else $GPT2_NUMPY_WEIGHTS, else ./weights; nothing is ever written inside the installed package.
+--models-dir, else $GPT2_NUMPY_WEIGHTS, else ./weights (gpt2_numpy/weights.py: model_folder); nothing is ever written
+inside the installed package.
 
 Mirrors: $GPT2_NUMPY_BASE_URL replaces the servers; files are then fetched from <base>/<SIZE>/<file> for either source.
 """
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
 MODEL_SIZES = ("124M", "355M", "774M", "1558M")
 HF_REPOS = {
@@ -51,15 +51,6 @@ SOURCES = {
         vocabulary=("vocab.json", "merges.txt"),
     ),
 }
-
-
-def models_dir_path(models_dir=None):  # -> absolute Path: the argument, else $GPT2_NUMPY_WEIGHTS, else ./weights
-    chosen = models_dir or os.environ.get("GPT2_NUMPY_WEIGHTS") or "weights"
-    return Path(chosen).expanduser().resolve()  # messages then name the real folder, not ".../main/../models"
-
-
-def model_folder(size, models_dir=None, source="openai"):  # -> Path of one model's files
-    return models_dir_path(models_dir) / f"{size}{SOURCES[source].folder_suffix}"
 
 
 def file_url(size, source, name):  # -> the URL of one file of one model

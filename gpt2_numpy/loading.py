@@ -5,7 +5,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from gpt2_numpy.catalog import MODEL_SIZES
-from gpt2_numpy.checkpoint import load_params
+from gpt2_numpy.formats.checkpoint import load_params
 from gpt2_numpy.errors import UsageError
 from gpt2_numpy.tokenizer import Tokenizer, check_in_vocabulary, load_tokenizer
 from gpt2_numpy.weights import ensure_model

@@ -30,13 +30,13 @@ from contextlib import contextmanager, suppress
 
 import numpy as np
 
-from gpt2_numpy.checkpoint import load_params
+from gpt2_numpy.formats.checkpoint import load_params
 from gpt2_numpy.errors import Gpt2NumpyError, Interrupted, TrainingFailed, UsageError
 from gpt2_numpy.formats import parse_json
 from gpt2_numpy.formats.safetensors import read_metadata
 from gpt2_numpy.params import flatten
 from gpt2_numpy.save import atomic_write, fsync_folder, save_model
-from gpt2_numpy.tokenizer import FILE_NAMES
+from gpt2_numpy.formats.vocabulary import FILE_NAMES
 from gpt2_numpy.weights import release_lock, take_lock
 
 STATE = "train_state.npz"

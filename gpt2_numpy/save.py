@@ -18,7 +18,7 @@ from pathlib import Path
 from gpt2_numpy.params import flatten
 from gpt2_numpy.errors import TokenizerError
 from gpt2_numpy.formats.safetensors import write_safetensors
-from gpt2_numpy.tokenizer import FILE_NAMES
+from gpt2_numpy.formats.vocabulary import FILE_NAMES
 
 LEAF_NAMES = {"w": "weight", "g": "weight", "b": "bias"}  # ours -> Hugging Face's (a norm's gain is its weight)
 

@@ -23,27 +23,16 @@ from pathlib import Path
 import regex
 
 from gpt2_numpy.errors import TokenizerError, UsageError
-from gpt2_numpy import formats
-from gpt2_numpy.formats import TABLE_LIMIT, parse_json
+from gpt2_numpy.formats.vocabulary import EOT, bytes_to_unicode, read_vocabulary
 
-EOT = "<|endoftext|>"
 EOT_ID = 50256
 # OpenAI's split: contractions, then runs of letters / digits / other symbols each with at most one leading space,
 # then whitespace; `\s+(?!\S)` leaves a run's last space to start the next word, so " world" stays one token.
 WORD_PATTERN = regex.compile(r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""")
-FILE_NAMES = {"OpenAI": ("encoder.json", "vocab.bpe"), "Hugging Face": ("vocab.json", "merges.txt")}
 # OpenAI's encoder.json and vocab.bpe (MIT-licensed, 1.5 MB), shipped so the tokenizer works without a model folder
 PACKAGED_VOCABULARY = Path(__file__).resolve().parent / "data"
 CACHE_SIZE = 100_000  # words remembered between calls; most words of a text repeat, a few are new
 CACHED_WORD_CHARS = 64  # longer words are not remembered: rarely seen twice, and a 1 MB one would hold ~20 MB of ids
-
-
-def bytes_to_unicode():  # -> {byte value: stand-in character}
-    # printable Latin-1 bytes stand for themselves; the other 68 (controls, space, ...) take chr(256), chr(257), ...
-    # in byte order, so every token is visible, space-free text in the vocabulary files
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    others = [byte for byte in range(256) if byte not in printable]
-    return {**{byte: chr(byte) for byte in printable}, **{byte: chr(256 + n) for n, byte in enumerate(others)}}
 
 
 class Tokenizer:
@@ -241,13 +230,7 @@ def load_tokenizer(model_dir=None):  # -> Tokenizer
     """GPT-2's tokenizer from OpenAI's encoder.json + vocab.bpe or Hugging Face's vocab.json + merges.txt in model_dir,
     or, without model_dir, from the copies of OpenAI's files that come with the package; TokenizerError names a
     missing or malformed file."""
-    model_dir = PACKAGED_VOCABULARY if model_dir is None else Path(model_dir)
-    for vocab_name, merges_name in FILE_NAMES.values():
-        if exists(model_dir / vocab_name):
-            encoder = read_encoder(model_dir / vocab_name)
-            return Tokenizer(encoder, read_merges(model_dir / merges_name, encoder))
-    expected = " or ".join(f"{vocab} + {merges} ({source})" for source, (vocab, merges) in FILE_NAMES.items())
-    raise TokenizerError(f"no vocabulary in {model_dir}: expected {expected}; download the model into that folder")
+    return Tokenizer(*read_vocabulary(PACKAGED_VOCABULARY if model_dir is None else Path(model_dir)))
 
 
 def check_model_vocabulary(tokenizer, n_vocab, model_dir):  # -> None; TokenizerError when the two sizes differ
@@ -268,60 +251,3 @@ def check_in_vocabulary(tokenizer, ids, n_vocab, what, fix):  # -> ids, or Usage
     return ids
 
 
-def exists(path):  # -> bool; TokenizerError when the folder cannot be read at all
-    try:  # a FIFO or a folder under a vocabulary file's name is refused by read_text, naming it
-        return path.exists()
-    except OSError as error:
-        raise TokenizerError(f"cannot read {path.parent} ({error.strerror}): check its permissions") from None
-
-
-def read_encoder(path):  # -> {spelled token: id}, checked to be ids 0..n-1 over the byte alphabet, with <|endoftext|>
-    try:
-        encoder = parse_json(read_text(path))
-    except ValueError as error:  # parse_json's, which also refuses JSON nested deep enough to exhaust Python's stack
-        raise malformed(path, f"it is not valid JSON ({error})") from None
-    ids = encoder.values() if isinstance(encoder, dict) else [None]
-    if not all(type(token_id) is int for token_id in ids) or sorted(ids) != list(range(len(encoder))):
-        raise malformed(path, "it must be one JSON object mapping each token to a distinct id from 0 up")
-    alphabet = set(bytes_to_unicode().values())
-    if not alphabet <= encoder.keys() or EOT not in encoder:
-        raise malformed(path, f"it lacks single-byte tokens or {EOT}")
-    if not set("".join(encoder)) <= alphabet:
-        raise malformed(path, "some tokens have characters outside GPT-2's byte alphabet")
-    return encoder
-
-
-def read_merges(path, encoder):  # -> [(left, right)], best first, each joining two tokens into a third
-    merges = read_merge_lines(path, encoder)
-    # every token beyond the 256 bytes and <|endoftext|> is made by exactly one merge: a cut file would encode wrongly
-    if len(merges) != len(encoder) - 257:
-        raise malformed(path, f"it has {len(merges):,} merges but the vocabulary needs {len(encoder) - 257:,}")
-    return merges
-
-
-def read_merge_lines(path, encoder):  # -> [(left, right)] as the file lists them
-    merges = []
-    for number, line in enumerate(read_text(path).split("\n"), start=1):
-        if not line or (number == 1 and line.startswith("#version")):  # the header line and the final newline
-            continue
-        pair = tuple(line.split(" "))
-        if len(pair) != 2 or pair[0] not in encoder or pair[1] not in encoder or "".join(pair) not in encoder:
-            raise malformed(path, f"line {number} ({line!r}) is not two tokens whose join is a token")
-        merges.append(pair)
-    return merges
-
-
-def read_text(path):  # -> the file's text, with "\n" for line ends as text mode reads them, or TokenizerError
-    return formats.read_text(path, lambda error: unreadable(path, error), TABLE_LIMIT).replace("\r\n", "\n")
-
-
-def unreadable(path, error):  # OSError or UnicodeDecodeError -> TokenizerError naming the file
-    if isinstance(error, FileNotFoundError):
-        return TokenizerError(f"{path} is missing: download the model again to restore its vocabulary files")
-    if isinstance(error, UnicodeDecodeError):
-        return malformed(path, f"it is not UTF-8 text ({error.reason} at byte {error.start})")
-    return TokenizerError(f"cannot read {path} ({error.strerror}): check that it is a readable file")
-
-
-def malformed(path, problem):  # -> TokenizerError naming the file, the problem, and the fix
-    return TokenizerError(f"{path} is malformed: {problem}; download the model again to replace it")

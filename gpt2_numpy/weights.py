@@ -2,7 +2,7 @@
 
     folder = ensure_model("124M")  # what every command line calls, through commands/common.load_model
 
-Where folders are and where files come from: see gpt2_numpy/catalog.py.
+Which sizes exist and where their files come from: see gpt2_numpy/catalog.py. Where they go: models_dir_path.
 
 A folder is ready when <folder>/.verified.json records every file's size, modification time and inode, and they still
 match: runs after the first compare those, as git's index does, instead of re-reading gigabytes. A file rewritten in
@@ -27,13 +27,13 @@ import time
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
-from gpt2_numpy.checkpoint import load_params
-from gpt2_numpy.catalog import MODEL_SIZES, SOURCES, model_folder
+from gpt2_numpy.catalog import MODEL_SIZES, SOURCES
 from gpt2_numpy.console import log
 from gpt2_numpy.errors import CheckpointError, DownloadError, Interrupted, TokenizerError, UsageError
 from gpt2_numpy.formats import SETTINGS_LIMIT, parse_json, read_regular
+from gpt2_numpy.formats.checkpoint import load_params
+from gpt2_numpy.formats.vocabulary import read_encoder, read_merges
 from gpt2_numpy.save import atomic_write
-from gpt2_numpy.tokenizer import read_encoder, read_merges
 
 # The lock: flock where there is fcntl (POSIX), else msvcrt's byte lock (Windows). Both end with their process, so a
 # crash never leaves a stale lock. With neither (no such platform runs NumPy today), importing still works and
@@ -82,6 +82,24 @@ def model_files(size, models_dir, source):  # -> (folder, names of its files); U
     checked_choice(size, MODEL_SIZES, "model size")
     checked_choice(source, tuple(SOURCES), "source")
     return model_folder(size, models_dir, source), SOURCES[source].files
+
+
+def models_dir_path(models_dir=None):  # -> absolute Path: the argument, else $GPT2_NUMPY_WEIGHTS, else ./weights
+    chosen = models_dir or os.environ.get("GPT2_NUMPY_WEIGHTS") or "weights"
+    return Path(chosen).expanduser().resolve()  # messages then name the real folder, not ".../main/../models"
+
+
+def model_folder(size, models_dir=None, source="openai"):  # -> Path of one model's files; UsageError for a models dir
+    # that is a file or cannot be read
+    models_root = models_dir_path(models_dir)
+    try:
+        if models_root.exists() and not models_root.is_dir():
+            raise UsageError(f"the models dir {models_root} is a file: pass a folder with --models-dir or "
+                             "GPT2_NUMPY_WEIGHTS")
+    except OSError as error:
+        raise UsageError(f"cannot read the models dir {models_root} ({error.strerror}): fix its permissions or pass "
+                         "another folder with --models-dir") from None
+    return models_root / f"{size}{SOURCES[source].folder_suffix}"
 
 
 def checked_choice(value, choices, what):  # -> value, or UsageError naming the valid choices

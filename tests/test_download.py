@@ -27,14 +27,14 @@ import requests
 import urllib3
 
 from gpt2_numpy import fetch, weights
-from gpt2_numpy.catalog import SOURCES, file_url, models_dir_path
+from gpt2_numpy.catalog import SOURCES, file_url
 from gpt2_numpy.checkpoint import load_params
 from gpt2_numpy.commands import download as download_command
 from gpt2_numpy.errors import CheckpointError, DownloadError, Gpt2NumpyError, Interrupted, UsageError
 from gpt2_numpy.formats.tf_bundle import TensorBundle, table_records
 from gpt2_numpy.params import random_params
 from gpt2_numpy.tokenizer import bytes_to_unicode
-from gpt2_numpy.weights import ensure_model
+from gpt2_numpy.weights import ensure_model, models_dir_path
 from tests.conftest import FIXTURES, REPO
 from scripts.common.fuzzing.tf_index import FIXED32, fields_of, fields_of_value, proto, set_field, table
 from tests.http_server import Cut, FileServer, Throttle, hf_layout_files, official_layout_files
@@ -505,6 +505,14 @@ def test_models_dir_is_argument_then_environment_then_cwd_weights(tmp_path, monk
     monkeypatch.setenv("GPT2_NUMPY_WEIGHTS", str(tmp_path / "from_env"))
     assert models_dir_path() == tmp_path / "from_env"
     assert models_dir_path(tmp_path / "from_arg") == tmp_path / "from_arg"
+
+
+def test_a_models_dir_that_is_a_file_is_a_usage_error_from_the_library_too(tmp_path):
+    # the check lives in ensure_model, so load_model("124M", models_dir=...) gets it as the command lines do
+    (tmp_path / "models").write_text("not a folder")
+    with pytest.raises(UsageError, match=f"the models dir {tmp_path / 'models'} is a file: pass a folder"):
+        ensure_model("124M", tmp_path / "models")
+    assert (tmp_path / "models").read_text() == "not a folder"
 
 
 @pytest.mark.parametrize("size, source, wrong", [("125M", "openai", "'125M'"), ("124M", "tensorflow", "'tensorflow'")])

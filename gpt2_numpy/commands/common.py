@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from gpt2_numpy.allocator import keep_freed_memory
-from gpt2_numpy.catalog import MODEL_SIZES, OFFICIAL_HPARAMS, SOURCES, models_dir_path
+from gpt2_numpy.catalog import MODEL_SIZES, OFFICIAL_HPARAMS, SOURCES
 from gpt2_numpy.console import log, plural
 from gpt2_numpy.errors import Gpt2NumpyError, Interrupted, OutOfMemory, OutputError, UsageError
 from gpt2_numpy.formats import read_text
@@ -183,7 +183,6 @@ def load_model(args):  # -> hparams, params, tokenizer of the model add_model_ar
     if size is None:  # a folder, used as it is: nothing is downloaded or recorded there
         model_dir, name = args.model, f"--model {args.model}"
     else:
-        check_models_dir(models_dir_path(args.models_dir))
         # missing files are downloaded; files never verified are verified once (a damaged file placed by hand is
         # refused with the downloader's own error instead of generating garbage); then loading only memory-maps
         model_dir, name = ensure_model(size, args.models_dir, args.source), None
@@ -203,16 +202,6 @@ def loaded_name(size, hparams):  # -> "GPT-2 124M", or the shape of what a folde
     shape = ", ".join(f"{key} {value}" for key, value in hparams.items())
     other = next((f"GPT-2 {name}'s shape, " for name, official in OFFICIAL_HPARAMS.items() if official == hparams), "")
     return f"a GPT-2 of {other}{shape} (not the {size} that --model asked for)"
-
-
-def check_models_dir(models_root):  # -> None, or UsageError when the models dir is a file or cannot be read
-    try:
-        if models_root.exists() and not models_root.is_dir():
-            raise UsageError(f"the models dir {models_root} is a file: pass a folder with --models-dir or "
-                             "GPT2_NUMPY_WEIGHTS")
-    except OSError as error:
-        raise UsageError(f"cannot read the models dir {models_root} ({error.strerror}): fix its permissions or pass "
-                         "another folder with --models-dir") from None
 
 
 # --- The prompt ---

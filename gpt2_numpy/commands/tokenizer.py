@@ -11,7 +11,7 @@ from pathlib import Path
 from gpt2_numpy.commands.common import ArgumentParser, print_json, read_data, run_cli, whole_number, writing_stdout
 from gpt2_numpy.console import log
 from gpt2_numpy.errors import UsageError
-from gpt2_numpy.tokenizer import FILE_NAMES
+from gpt2_numpy.formats.vocabulary import FILE_NAMES
 from gpt2_numpy.tokenizer_train import save_tokenizer, trained_tokenizer, train_vocabulary
 
 

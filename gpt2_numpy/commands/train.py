@@ -14,10 +14,10 @@ from pathlib import Path
 
 import numpy as np
 
-from gpt2_numpy.catalog import MODEL_SIZES, models_dir_path
-from gpt2_numpy.checkpoint import load_params
+from gpt2_numpy.catalog import MODEL_SIZES
+from gpt2_numpy.formats.checkpoint import load_params
 from gpt2_numpy.commands.common import (
-    ArgumentParser, check_models_dir, fraction, positive_float, read_data, run_cli, whole_number,
+    ArgumentParser, fraction, positive_float, read_data, run_cli, whole_number,
 )
 from gpt2_numpy.console import log
 from gpt2_numpy.errors import UsageError
@@ -126,7 +126,6 @@ def init_name(init):  # -> --init as the run records it: an official size, or th
 
 def start_model(args):  # -> hparams, params, the folder holding the tokenizer files
     if args.init in MODEL_SIZES:
-        check_models_dir(models_dir_path(args.models_dir))
         folder = ensure_model(args.init, args.models_dir)
         hparams, params = load_params(folder)
         log(f"fine-tuning GPT-2 {args.init} from {folder}")

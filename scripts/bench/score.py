@@ -49,14 +49,14 @@ def score_seconds(ours, hf, vocab_dir, n_tokens, stride, repeats):  # -> (ours s
         list(run)
     seconds = []
     for _ in range(repeats):
-        ours, hf = map(timed_steps, runs(ids))
+        ours_steps, hf_steps = map(timed_steps, runs(ids))
         totals = np.zeros(2)  # seconds, ours and HF
         nll_sums = np.zeros(2)
-        for (ours_seconds, log_probs), (hf_seconds, (loss, n_scored)) in zip(ours, hf):  # in turn, window by window
+        for (ours_seconds, log_probs), (hf_seconds, (loss, n_scored)) in zip(ours_steps, hf_steps):  # window by window
             assert len(log_probs) == n_scored, "the two score different windows"
             totals += ours_seconds, hf_seconds
             nll_sums += -log_probs.sum(), loss * n_scored
-        assert next(ours, None) is None and next(hf, None) is None, "the two score different windows"
+        assert next(ours_steps, None) is None and next(hf_steps, None) is None, "the two score different windows"
         seconds.append(totals)
         nll = nll_sums / (len(ids) - 1)
         print(f"ours {totals[0]:.2f} s, HF {totals[1]:.2f} s; mean NLL {nll[0]:.6f} and {nll[1]:.6f}", file=sys.stderr)

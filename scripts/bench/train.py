@@ -73,8 +73,8 @@ def torch_step(hparams, params, inputs, targets):  # -> step(): the same step in
 # --- where our time goes ---
 
 TIMED = {  # module -> the functions a step calls through its globals, each timed without its timed callees
-    backward: ["linear", "linear_backward", "attention_forward", "attention_backward", "gelu_backward", "layer_norm_forward",
-               "layer_norm_backward", "cross_entropy", "lm_head_backward", "embedding_backward"],
+    backward: ["linear", "linear_backward", "attention_forward", "attention_backward", "gelu_backward",
+               "layer_norm_forward", "layer_norm_backward", "cross_entropy", "lm_head_backward", "embedding_backward"],
     fast: ["gelu"],  # the forward's gelu, the tuned pass's
     optim: ["clip_grads", "adamw_step"],
 }

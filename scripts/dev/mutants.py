@@ -92,7 +92,8 @@ MUTANTS = [  # (what, file, text, replacement)
     ("commands: abbreviated flags accepted", "gpt2_numpy/commands/common.py",
      "super().__init__(*args, allow_abbrev=False, **", "super().__init__(*args, **"),
     # caught by tests/test_backward.py and tests/test_optim.py
-    ("backward: GELU's slope at x = 0 taken as 0", "gpt2_numpy/backward.py", "    out.fill(0.5)\n", "    out.fill(0.0)\n"),
+    ("backward: GELU's slope at x = 0 taken as 0", "gpt2_numpy/backward.py", "    out.fill(0.5)\n",
+     "    out.fill(0.0)\n"),
     ("backward: each piece of the loss divided by its own rows, not by all", "gpt2_numpy/backward.py",
      "logits /= z * n_positions", "logits /= z * len(targets)"),
     ("backward: the softmax's backward without its row sums", "gpt2_numpy/backward.py",

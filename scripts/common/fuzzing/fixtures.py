@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gpt2_numpy.checkpoint import checkpoint_prefix, load_params, our_key
+from gpt2_numpy.formats.checkpoint import checkpoint_prefix, load_params, our_key
 from gpt2_numpy.params import flatten
 from gpt2_numpy.formats.safetensors import SafeTensor, read_safetensors, to_float32
 from gpt2_numpy.formats.tf_bundle import TensorBundle, read_index
