@@ -108,3 +108,18 @@ def test_markdown_without_its_markers_is_one_error_line_before_any_run(text, tmp
 def test_benchmark_help_says_what_runs_without_a_checkpoint(tmp_path):
     result = benchmark("--help", cwd=tmp_path)
     assert result.returncode == 0 and "random weights" in " ".join(result.stdout.split())
+
+
+def test_the_bpe_benchmark_reports_the_childs_own_peak_memory(tmp_path):
+    # a child forked from a large parent (the whole benchmark holds two models) must not report the parent's size
+    import argparse
+
+    import numpy as np
+
+    from scripts.bench.bpe import run_child
+
+    parent = np.ones(2**28, np.uint8)  # 256 MB, every page touched
+    (tmp_path / "text.txt").write_text("the cat sat on the mat, and the rat sat on the hat. " * 200)
+    seconds, peak_mb = run_child(sys.executable, "ours", argparse.Namespace(data=tmp_path / "text.txt", vocab_size=300))
+    assert parent.all() and seconds > 0
+    assert 10 < peak_mb < 200  # Python, NumPy and the trainer on a 10 KB text; the parent alone holds 256 MB more

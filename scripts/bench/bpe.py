@@ -11,8 +11,8 @@ and is left out when that Python lacks `tokenizers`, e.g. `--hf-python ../refven
 
 Prints a markdown table row: the text, the vocabulary size, seconds for ours and for Hugging Face's (the median over the
 runs, wall-clock of the training call alone: reading the file and starting Python excluded; Hugging Face's trainer may
-use every core, ours uses one), their ratio, and each one's peak memory (the child's maximum resident set size, its
-Python included).
+use every core, ours uses one), their ratio, and each one's peak memory (the child's maximum resident set size since
+it started, its Python included).
 """
 import argparse
 import json
@@ -46,7 +46,7 @@ def load_trainer(name):  # -> train(text, vocab_size); imported here, so the imp
     return train_hf
 
 
-def child(name, data, vocab_size):  # in the child process: train once, print the seconds the training took
+def child(name, data, vocab_size):  # in the child process: train once, print the seconds it took and the peak MB
     try:
         train = load_trainer(name)
     except ModuleNotFoundError:
@@ -54,22 +54,27 @@ def child(name, data, vocab_size):  # in the child process: train once, print th
     text = Path(data).read_text(encoding="utf-8")
     start = time.perf_counter()
     train(text, vocab_size)
-    print(json.dumps(time.perf_counter() - start))
+    print(json.dumps([time.perf_counter() - start, peak_rss_mb()]))
+
+
+def peak_rss_mb():  # -> this process's peak resident set size, as the kernel counts it since exec
+    # not the parent's wait4 ru_maxrss: a child forked from a large parent (the benchmark holds two models) keeps that
+    # parent's size in its maximum, exec or not
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:")) / 1024
 
 
 def run_child(python, trainer, args):  # -> (seconds, peak MB), or None when that Python lacks Hugging Face's trainer
     command = [python, "-m", "scripts.bench.bpe", "--child", trainer, "--data", str(args.data), "--vocab-size",
                str(args.vocab_size)]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, cwd=REPO,
-                               env={**os.environ, "PYTHONPATH": str(REPO)})  # this checkout's gpt2_numpy
-    output = process.stdout.read()
-    _, status, usage = os.wait4(process.pid, 0)  # wait4, not wait: the resource usage of this one child
-    process.returncode = os.waitstatus_to_exitcode(status)
+    process = subprocess.run(command, stdout=subprocess.PIPE, text=True, cwd=REPO,
+                             env={**os.environ, "PYTHONPATH": str(REPO)})  # this checkout's gpt2_numpy
     if process.returncode == HF_MISSING and trainer == "hf":
         return None
     if process.returncode:
         sys.exit(f"error: {' '.join(command)} failed with status {process.returncode}")
-    return json.loads(output), usage.ru_maxrss / 1024  # ru_maxrss is in KB on Linux
+    seconds, peak_mb = json.loads(process.stdout)
+    return seconds, peak_mb
 
 
 def bpe_rows(repeats, hf_python=sys.executable):  # -> the benchmark's rows: seconds and peak MB, ours and HF's
