@@ -2,8 +2,8 @@
 
 Encoding runs in three steps:
 1. A regex splits the text into words (letter runs, digit runs, punctuation runs, whitespace, English contractions).
-2. Each of the word's UTF-8 bytes starts as its own part (the vocabulary files spell the 256 bytes with printable
-   stand-in characters; the tokenizer maps tokens to bytes once, when it loads).
+2. Each of the word's UTF-8 bytes starts as its own part (the vocabulary files, read by formats/vocabulary.py, spell
+   the 256 bytes with printable stand-in characters; the tokenizer maps tokens to bytes once, when it loads).
 3. BPE merges adjacent parts of the word, best-ranked merge first, until no merge applies; each part is one token.
    `Tokenizer._textbook_bpe` is that loop as written in tiktoken's _educational.py and minbpe, to read first;
    `Tokenizer._bpe`, which encode uses, gives the same ids in work that grows linearly with a word's length, so even a
@@ -249,5 +249,3 @@ def check_in_vocabulary(tokenizer, ids, n_vocab, what, fix):  # -> ids, or Usage
         raise UsageError(f"{what}'s token {token_id} ({tokenizer.decode([token_id])!r}, position {position}) is "
                          f"outside this model's vocabulary of {n_vocab} tokens: {fix}")
     return ids
-
-
