@@ -6,6 +6,7 @@ from typing import NamedTuple
 
 from gpt2_numpy.catalog import MODEL_SIZES
 from gpt2_numpy.formats.checkpoint import load_params
+from gpt2_numpy.formats.vocabulary import check_model_vocabulary
 from gpt2_numpy.errors import UsageError
 from gpt2_numpy.tokenizer import Tokenizer, check_in_vocabulary, load_tokenizer
 from gpt2_numpy.weights import ensure_model
@@ -22,10 +23,13 @@ def load_model(model="124M", models_dir=None, source="openai"):  # -> Model
     (default $GPT2_NUMPY_WEIGHTS, else ./weights) from source ("openai" or "huggingface"), and every file is verified
     once, as the command lines do. Anything else (a str that is no size, or any Path) is a model folder, loaded as it
     is: nothing is downloaded or written there."""
+    return load_folder(model_folder(model, models_dir, source))
+
+
+def model_folder(model, models_dir=None, source="openai"):  # -> Path: an official size made ready, or the folder given
     if isinstance(model, str) and model in MODEL_SIZES:
-        model_dir = ensure_model(model, models_dir, source)  # verifies the tokenizer against the weights too
-        return Model(*load_params(model_dir), load_tokenizer(model_dir))
-    return load_folder(Path(model))
+        return ensure_model(model, models_dir, source)
+    return Path(model)
 
 
 def load_folder(model_dir, name=None):  # -> Model; UsageError naming `name` (default: the folder) when it is unusable
@@ -38,9 +42,7 @@ def load_folder(model_dir, name=None):  # -> Model; UsageError naming `name` (de
                          f"merges.txt, or OpenAI's checkpoint files) or an official size ({', '.join(MODEL_SIZES)})")
     hparams, params = load_params(model_dir)
     tokenizer = load_tokenizer(model_dir)
-    if tokenizer.n_vocab < hparams["n_vocab"]:  # the model could choose ids the tokenizer cannot print
-        raise UsageError(f"{name}: the model has {hparams['n_vocab']:,} tokens but its vocabulary files only "
-                         f"{tokenizer.n_vocab:,}: put the model's own vocabulary files beside it")
+    check_model_vocabulary(tokenizer.n_vocab, hparams["n_vocab"], name)
     return Model(hparams, params, tokenizer)
 
 

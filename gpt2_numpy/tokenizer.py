@@ -22,7 +22,7 @@ from pathlib import Path
 
 import regex
 
-from gpt2_numpy.errors import TokenizerError, UsageError
+from gpt2_numpy.errors import UsageError
 from gpt2_numpy.formats.vocabulary import EOT, bytes_to_unicode, read_vocabulary
 
 EOT_ID = 50256
@@ -231,14 +231,6 @@ def load_tokenizer(model_dir=None):  # -> Tokenizer
     or, without model_dir, from the copies of OpenAI's files that come with the package; TokenizerError names a
     missing or malformed file."""
     return Tokenizer(*read_vocabulary(PACKAGED_VOCABULARY if model_dir is None else Path(model_dir)))
-
-
-def check_model_vocabulary(tokenizer, n_vocab, model_dir):  # -> None; TokenizerError when the two sizes differ
-    """For a model folder whose tokenizer was trained for its model: the tokenizer's ids must be the model's, 0 to
-    n_vocab - 1, or it would make ids the model has no embedding for, or the model would pick ids with no text."""
-    if tokenizer.n_vocab != n_vocab:
-        raise TokenizerError(f"{model_dir}: the model has {n_vocab:,} tokens but its vocabulary files "
-                             f"{tokenizer.n_vocab:,}: put the tokenizer the model was trained with beside it")
 
 
 def check_in_vocabulary(tokenizer, ids, n_vocab, what, fix):  # -> ids, or UsageError naming the first id >= n_vocab

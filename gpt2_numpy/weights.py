@@ -32,7 +32,7 @@ from gpt2_numpy.console import log
 from gpt2_numpy.errors import CheckpointError, DownloadError, Interrupted, TokenizerError, UsageError
 from gpt2_numpy.formats import SETTINGS_LIMIT, parse_json, read_regular
 from gpt2_numpy.formats.checkpoint import load_params
-from gpt2_numpy.formats.vocabulary import read_encoder, read_merges
+from gpt2_numpy.formats.vocabulary import check_model_vocabulary, read_encoder, read_merges
 from gpt2_numpy.save import atomic_write
 
 # The lock: flock where there is fcntl (POSIX), else msvcrt's byte lock (Windows). Both end with their process, so a
@@ -230,10 +230,7 @@ def check_model(model_dir, source):  # -> None, or CheckpointError / TokenizerEr
         encoder = read_encoder(vocab)
     with comparing(merges, vocab):  # the merges must build exactly the tokens of the vocabulary
         read_merges(merges, encoder)
-    if len(encoder) < hparams["n_vocab"]:  # the model could choose ids the tokenizer cannot print
-        raise CheckpointError(f"{vocab}: the model has {hparams['n_vocab']:,} tokens but its vocabulary files only "
-                              f"{len(encoder):,} (see {source.hparams}); use the vocabulary files that came with these "
-                              "weights", files=(vocab, model_dir / source.hparams))
+    check_model_vocabulary(len(encoder), hparams["n_vocab"], vocab, files=(vocab, model_dir / source.hparams))
 
 
 @contextmanager

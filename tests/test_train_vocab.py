@@ -7,6 +7,7 @@ That Hugging Face's GPT2TokenizerFast reads such a folder id for id is tests/tes
 """
 import json
 import math
+import shutil
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ from gpt2_numpy import model
 from gpt2_numpy.checkpoint import load_params
 from gpt2_numpy.generate import generate
 from gpt2_numpy.params import random_params
-from gpt2_numpy.tokenizer import load_tokenizer
+from gpt2_numpy.tokenizer import PACKAGED_VOCABULARY, load_tokenizer
 from tests.conftest import assert_one_error_line
 from tests.test_train import SHAPE, log_rows, run_cli
 
@@ -110,6 +111,32 @@ def test_resume_keeps_the_vocabulary(trained, tmp_path):
     changed = run_cli("gpt2_numpy.train", "--data", data, "--out", folder, "--resume", "--vocab-size", 320, *FLAGS,
                       "--steps", 3)
     assert_one_error_line(changed, "--vocab-size 320 differs from the saved run's 300")
+
+
+@pytest.mark.parametrize("swapped", ["GPT-2's", "smaller"])
+def test_resume_refuses_vocabulary_files_that_are_not_the_runs_own(trained, tmp_path, swapped):
+    # the run's 300-token tokenizer replaced: GPT-2's 50,257 tokens would make ids the model has no row for, and a
+    # smaller one would train on other tokens than those the model learned. Before, the run went on or failed later
+    # with a message about the data order
+    folder = tmp_path / "m"
+    shutil.copytree(trained[0], folder)
+    data = tmp_path / "data.txt"
+    data.write_text(trained[1], encoding="utf-8")
+    if swapped == "GPT-2's":
+        for name in ("vocab.json", "merges.txt"):
+            (folder / name).unlink()
+        for name in ("encoder.json", "vocab.bpe"):
+            shutil.copyfile(PACKAGED_VOCABULARY / name, folder / name)
+        expected = "the model has 300 tokens but its vocabulary files 50,257"
+    else:  # the last ten merges and their tokens cut: a valid 290-token vocabulary
+        vocab = json.loads((folder / "vocab.json").read_text(encoding="utf-8"))
+        kept = {token: i for token, i in vocab.items() if i < 289}
+        (folder / "vocab.json").write_text(json.dumps({**kept, "<|endoftext|>": 289}), encoding="utf-8")
+        lines = (folder / "merges.txt").read_text(encoding="utf-8").splitlines(keepends=True)
+        (folder / "merges.txt").write_text("".join(lines[:-10]), encoding="utf-8")
+        expected = "the model has 300 tokens but its vocabulary files only 290"
+    result = run_cli("gpt2_numpy.train", "--data", data, "--out", folder, "--resume", *FLAGS, "--steps", 4)
+    assert_one_error_line(result, expected)
 
 
 @pytest.mark.parametrize("flags, fragment", [

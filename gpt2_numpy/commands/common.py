@@ -17,8 +17,7 @@ from gpt2_numpy.catalog import MODEL_SIZES, OFFICIAL_HPARAMS, SOURCES
 from gpt2_numpy.console import log, plural
 from gpt2_numpy.errors import Gpt2NumpyError, Interrupted, OutOfMemory, OutputError, UsageError
 from gpt2_numpy.formats import read_text
-from gpt2_numpy.loading import load_folder
-from gpt2_numpy.weights import ensure_model
+from gpt2_numpy.loading import load_folder, model_folder
 
 DEFAULT_SIZE = "124M"
 
@@ -180,12 +179,11 @@ def model_size(args):  # -> the official size add_model_args's flags name, or No
 
 def load_model(args):  # -> hparams, params, tokenizer of the model add_model_args's flags name, verified before use
     size = model_size(args)
-    if size is None:  # a folder, used as it is: nothing is downloaded or recorded there
-        model_dir, name = args.model, f"--model {args.model}"
-    else:
-        # missing files are downloaded; files never verified are verified once (a damaged file placed by hand is
-        # refused with the downloader's own error instead of generating garbage); then loading only memory-maps
-        model_dir, name = ensure_model(size, args.models_dir, args.source), None
+    # a size: missing files are downloaded, and files never verified are verified once (a damaged file placed by hand
+    # is refused with the downloader's own error instead of generating garbage), so loading only memory-maps them. A
+    # folder is used as it is: nothing is downloaded or recorded there
+    model_dir = model_folder(size or args.model, args.models_dir, args.source)
+    name = None if size else f"--model {args.model}"
     keep_freed_memory()  # every command runs forward passes next, which free and reallocate the same large arrays
     start = time.perf_counter()
     hparams, params, tokenizer = load_folder(model_dir, name)

@@ -16,6 +16,7 @@ import numpy as np
 
 from gpt2_numpy.catalog import MODEL_SIZES
 from gpt2_numpy.formats.checkpoint import load_params
+from gpt2_numpy.formats.vocabulary import check_model_vocabulary
 from gpt2_numpy.commands.common import (
     ArgumentParser, fraction, positive_float, read_data, run_cli, whole_number,
 )
@@ -192,6 +193,9 @@ def run_holding(argv, lock):  # -> exit status; lock: the ExitStack that holds o
                                   f"the training part of {args.data}")
     tokenizer = trained_tokenizer(merges) if merges else load_tokenizer(out if settings.get("vocab_size") else
                                                                          tokenizer_dir)
+    # a resumed run's own vocabulary files must still be the ones it trained (its model has exactly their ids)
+    check_model_vocabulary(tokenizer.n_vocab, hparams["n_vocab"], out if args.resume else tokenizer_dir,
+                           exact=bool(settings.get("vocab_size")))
     log(f"tokenizing {args.data} ({len(text):,} characters)" + (
         f" with the run's {tokenizer.n_vocab:,}-token vocabulary" if settings.get("vocab_size") else ""))
     train_ids, val_ids = data_tokens(text, tokenizer, hparams["n_vocab"], settings["val_fraction"],

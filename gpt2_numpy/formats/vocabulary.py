@@ -3,7 +3,7 @@ merges.txt (the same two tables in other names). The first maps each token, spel
 byte, bytes_to_unicode), to its id; the second lists the merges, best first, one "left right" pair a line. The
 tokenizer (gpt2_numpy/tokenizer.py) is built from what these return.
 """
-from gpt2_numpy.errors import TokenizerError
+from gpt2_numpy.errors import CheckpointError, TokenizerError
 from gpt2_numpy.formats import TABLE_LIMIT, parse_json, read_text
 
 EOT = "<|endoftext|>"
@@ -25,6 +25,17 @@ def read_vocabulary(model_dir):  # -> ({spelled token: id}, [(left, right)]) of 
             return encoder, read_merges(model_dir / merges_name, encoder)
     expected = " or ".join(f"{vocab} + {merges} ({source})" for source, (vocab, merges) in FILE_NAMES.items())
     raise TokenizerError(f"no vocabulary in {model_dir}: expected {expected}; download the model into that folder")
+
+
+def check_model_vocabulary(n_tokens, n_vocab, where, files=(), exact=False):  # -> None, or CheckpointError
+    """A model's vocabulary files against its n_vocab (every loader and the verifier ask this one question). Fewer
+    tokens than the model's: it could choose ids the tokenizer cannot print. More are fine for a model that reads only
+    GPT-2's first n_vocab tokens, but a tokenizer trained for the model (exact, a training run's own) has exactly its
+    ids, or the text would become other tokens than it learned. files: what the check compared, for blame."""
+    if n_tokens < n_vocab or (exact and n_tokens != n_vocab):
+        only = "only " if n_tokens < n_vocab else ""
+        raise CheckpointError(f"{where}: the model has {n_vocab:,} tokens but its vocabulary files {only}{n_tokens:,}; "
+                              "put the vocabulary files the model was trained with beside it", files=files)
 
 
 def exists(path):  # -> bool; TokenizerError when the folder cannot be read at all
