@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 from gpt2_numpy.allocator import keep_freed_memory
 from gpt2_numpy.catalog import MODEL_SIZES, OFFICIAL_HPARAMS, SOURCES
 from gpt2_numpy.console import log, plural
@@ -111,6 +113,11 @@ def run_cli(main, argv=None):  # -> never returns: exits with main's status, or 
         silence_stdout()
         status = 128 + 13  # the status of a process killed by SIGPIPE, as `cat` would report
     sys.exit(status)
+
+
+def run_model_cli(main, argv=None):  # -> never returns: run_cli for a command that runs the model's forward pass
+    with np.errstate(invalid="ignore", over="ignore"):  # NaN or inf from the weights: NonFiniteError says it once
+        run_cli(main, argv)
 
 
 def open_closed_streams():  # -> None; a standard stream closed at start (`2>&-`, which makes it None) gets /dev/null

@@ -10,11 +10,10 @@ import functools
 import json
 from pathlib import Path
 
-import numpy as np
 
 from gpt2_numpy.catalog import OFFICIAL_HPARAMS
 from gpt2_numpy.commands.common import (
-    ArgumentParser, add_model_args, load_model, model_size, open_stdout, read_prompt, run_cli,
+    ArgumentParser, add_model_args, load_model, model_size, open_stdout, read_prompt, run_model_cli,
     whole_number, write_stdout,
 )
 from gpt2_numpy.console import log, plural, progress_bar
@@ -184,5 +183,4 @@ def token_text(tokenizer, token_id):  # -> a token's text; a piece of a characte
 
 
 def main(argv=None):  # -> never returns; errors become one line on stderr and an exit status
-    with np.errstate(invalid="ignore", over="ignore"):  # NaN or inf from the weights: NonFiniteError says it once
-        run_cli(run, argv)
+    run_model_cli(run, argv)

@@ -11,11 +11,10 @@ import json
 import secrets
 import time
 
-import numpy as np
 
 from gpt2_numpy.catalog import OFFICIAL_HPARAMS
 from gpt2_numpy.commands.common import (
-    ArgumentParser, add_model_args, load_model, model_size, open_stdout, read_prompt, run_cli,
+    ArgumentParser, add_model_args, load_model, model_size, open_stdout, read_prompt, run_model_cli,
     whole_number, write_stdout,
 )
 from gpt2_numpy.console import log, plural
@@ -69,8 +68,7 @@ def parse_args(argv):  # -> argparse.Namespace, checked
 
 
 def main(argv=None):  # -> never returns; errors become one line on stderr and an exit status
-    with np.errstate(invalid="ignore", over="ignore"):  # NaN or inf from the weights: NonFiniteError says it once
-        run_cli(run, argv)
+    run_model_cli(run, argv)
 
 
 def run(argv=None):  # -> exit status

@@ -14,7 +14,7 @@ import sys
 import numpy as np
 
 from gpt2_numpy.commands.common import (
-    ArgumentParser, add_model_args, load_model, open_stdout, read_data, read_prompt, run_cli, whole_number,
+    ArgumentParser, add_model_args, load_model, open_stdout, read_data, read_prompt, run_model_cli, whole_number,
     write_stdout,
 )
 from gpt2_numpy.console import plural, progress_bar
@@ -59,8 +59,7 @@ def parse_args(argv):  # -> argparse.Namespace
 
 
 def main(argv=None):  # -> never returns; errors become one line on stderr and an exit status
-    with np.errstate(invalid="ignore", over="ignore"):  # NaN or inf from the weights: NonFiniteError says it once
-        run_cli(run, argv)
+    run_model_cli(run, argv)
 
 
 def run(argv=None):  # -> exit status
