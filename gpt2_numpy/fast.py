@@ -104,6 +104,19 @@ def linear(x, w, b):  # [..., n_in] -> [..., n_out]
     return y.reshape(*x.shape[:-1], w.shape[-1])
 
 
+def inference_layout(params):  # -> params of the same values, each block's mlp.c_proj.w stored column-major
+    # A decode step multiplies one row (a batch step a few) by every weight. For the one weight taller than wide,
+    # mlp.c_proj.w [4*n_embd, n_embd], OpenBLAS's product runs about twice as fast on a column-major copy (the same
+    # [n_in, n_out] array, wᵀ's rows in memory: each output is one dot product over contiguous floats). The other
+    # weights gain nothing, and prefill's many-row products run as fast in either order. Every function here, in
+    # model.py and in training takes either order: only the speed differs
+    def laid_out(block):
+        c_proj = block["mlp"]["c_proj"]
+        return {**block, "mlp": {**block["mlp"], "c_proj": {**c_proj, "w": np.asfortranarray(c_proj["w"])}}}
+
+    return {**params, "blocks": [laid_out(block) for block in params["blocks"]]}
+
+
 def ffn(x, c_fc, c_proj):  # [..., n_seq, n_embd] -> [..., n_seq, n_embd]
     return linear(gelu(linear(x, **c_fc)), **c_proj)  # [..., n_seq, 4*n_embd] in between
 

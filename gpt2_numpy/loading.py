@@ -8,6 +8,7 @@ from gpt2_numpy.catalog import MODEL_SIZES
 from gpt2_numpy.formats.checkpoint import load_params
 from gpt2_numpy.formats.vocabulary import check_model_vocabulary
 from gpt2_numpy.errors import UsageError
+from gpt2_numpy.fast import inference_layout
 from gpt2_numpy.tokenizer import Tokenizer, check_in_vocabulary, load_tokenizer
 from gpt2_numpy.weights import ensure_model
 
@@ -43,7 +44,9 @@ def load_folder(model_dir, name=None):  # -> Model; UsageError naming `name` (de
     hparams, params = load_params(model_dir)
     tokenizer = load_tokenizer(model_dir)
     check_model_vocabulary(tokenizer.n_vocab, hparams["n_vocab"], name)
-    return Model(hparams, params, tokenizer)
+    # decoding runs faster on one weight per block stored column-major: that copy holds a quarter (124M) to a third
+    # (1558M) of the weights in memory, beside the memory-mapped files
+    return Model(hparams, inference_layout(params), tokenizer)
 
 
 def prompt_ids(tokenizer, prompt, n_vocab, name="the prompt"):  # -> ids to feed the model, all < n_vocab

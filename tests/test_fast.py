@@ -13,10 +13,12 @@ from gpt2_numpy.fast import (
     gelu,
     gpt2,
     gpt2_cached,
+    inference_layout,
     layer_norm,
     new_cache,
     softmax,
 )
+from gpt2_numpy.params import flatten
 from tests.conftest import HF_TOLERANCE, load_reference
 
 CACHE_TOLERANCE = 1e-5  # cached vs full pass: only the summation order of the matmuls differs
@@ -391,3 +393,17 @@ def test_textbook_batch_axis_equals_the_tuned_batch():
     hparams, params, ids = reference_inputs("odd_heads")
     batch = np.stack([ids[:20], ids[20:40], ids[5:25]])  # [3, 20]: equal lengths, the textbook's "..." axis
     assert_tuned_equals_textbook(gpt2(batch, **params, n_head=3), textbook.gpt2(batch, **params, n_head=3))
+
+
+def test_inference_layout_keeps_every_value_and_equals_textbook_when_decoding():
+    hparams, params, ids = reference_inputs("odd_heads")
+    laid_out = inference_layout(params)
+    for (path, before), (_, after) in zip(flatten(params), flatten(laid_out)):
+        np.testing.assert_array_equal(after, before, err_msg=str(path))  # same shape and values, whatever the order
+        assert after.flags.c_contiguous != (path[-3:] == ("mlp", "c_proj", "w")), path  # only that weight moves
+    assert all(block["mlp"]["c_proj"]["w"].flags.c_contiguous for block in params["blocks"])  # params unchanged
+    assert all(block["mlp"]["c_proj"]["w"].flags.f_contiguous for block in laid_out["blocks"])
+    expected = textbook.gpt2(ids, **params, n_head=hparams["n_head"])
+    cached = feed_in_chunks(laid_out, hparams["n_head"], ids, [5] + [1] * (len(ids) - 5))
+    assert_tuned_equals_textbook(cached, expected)
+    assert_tuned_equals_textbook(gpt2(ids, **laid_out, n_head=hparams["n_head"]), expected)

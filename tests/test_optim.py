@@ -27,11 +27,14 @@ def rebuild(tree, leaf, prefix=()):  # the same structure, each leaf replaced by
 
 
 @pytest.mark.parametrize("chunk", [fast.CHUNK, 5])  # 5: every param in many pieces of rows, the last one short
-def test_adamw_and_clipping_match_torch(monkeypatch, chunk):
+# inference_layout: a column-major mlp.c_proj.w, as load_model gives it, must be updated in place all the same
+@pytest.mark.parametrize("layout", [None, fast.inference_layout])
+def test_adamw_and_clipping_match_torch(monkeypatch, chunk, layout):
     monkeypatch.setattr(fast, "CHUNK", chunk)
     with np.load(FIXTURES / "reference_adamw.npz") as f:
         ref = dict(f)
     params = random_params(json.loads(str(ref["hparams"])), int(ref["seed"]))
+    params = layout(params) if layout else params
     state = adamw_state(params)
     clipped = 0
     for step, lr in enumerate(ref["lrs"]):

@@ -15,7 +15,7 @@ class Ours:
     name = OURS
 
     def __init__(self, params, n_head):
-        self.params, self.n_head = params, n_head
+        self.params, self.n_head = model.inference_layout(params), n_head  # as gpt2_numpy.load_model gives them
 
     def step(self, ids, cache):  # -> logits of the last position, and the cache
         return model.gpt2_cached(ids, cache, **self.params, n_head=self.n_head, last_only=True)

@@ -60,6 +60,9 @@ def trick_rows(params, repeats):  # each function of the tuned pass against the 
     h = rng.standard_normal((1024, 3072), dtype=np.float32)
     q, k, v = (rng.standard_normal((12, 1024, 64), dtype=np.float32) for _ in range(3))
     step_x = rng.standard_normal((8, 1, 768), dtype=np.float32)  # a batch step: 8 rows of one position
+    decode_h = h[-1:]  # a decode step's row into mlp.c_proj
+    c_proj = block["mlp"]["c_proj"]
+    column_major = model.inference_layout(params)["blocks"][0]["mlp"]["c_proj"]
     decode_q = q[:, -1:]
     cases = [  # (what, textbook call, tuned call)
         ("gelu of [1024, 3072]", lambda: textbook.gelu(h), lambda: model.gelu(h)),
@@ -69,6 +72,8 @@ def trick_rows(params, repeats):  # each function of the tuned pass against the 
          lambda: model.linear(x, **block["mlp"]["c_fc"])),
         ("linear c_fc of a batch step [8, 1, 768]", lambda: textbook.linear(step_x, **block["mlp"]["c_fc"]),
          lambda: model.linear(step_x, **block["mlp"]["c_fc"])),
+        ("linear mlp.c_proj of a decode step [1, 3072] (tuned: the weight column-major, fast.inference_layout)",
+         lambda: textbook.linear(decode_h, **c_proj), lambda: model.linear(decode_h, **column_major)),
         ("lm head of a batch step [8, 1, 768]", lambda: step_x @ params["wte"].T,
          lambda: model.lm_head(step_x, params["wte"])),
         ("attention, 12 heads x 1024 positions (fast.attention: no blocks)",
