@@ -4,8 +4,8 @@ NumPy runs attention's elementwise passes (mask, max, exp, sums) on one core; on
 through OpenBLAS's threads. Those threads spin on their cores for about a tenth of a second after each product before
 they sleep, so a thread of ours given half of the heads would find its core taken. Within all_cores(), OpenBLAS runs
 one thread, so its workers sleep once their spin times out, and split() hands the pieces of a pass (a linear layer's
-output columns, attention's heads) to as many threads of ours as OpenBLAS had, each piece's products on one thread.
-NumPy releases the GIL inside its loops and BLAS calls, so the threads run at once.
+output columns, attention's heads, GELU's chunks) to as many threads of ours as OpenBLAS had, each piece's products on
+one thread. NumPy releases the GIL inside its loops and BLAS calls, so the threads run at once.
 
 The first long pass finds NumPy's OpenBLAS once, in /proc/self/maps (Linux). Where there is none to find, or it runs
 one thread, nothing changes: every piece runs on the calling thread. OpenBLAS's thread count belongs to the whole
@@ -13,6 +13,7 @@ process: a product that another thread of the program runs meanwhile runs on one
 once share the setting, and the last to end restores the count, however it ends. A forked child runs none of its
 parent's threads, so none of its passes: it starts with no pass under way and OpenBLAS's count from before them.
 """
+import contextvars
 import ctypes
 import functools
 import os
@@ -100,7 +101,8 @@ def split(work, n_items):  # work(piece) for contiguous slices that cover range(
         return
     bounds = [n_items * i // n_threads for i in range(n_threads + 1)]
     pieces = [slice(start, stop) for start, stop in zip(bounds, bounds[1:])]
-    others = [helpers(n_helpers).submit(work, piece) for piece in pieces[1:]]
+    # each piece runs in a copy of the caller's context, so that np.errstate (a context variable) holds on every thread
+    others = [helpers(n_helpers).submit(contextvars.copy_context().run, work, piece) for piece in pieces[1:]]
     try:
         work(pieces[0])  # the calling thread takes a piece too
     finally:

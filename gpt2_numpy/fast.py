@@ -55,8 +55,13 @@ def in_chunks(passes, *arrays):  # passes(*chunks, out=chunk of the result) over
     # L2 cache, where one pass over the whole array after another would stream it from memory each time
     out = np.empty(arrays[0].shape, np.result_type(*arrays))  # C-ordered, so that out.reshape(-1) is a view
     flats, flat_out = [np.asarray(array).reshape(-1) for array in arrays], out.reshape(-1)
-    for piece in chunks(flat_out.size):
-        passes(*(flat[piece] for flat in flats), out=flat_out[piece])
+    pieces = chunks(flat_out.size)
+
+    def run(share):  # within cores.all_cores() the chunks are shared among the cores, as NumPy runs a pass on one
+        for piece in pieces[share]:
+            passes(*(flat[piece] for flat in flats), out=flat_out[piece])
+
+    cores.split(run, len(pieces))
     return out
 
 

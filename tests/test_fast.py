@@ -1,10 +1,12 @@
 """The tuned pass (fast.py): equal to the textbook model.py, and against Hugging Face's logits and math."""
 import math
+import threading
 import warnings
 
 import numpy as np
 import pytest
 
+from gpt2_numpy import cores
 from gpt2_numpy import fast as model
 from gpt2_numpy import model as textbook
 from gpt2_numpy.fast import (
@@ -200,7 +202,21 @@ def tanh_gelu(x):  # float64, GPT-2's formula as written: 0.5 x (1 + tanh(sqrt(2
     return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
 
 
-def test_gelu_in_many_chunks_is_the_tanh_formula_everywhere(monkeypatch):
+def in_a_team(monkeypatch, size):  # -> set of the threads that run gelu's chunks, in a long pass's team of size
+    threads, gelu_chunk = set(), model.gelu_chunk
+
+    def recorded(x, out):
+        threads.add(threading.get_ident())
+        return gelu_chunk(x, out)
+
+    monkeypatch.setattr(model, "gelu_chunk", recorded)
+    monkeypatch.setattr(cores.team, "size", size, raising=False)  # as within cores.all_cores() with size threads
+    return threads
+
+
+@pytest.mark.parametrize("team", [None, 3])  # one thread, or the chunks shared among 3, as in a long pass
+def test_gelu_in_many_chunks_is_the_tanh_formula_everywhere(monkeypatch, team):
+    threads = in_a_team(monkeypatch, team)
     monkeypatch.setattr(model, "CHUNK", 7)  # 3 * 5 * 11 = 165 elements: 23 whole chunks and a part
     x = np.random.default_rng(0).standard_normal((3, 5, 11), dtype=np.float32) * 4
     x[0, 0, :2] = -100, 100  # e^(-2u) overflows to inf (-100) or vanishes (100)
@@ -208,9 +224,13 @@ def test_gelu_in_many_chunks_is_the_tanh_formula_everywhere(monkeypatch):
         y = gelu(array)
         assert y.shape == array.shape and y.dtype == np.float32
         np.testing.assert_allclose(y, tanh_gelu(array), rtol=1e-6, atol=1e-6)
+    assert (len(threads) > 1) == bool(team)  # the caller's thread and the pool's (which may run two pieces on one)
 
 
-def test_gelu_of_very_negative_inputs_is_zero_without_a_warning():
+@pytest.mark.parametrize("team", [None, 3])  # in a team, the other threads must ignore the overflow too
+def test_gelu_of_very_negative_inputs_is_zero_without_a_warning(monkeypatch, team):
+    in_a_team(monkeypatch, team)
+    monkeypatch.setattr(model, "CHUNK", 1)  # an element per chunk: each thread meets an overflow
     x = np.array([-100, -1e4, -3e38], np.float32)  # e^(-2u) overflows to inf, which NumPy would warn about
     with warnings.catch_warnings():
         warnings.simplefilter("error")
