@@ -1,5 +1,7 @@
 """The forward pass, one prompt at a time: prefill and decode against HF, and what each trick of the tuned pass buys
 against the textbook model.py line it replaces (the "prefill", "decode", "einsum" and "tricks" parts)."""
+import itertools
+
 import numpy as np
 
 from gpt2_numpy import cores
@@ -61,8 +63,10 @@ def trick_rows(params, repeats):  # each function of the tuned pass against the 
     q, k, v = (rng.standard_normal((12, 1024, 64), dtype=np.float32) for _ in range(3))
     step_x = rng.standard_normal((8, 1, 768), dtype=np.float32)  # a batch step: 8 rows of one position
     decode_h = h[-1:]  # a decode step's row into mlp.c_proj
-    c_proj = block["mlp"]["c_proj"]
-    column_major = model.inference_layout(params)["blocks"][0]["mlp"]["c_proj"]
+    # each call takes the next layer's weight, as a decode step does: 12 of them (113 MB) stream from memory, where
+    # one would stay in cache
+    row_major = itertools.cycle([block["mlp"]["c_proj"] for block in params["blocks"]])
+    column_major = itertools.cycle([block["mlp"]["c_proj"] for block in model.inference_layout(params)["blocks"]])
     decode_q = q[:, -1:]
     cases = [  # (what, textbook call, tuned call)
         ("gelu of [1024, 3072]", lambda: textbook.gelu(h), lambda: model.gelu(h)),
@@ -73,7 +77,7 @@ def trick_rows(params, repeats):  # each function of the tuned pass against the 
         ("linear c_fc of a batch step [8, 1, 768]", lambda: textbook.linear(step_x, **block["mlp"]["c_fc"]),
          lambda: model.linear(step_x, **block["mlp"]["c_fc"])),
         ("linear mlp.c_proj of a decode step [1, 3072] (tuned: the weight column-major, fast.inference_layout)",
-         lambda: textbook.linear(decode_h, **c_proj), lambda: model.linear(decode_h, **column_major)),
+         lambda: textbook.linear(decode_h, **next(row_major)), lambda: model.linear(decode_h, **next(column_major))),
         ("lm head of a batch step [8, 1, 768]", lambda: step_x @ params["wte"].T,
          lambda: model.lm_head(step_x, params["wte"])),
         ("attention, 12 heads x 1024 positions (fast.attention: no blocks)",
