@@ -73,8 +73,7 @@ def run_child(python, trainer, args):  # -> (seconds, peak MB), or None when tha
         return None
     if process.returncode:
         sys.exit(f"error: {' '.join(command)} failed with status {process.returncode}")
-    seconds, peak_mb = json.loads(process.stdout)
-    return seconds, peak_mb
+    return tuple(json.loads(process.stdout))  # [seconds, peak MB]
 
 
 def bpe_rows(repeats, hf_python=sys.executable):  # -> the benchmark's rows: seconds and peak MB, ours and HF's
