@@ -259,13 +259,21 @@ def restore_moments(template, state):  # -> optimizer state shaped like template
     return fill(template, ())
 
 
-def read_log(path):  # -> log.csv's rows, none if it is missing; UsageError when a row's step is not a whole number
+def read_log(path):  # -> log.csv's rows, none if it is missing; UsageError for a row open_log could not write back
     if not path.is_file():
         return []
     try:
         with path.open(newline="", encoding="utf-8") as file:
             reader, rows = csv.DictReader(file), []
+            unknown = [name for name in reader.fieldnames or () if name not in LOG_FIELDS]
+            if unknown:
+                raise UsageError(f"--resume: the header of {path} has the column {unknown[0]!r}, which a run does "
+                                 f"not write: remove that column (or delete the file: the run resumes, its earlier "
+                                 "rows are lost)")
             for row in reader:
+                if None in row:  # csv.DictReader's key for the fields past the header's
+                    raise UsageError(f"--resume: line {reader.line_num} of {path} has more fields than its header: "
+                                     "correct that line (or delete it)")
                 if not str(row.get("step")).isdecimal():
                     raise UsageError(f"--resume: line {reader.line_num} of {path} has the step {row.get('step')!r}, "
                                      "not a whole number: correct that line (or delete it)")

@@ -205,7 +205,7 @@ def train(out, write_tokenizer, hparams, params, state, step, settings, train_id
                     raise diverged(out, step, "the weights hold NaN or infinite values")
                 save_run(out, write_tokenizer, hparams, params, opt_state, batches, step,
                          time.perf_counter() - started, settings)
-    if stop.requested:
+    if stop.requested and step < steps:  # a Ctrl-C during the last step or save: the run is complete
         raise Interrupted(f"saved step {step} to {out}; continue with the same command and --resume")
     log(f"step {step}: saved the model to {out}; load it with --model {out}")
     return 0

@@ -185,6 +185,39 @@ def test_ctrl_c_advice_followed_across_epochs_equals_an_uninterrupted_run(tmp_pa
     assert [int(row["step"]) for row in log_rows(tmp_path / "stopped")] == list(range(steps + 1))
 
 
+def test_ctrl_c_in_the_last_step_ends_a_complete_run_without_resume_advice(tmp_path, short_text):
+    steps = 4  # Ctrl-C while the last step runs: that step is saved, and nothing is left for --resume to do
+    command = ["--data", short_text, "--out", tmp_path / "run", *FLAGS, "--steps", steps]
+    result = subprocess.run([sys.executable, "-c", INTERRUPTED_TRAIN, str(steps), *map(str, command)],
+                            capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines()[-1] == f"step {steps}: saved the model to {tmp_path / 'run'}; load it with " \
+                                             f"--model {tmp_path / 'run'}"
+    assert "--resume" not in result.stderr
+    assert [int(row["step"]) for row in log_rows(tmp_path / "run")] == list(range(steps + 1))
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="reads Linux's list of the process's mappings")
+def test_a_resumed_run_leaves_no_mapping_of_the_weights_its_saves_replace(tmp_path, short_text, saved_run,
+                                                                          monkeypatch):
+    # every save replaces model.safetensors, which Windows refuses while a mapping of it is open: the loaded views
+    # must be gone once training starts (here, the maps of this very process, read as training would begin)
+    from gpt2_numpy.commands import train as train_command
+
+    out = tmp_path / "run"
+    shutil.copytree(saved_run, out)
+    weights_file, mapped = str(out / "model.safetensors"), []
+
+    def training_starts(*args):
+        with open("/proc/self/maps") as maps:
+            mapped.append(any(line.rstrip("\n").endswith(weights_file) for line in maps))
+        return 0
+
+    monkeypatch.setattr(train_command, "train", training_starts)
+    assert train_command.run(["--data", str(short_text), "--out", str(out), "--steps", "4", "--resume"]) == 0
+    assert mapped == [False]
+
+
 @pytest.mark.parametrize("flag, value, saved", [
     ("--n-layer", 2, "saved run's 1"),
     ("--init", "124M", "saved run's none (it trained from scratch)"),
@@ -281,7 +314,18 @@ DAMAGES = {  # name -> (damage(folder), a fragment of the error line)
         "the moment opt/m/wpe should be (32, 8) floats, found (31, 8)"),
     "a step in log.csv not a number": (lambda folder: (folder / "log.csv").write_text(
         (folder / "log.csv").read_text().replace("\n2,", "\ntwo,")), "line 4 of"),
+    # the resumed run writes the log's rows back under its own columns: csv refuses a field that has no column
+    "a row of log.csv with a field past its header's": (lambda folder: edit_log_line(folder, 2, ",a note"),
+                                                         "line 3 of"),
+    "a column in log.csv's header that a run does not write": (lambda folder: edit_log_line(folder, 0, ",note"),
+                                                               "has the column 'note'"),
 }
+
+
+def edit_log_line(folder, index, added):  # -> None: `added` appended to line `index` (0: the header) of log.csv
+    lines = (folder / "log.csv").read_bytes().split(b"\r\n")
+    lines[index] += added.encode()
+    (folder / "log.csv").write_bytes(b"\r\n".join(lines))
 
 
 @pytest.mark.parametrize("damage", DAMAGES)

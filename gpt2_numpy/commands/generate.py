@@ -27,8 +27,9 @@ JSON_HELP = (
     "print each sample, once it ends, as one JSON object on its own line (JSON Lines; nothing is streamed), with: "
     "prompt_index and sample_index (counted from 0: which PROMPT, and which of its --num-samples); seed (the one this "
     "sample drew with: that PROMPT alone with --seed SEED gives it again; null when greedy); prompt (the PROMPT's "
-    "text); text (the continuation, without the prompt); token_ids (the continuation's ids, without "
-    "<|endoftext|>); finish_reason (\"stop\": the model chose <|endoftext|>; \"length\": --n-tokens reached)"
+    "text); text (the continuation, without the prompt); token_ids (the continuation's ids, without the "
+    "<|endoftext|> that ends it; with --ignore-eos, its id may be among them); finish_reason (\"stop\": the model "
+    "chose <|endoftext|>; \"length\": --n-tokens reached)"
 )
 
 

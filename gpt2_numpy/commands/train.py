@@ -206,10 +206,12 @@ def run_holding(argv, lock):  # -> exit status; lock: the ExitStack that holds o
     # the tokenizer files every save holds: those of the run's own vocabulary, else of its model's folder
     write_tokenizer = partial(save_tokenizer, merges=merges) if merges else partial(copy_tokenizer, tokenizer_dir)
     token_lengths = np.array([len(tokenizer.token_bytes(token_id)) for token_id in range(tokenizer.n_vocab)])
+    # loaded arrays are read-only views of memory-mapped files: training updates copies of its own, and dropping the
+    # views closes the mapping of a resumed run's model.safetensors, which every save replaces (Windows refuses to
+    # replace a mapped file)
+    params = map_leaves(np.array, params)
     with settled_if_cut(out):
-        # loaded arrays are read-only views of memory-mapped files: training updates copies of its own
-        return train(out, write_tokenizer, hparams, map_leaves(np.array, params), state, step, settings, train_ids,
-                     val_ids, token_lengths)
+        return train(out, write_tokenizer, hparams, params, state, step, settings, train_ids, val_ids, token_lengths)
 
 
 def main(argv=None):  # -> never returns; errors become one line on stderr and an exit status
