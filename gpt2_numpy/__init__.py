@@ -5,7 +5,6 @@ from gpt2_numpy.allocator import keep_freed_memory
 from gpt2_numpy.checkpoint import load_params, verify_checkpoint
 from gpt2_numpy.errors import CheckpointError, DownloadError, Gpt2NumpyError, TokenizerError, UsageError
 from gpt2_numpy.fast import gpt2, gpt2_cached, new_cache
-from gpt2_numpy.tokenizer import EOT_ID, load_tokenizer
 
 # imported on first use (PEP 562), so that `import gpt2_numpy` stays quick. `generate` is also the name of a submodule,
 # which replaces this attribute once imported: that module, called, is the same function (see generate.py).
@@ -14,6 +13,8 @@ LAZY = {
     "gpt2_numpy.decode": ("generate", "generate_batch", "iter_generate"),
     "gpt2_numpy.likelihood": ("token_log_probs",),
     "gpt2_numpy.interpret": ("trace", "logit_lens", "attention_weights"),
+    # also so that `python -m gpt2_numpy.tokenizer` runs that module fresh, as the program (runpy warns otherwise)
+    "gpt2_numpy.tokenizer": ("EOT_ID", "load_tokenizer"),
 }
 LAZY_HOME = {name: module for module, names in LAZY.items() for name in names}
 

@@ -19,7 +19,7 @@ import urllib3
 
 from gpt2_numpy.catalog import file_url
 from gpt2_numpy.console import log, progress_bar
-from gpt2_numpy.errors import DownloadError, Interrupted
+from gpt2_numpy.errors import DownloadError, Interrupted, UsageError
 
 # Network behaviour; tests shrink these so that failure cases finish in milliseconds.
 CONNECT_TIMEOUT_SECONDS = 10
@@ -39,6 +39,10 @@ class Unreachable(DownloadError):
 
 def fetch_all(folder, staging, size, source, missing):  # -> None: each missing file is complete in staging
     # folder: where the files will be installed, which a by-hand download is told to fill
+    mirror = os.environ.get("GPT2_NUMPY_BASE_URL")
+    if mirror and not mirror.lower().startswith(("http://", "https://")):  # else requests' "No scheme supplied"
+        raise UsageError(f"GPT2_NUMPY_BASE_URL is {mirror!r}, not an http:// or https:// address: fix it, or unset "
+                         "it to download from the official servers")
     with requests.Session() as session:
         # byte ranges and sizes must refer to the stored bytes, not to a compressed transfer
         session.headers["Accept-Encoding"] = "identity"

@@ -241,3 +241,11 @@ def check_in_vocabulary(tokenizer, ids, n_vocab, what, fix):  # -> ids, or Usage
         raise UsageError(f"{what}'s token {token_id} ({tokenizer.decode([token_id])!r}, position {position}) is "
                          f"outside this model's vocabulary of {n_vocab} tokens: {fix}")
     return ids
+
+
+if __name__ == "__main__":  # the command imports this module (every command loads through it), so it cannot run here
+    import sys
+
+    print("error: gpt2_numpy.tokenizer is the tokenizer's library; its command line is python -m gpt2_numpy tokenizer "
+          "(or gpt2-numpy tokenizer)", file=sys.stderr)
+    sys.exit(2)  # the status of every usage error

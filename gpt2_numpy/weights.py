@@ -259,20 +259,49 @@ def failed_verification(error, model_dir, folder, blamed, deleted, compared, fet
 # -- the lock ---------------------------------------------------------------------------------------------------------
 
 @contextmanager
-def locked(folder):  # creates folder and holds its lock; a file-system error anywhere inside becomes a DownloadError
+def locked(folder):  # creates folder and holds its lock; a file-system error anywhere inside becomes a DownloadError.
+    # The folders it made go again if the work leaves nothing in them but the lock (a first download that failed)
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        # The file stays after use: deleting it while another process waits on it would let a third process lock a
-        # fresh file, and two downloads would run at once.
-        with (folder / LOCK).open("a") as lock:
-            take_lock(lock, folder)
-            try:
-                yield
-            finally:
-                release_lock(lock)
+        made = [path for path in (folder, *folder.parents) if not path.exists()]  # innermost first
+        try:
+            with open_lock(folder) as lock:
+                try:
+                    yield
+                finally:
+                    if made and only_the_lock(folder):
+                        with suppress(OSError):  # Windows deletes no open file: there the lock stays, harmless
+                            (folder / LOCK).unlink()  # while still held: see open_lock
+                    release_lock(lock)
+        finally:
+            for path in made:
+                with suppress(OSError):
+                    path.rmdir()  # only an empty folder goes
     except OSError as error:  # fetch turns requests' errors (OSErrors too) into DownloadErrors: this is the disk
         raise DownloadError(f"cannot write {error.filename or folder}: {error.strerror or error}; "
                             f"{DISK_ADVICE.get(error.errno, OTHER_FOLDER)}") from None
+
+
+def open_lock(folder):  # -> folder's lock file, open and locked by this process; folder and file made if missing
+    # A holder whose work left nothing behind deletes the file on its way out (locked). Whoever waited on that file
+    # then holds a lock that no one else can see, so it takes the lock again on the file now under that name
+    while True:
+        folder.mkdir(parents=True, exist_ok=True)
+        try:
+            lock = (folder / LOCK).open("a")
+        except FileNotFoundError:  # the folder went between the two calls: make it again
+            continue
+        take_lock(lock, folder)
+        with suppress(FileNotFoundError):
+            if os.path.samestat(os.fstat(lock.fileno()), os.stat(folder / LOCK)):
+                return lock
+        lock.close()
+
+
+def only_the_lock(folder):  # -> True when folder holds the lock file and nothing else
+    try:
+        return [path.name for path in folder.iterdir()] == [LOCK]
+    except OSError:
+        return False
 
 
 def take_lock(lock, folder, what="download", wait=True):  # -> True once this process holds the lock on the open file

@@ -582,13 +582,14 @@ def test_a_closed_or_full_stderr_leaves_stdout_to_the_output_alone(models_dir, m
 
 @pytest.mark.parametrize("module", CLI_ARGS)
 @pytest.mark.parametrize("redirect, fragment", [
-    ("0<&-", 'stdin is closed, and "-" reads the prompt from it: pipe the text in, or give it as an argument'),
-    ("0>/dev/null", "cannot read the prompt from stdin (Bad file descriptor): pipe the text in, or give it as an "
+    ("0<&-", 'stdin is closed, and "-" reads {} from it: pipe the text in, or give it as an argument'),
+    ("0>/dev/null", "cannot read {} from stdin (Bad file descriptor): pipe the text in, or give it as an "
                     "argument"),  # open for writing only
 ])
 def test_a_prompt_from_a_closed_or_unreadable_stdin_is_one_error_line(models_dir, module, redirect, fragment):
     args = ["-", *CLI_ARGS[module][1:]]
-    assert_one_error_line(cli_with_streams(module, args, models_dir, redirect=redirect), fragment)
+    what = "the text" if module.endswith("score") else "the prompt"  # score's argument is the text it scores
+    assert_one_error_line(cli_with_streams(module, args, models_dir, redirect=redirect), fragment.format(what))
 
 
 def test_running_out_of_memory_elsewhere_is_one_line(capsys):

@@ -27,7 +27,6 @@ FLAGS = {
     "tokenizer": ["--data", "--vocab-size", "--out", "--min-frequency", "--json"],
     "download": ["MODEL", "--model", "--models-dir", "--source", "--json"],
 }
-OLD_MODULES = [command for command in FLAGS if command != "tokenizer"]  # python -m gpt2_numpy.X before the one entry
 
 
 def run(*args, env=()):  # -> CompletedProcess of `python *args` from the repo, offline, with str output
@@ -42,12 +41,27 @@ def test_every_command_is_in_the_table():
     assert list(FLAGS) == list(COMMANDS)
 
 
-@pytest.mark.parametrize("command", OLD_MODULES)
-def test_python_m_of_each_old_module_still_runs_its_command(command):
-    result = run("-m", f"gpt2_numpy.{command}", "--help")
+OLD_MODULES = [command for command in FLAGS if command != "tokenizer"]  # python -m gpt2_numpy.X before the one entry
+
+
+@pytest.mark.parametrize("module, command", [
+    *((f"gpt2_numpy.{command}", command) for command in OLD_MODULES),  # library modules, each with a shim
+    *((f"gpt2_numpy.commands.{command}", command) for command in FLAGS),
+])
+def test_python_m_of_each_module_named_like_a_command_runs_that_command(module, command):
+    result = run("-m", module, "--help")
     assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
     assert result.stdout.startswith(f"usage: gpt2-numpy {command} ")
     assert [flag for flag in FLAGS[command] if flag not in result.stdout] == []
+
+
+def test_python_m_of_the_tokenizer_library_names_the_tokenizer_command():
+    # the command imports gpt2_numpy.tokenizer, so a shim there would close a circle; the package must not import it
+    # first either (runpy would print a warning before the error line)
+    assert_one_error_line(run("-m", "gpt2_numpy.tokenizer", "--data", "x"),
+                          "gpt2_numpy.tokenizer is the tokenizer's library; its command line is python -m gpt2_numpy "
+                          "tokenizer (or gpt2-numpy tokenizer)")
 
 
 @pytest.mark.parametrize("command", FLAGS)
@@ -55,8 +69,7 @@ def test_each_command_of_the_one_entry_lists_its_flags(command):
     result = run("-m", "gpt2_numpy", command, "--help")
     assert result.returncode == 0, result.stderr
     assert [flag for flag in FLAGS[command] if flag not in result.stdout] == []
-    if command in OLD_MODULES:  # the same command either way
-        assert result.stdout == run("-m", f"gpt2_numpy.{command}", "--help").stdout
+    assert result.stdout == run("-m", f"gpt2_numpy.commands.{command}", "--help").stdout  # the same either way
 
 
 def test_the_one_entry_lists_every_command_with_one_line():
@@ -76,6 +89,18 @@ def test_the_one_entry_lists_every_command_with_one_line():
 ])
 def test_a_missing_or_misspelt_command_is_one_line_naming_the_commands(argv, fragment):
     assert_one_error_line(run("-m", "gpt2_numpy", *argv), fragment)
+
+
+@pytest.mark.parametrize("argv, same_as", [(["help"], ["--help"]), (["help", "score"], ["score", "--help"])])
+def test_help_is_no_prompt_but_the_help(argv, same_as):  # as `git help` and `pip help` are: not a download of 124M
+    result = run("-m", "gpt2_numpy", *argv)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == run("-m", "gpt2_numpy", *same_as).stdout
+
+
+def test_model_and_its_old_name_together_are_one_error_line(tmp_path):  # else the last one given wins, unsaid
+    result = run("-m", "gpt2_numpy", "score", "hi", "--model", str(tmp_path), "--model-size", "355M")
+    assert_one_error_line(result, "argument --model-size: not allowed with argument --model")
 
 
 def test_a_first_argument_that_names_no_command_is_a_prompt(tmp_path):

@@ -35,7 +35,7 @@ from gpt2_numpy.formats.tf_bundle import TensorBundle, table_records
 from gpt2_numpy.params import random_params
 from gpt2_numpy.tokenizer import bytes_to_unicode
 from gpt2_numpy.weights import ensure_model, models_dir_path
-from tests.conftest import FIXTURES, REPO
+from tests.conftest import FIXTURES, REPO, UNREACHABLE
 from scripts.common.fuzzing.tf_index import FIXED32, fields_of, fields_of_value, proto, set_field, table
 from tests.http_server import Cut, FileServer, Throttle, hf_layout_files, official_layout_files
 
@@ -203,7 +203,7 @@ def test_connection_refused_says_what_to_fetch_by_hand(tmp_path, monkeypatch):
     assert "Connection refused" in message
     assert all(f"{base}/124M/{name}" in message for name in OPENAI_FILES)
     assert f"into {tmp_path / '124M'}" in message
-    assert names_in(tmp_path / "124M") == {weights.LOCK}  # no empty .download/ left behind
+    assert names_in(tmp_path) == set()  # the folder it made goes again: no empty .download/, no lock file left behind
 
 
 def test_no_dns_fails_at_once_with_the_manual_download_message(tmp_path, monkeypatch):
@@ -221,7 +221,7 @@ def test_no_dns_fails_at_once_with_the_manual_download_message(tmp_path, monkeyp
     assert len(attempts) == 1  # retrying cannot bring the network back
     assert "Name or service not known" in str(caught.value)
     assert all(f"/gpt-2/models/124M/{name}" in str(caught.value) for name in OPENAI_FILES)
-    assert names_in(tmp_path / "124M") == {weights.LOCK}
+    assert names_in(tmp_path) == set()
 
 
 def test_second_run_is_a_quick_offline_noop(tmp_path, monkeypatch, capsys):
@@ -472,6 +472,44 @@ def test_the_windows_lock_makes_a_second_holder_wait_for_the_first(tmp_path, mon
         events.append("the first lets go")
     second.join(WAIT_SECONDS)
     assert events == ["the first lets go", "the second holds the lock"]
+
+
+def test_a_failed_first_download_leaves_no_folder_it_made(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPT2_NUMPY_BASE_URL", UNREACHABLE)
+    (tmp_path / "kept" / "124M").mkdir(parents=True)  # folders of the user's, made before: they stay
+    for models_dir in (tmp_path / "typo" / "models", tmp_path / "kept"):
+        with pytest.raises(DownloadError, match="cannot download"):
+            ensure_model("124M", models_dir)
+    assert names_in(tmp_path) == {"kept"}
+    assert names_in(tmp_path / "kept" / "124M") == {weights.LOCK}
+
+
+@pytest.mark.parametrize("mirror", ["notaurl", "ftp://example.org/gpt-2", "127.0.0.1:8000"])
+def test_a_mirror_that_is_no_http_address_is_refused_by_the_variable_s_name(tmp_path, monkeypatch, mirror):
+    monkeypatch.setenv("GPT2_NUMPY_BASE_URL", mirror)
+    with pytest.raises(UsageError) as caught:
+        ensure_model("124M", tmp_path)
+    assert str(caught.value) == (f"GPT2_NUMPY_BASE_URL is {mirror!r}, not an http:// or https:// address: fix it, "
+                                 "or unset it to download from the official servers")
+    assert names_in(tmp_path) == set()
+
+
+def test_a_waiter_whose_lock_file_was_deleted_locks_the_file_now_in_its_place(tmp_path, capsys):
+    # the first holder made the folder and leaves nothing behind, so it deletes the lock file (and the folders) while
+    # the second waits on that file: holding it, the second would shut out no one
+    folder, checked, stderr = tmp_path / "models" / "124M", [], []
+
+    def second_holder():
+        with weights.locked(folder):
+            with (folder / weights.LOCK).open("a") as third:  # another process's try, as the second holds the lock
+                checked.append(weights.take_lock(third, folder, wait=False))
+
+    with weights.locked(folder):
+        second = threading.Thread(target=second_holder)
+        second.start()
+        wait_until(lambda: stderr.append(capsys.readouterr().err) or "in progress" in "".join(stderr))
+    second.join(WAIT_SECONDS)
+    assert checked == [False]
 
 
 def test_huggingface_layout_downloads_and_loads(tmp_path, monkeypatch):

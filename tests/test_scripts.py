@@ -46,8 +46,8 @@ def test_help_works_without_the_tools(script, blocked, tmp_path):
     "script, blocked, stubbed, missing, install",
     [
         (TF_SCRIPT, ["tensorflow"], [], "tensorflow", "pip install tensorflow-cpu -e ."),
-        # a TensorFlow venv where gpt2_numpy was installed with --no-deps
-        (TF_SCRIPT, ["regex"], ["tensorflow"], "regex", "pip install tensorflow-cpu -e ."),
+        # a venv with TensorFlow but without gpt2_numpy's own dependency (numpy: the script needs no other)
+        (TF_SCRIPT, ["numpy"], ["tensorflow"], "numpy", "pip install tensorflow-cpu -e ."),
         (SAFETENSORS_SCRIPT, ["torch"], [], "torch", "pip install torch safetensors"),
         (SAFETENSORS_SCRIPT, ["safetensors"], ["torch"], "safetensors", "pip install torch safetensors"),
         (CHECK_HF_SCRIPT, ["torch"], [], "torch", HF_INSTALL),

@@ -165,6 +165,11 @@ def test_cosine_resumed_with_other_steps_says_the_schedule_changes(tmp_path, dat
     result = train(data, tmp_path / "out", models_dir, "--steps", 3, "--resume")
     assert result.returncode == 0, result.stderr
     assert "the cosine schedule changes" in result.stderr
+    # fewer steps than the run has made: nothing is trained, so no schedule changes, and the run says it is done
+    fewer = train(data, tmp_path / "out", models_dir, "--steps", 1, "--resume")
+    assert fewer.returncode == 0, fewer.stderr
+    assert "schedule" not in fewer.stderr
+    assert fewer.stderr.splitlines()[-1] == f"{tmp_path / 'out'} holds the model at step 3; --steps 1 asks for no more"
 
 
 def test_ctrl_c_saves_the_last_step_and_a_resumed_run_equals_an_uninterrupted_one(tmp_path, data, models_dir):

@@ -57,6 +57,18 @@ def test_the_folder_holds_its_tokenizer_with_gpt2s_id_convention(trained):
     assert load_params(folder)[0]["n_vocab"] == 300
 
 
+def test_the_smallest_vocabulary_the_flag_allows_trains_bytes_alone(tmp_path):
+    # --vocab-size 257: the 256 bytes and <|endoftext|>, no merge. Its empty list of merges is still a tokenizer
+    (tmp_path / "data.txt").write_text(prose(300, seed=3), encoding="utf-8")
+    result = run_cli("gpt2_numpy.train", "--data", tmp_path / "data.txt", "--out", tmp_path / "m", "--vocab-size", 257,
+                     *FLAGS, "--steps", 1)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "m" / "merges.txt").read_text(encoding="utf-8").splitlines() == ["#version: 0.2"]
+    gpt2 = load_tokenizer(PACKAGED_VOCABULARY)  # whose first 256 ids are the bytes, in the order ours keeps
+    assert load_tokenizer(tmp_path / "m").encode("the king") == [gpt2.encode(char)[0] for char in "the king"]
+    assert load_params(tmp_path / "m")[0]["n_vocab"] == 257
+
+
 def test_the_tokenizer_never_sees_the_held_out_tail(trained):
     folder, _ = trained
     spelled = json.loads((folder / "vocab.json").read_text(encoding="utf-8"))

@@ -3,7 +3,7 @@
 Each command is the module of its name here, with a main(argv); what they share is common.py, and no command imports
 another. `python -m gpt2_numpy.X` of the library's modules (generate, score, explain, train, download) runs the same
 command through a shim. A first argument that names no command is a prompt: `gpt2-numpy PROMPT ...` is short for
-`gpt2-numpy generate PROMPT ...`.
+`gpt2-numpy generate PROMPT ...`, except `help`, which prints the help as `gpt2-numpy help [COMMAND]`.
 """
 import difflib
 import importlib
@@ -29,6 +29,8 @@ def main(argv=None):  # -> never returns: runs the command argv names, or exits 
     if first in COMMANDS:
         command = importlib.import_module(f"gpt2_numpy.commands.{first}")
         return command.main(argv[1:])
+    if first == "help":  # as git and pip have it: gpt2-numpy help [COMMAND]
+        return main([argv[1], "--help"] if argv[1:2] and argv[1] in COMMANDS else ["--help"])
     if first in ("-h", "--help", "--version"):
         return run_cli(lambda _: write_stdout(help_text() if first != "--version" else version_text()) or 0)
     if first is None or near_miss(first):
@@ -53,7 +55,7 @@ def help_text():  # -> what gpt2-numpy --help prints: every command with one lin
     width = max(map(len, COMMANDS))
     lines = [f"  {name:<{width}}  {summary}" for name, summary in COMMANDS.items()]
     return "\n".join([
-        "usage: gpt2-numpy COMMAND [flags]  (gpt2-numpy COMMAND --help lists its flags)",
+        "usage: gpt2-numpy COMMAND [flags]  (gpt2-numpy help COMMAND lists its flags)",
         "       gpt2-numpy PROMPT ...  (short for gpt2-numpy generate PROMPT ...)", "", DESCRIPTION, "",
         "commands:", *lines, "", "python -m gpt2_numpy COMMAND is the same.", "",
     ])

@@ -61,28 +61,29 @@ def whole_number(minimum):  # -> an argparse type accepting integers >= minimum
     return parse
 
 
-def positive_float(text):  # -> an argparse type for a finite number > 0
-    value = float(text)
-    if not 0 < value < math.inf:
-        raise ValueError(text)
-    return value
+def number_between(low, high, name):  # -> an argparse type for a number strictly between low and high
+    def parse(text):
+        value = float(text)
+        if not low < value < high:  # NaN too
+            raise ValueError(text)  # argparse says "invalid <name> value: 'x'"
+        return value
+
+    parse.__name__ = name
+    return parse
 
 
-positive_float.__name__ = "positive number"
+positive_float = number_between(0, math.inf, "positive number")
+fraction = number_between(0, 1, "fraction between 0 and 1")
 
 
-def fraction(text):  # -> an argparse type for a number in (0, 1)
-    value = float(text)
-    if not 0 < value < 1:
-        raise ValueError(text)
-    return value
-
-
-fraction.__name__ = "fraction between 0 and 1"
+def path_argument(text):  # -> an argparse type: a Path, never of "" (Path("") would be the current folder)
+    if not text:
+        raise argparse.ArgumentTypeError("is empty: name a file or folder")
+    return Path(text)
 
 
 def model_choice(text):  # -> an argparse type: an official size as its name, anything else as a folder's Path
-    return text if text in MODEL_SIZES else Path(text)  # a folder named like a size is written ./124M
+    return text if text in MODEL_SIZES else path_argument(text)  # a folder named like a size is written ./124M
 
 
 model_choice.__name__ = "model"
@@ -168,15 +169,21 @@ def print_json(data):  # -> None; data as one line of JSON on stdout
 
 
 def add_model_args(parser):  # -> None; adds --model (and its old name --model-size), --models-dir and --source
-    parser.add_argument("--model", type=model_choice, metavar="MODEL",
+    names = parser.add_mutually_exclusive_group()  # both write args.model: the last one given would win silently
+    names.add_argument("--model", type=model_choice, metavar="MODEL",
                         help=f"an official GPT-2 size ({', '.join(MODEL_SIZES)}; {DEFAULT_SIZE} by default), "
                         "downloaded on first use, or a model folder (OpenAI's or Hugging Face's layout, e.g. one "
                         "written by train; a folder named like a size is written ./124M)")
-    parser.add_argument("--model-size", dest="model", choices=MODEL_SIZES, help="old name of --model SIZE")
-    parser.add_argument("--models-dir", metavar="DIR", help="folder of <size>/ folders ($GPT2_NUMPY_WEIGHTS, weights)")
+    names.add_argument("--model-size", dest="model", choices=MODEL_SIZES, help="old name of --model SIZE")
+    add_models_dir(parser)
     parser.add_argument("--source", choices=SOURCES, default="openai",
                         help="whose files an official size comes from: openai (TF checkpoint in <size>/, default) or "
                         "huggingface (safetensors in <size>-hf/)")
+
+
+def add_models_dir(parser, use=""):  # -> None; adds --models-dir, which every command that takes a size shares
+    parser.add_argument("--models-dir", type=path_argument, metavar="DIR",
+                        help=f"folder of <size>/ folders{use} (default: $GPT2_NUMPY_WEIGHTS, else ./weights)")
 
 
 def model_size(args):  # -> the official size add_model_args's flags name, or None when --model is a folder
@@ -221,22 +228,22 @@ def read_data(path, flag="--data"):  # -> the UTF-8 text of the file a flag name
     return read_text(path, fail)
 
 
-def read_prompt(argument):  # -> prompt text; "-" reads stdin
+def read_prompt(argument, what="the prompt"):  # -> the text of a command-line argument; "-" reads stdin
     if argument != "-":
         text = argument
     elif sys.stdin is None:  # started with stdin closed (`0<&-`)
-        raise UsageError('stdin is closed, and "-" reads the prompt from it: pipe the text in, or give it as an '
+        raise UsageError(f'stdin is closed, and "-" reads {what} from it: pipe the text in, or give it as an '
                          "argument")
     else:
         try:
             text = sys.stdin.buffer.read().decode("utf-8")
         except OSError as error:  # e.g. `< folder`, or a descriptor open for writing only
-            raise UsageError(f"cannot read the prompt from stdin ({error.strerror}): pipe the text in, or give it as "
+            raise UsageError(f"cannot read {what} from stdin ({error.strerror}): pipe the text in, or give it as "
                              "an argument") from None
         except UnicodeDecodeError as error:
-            raise UsageError(f"stdin is not UTF-8 text (byte {error.start}): convert the prompt to UTF-8") from None
+            raise UsageError(f"stdin is not UTF-8 text (byte {error.start}): convert {what} to UTF-8") from None
     try:
         text.encode("utf-8")  # undecodable command-line bytes arrive as lone surrogates
     except UnicodeEncodeError:
-        raise UsageError("the prompt is not valid UTF-8 text: pass it in UTF-8, or through stdin with '-'") from None
+        raise UsageError(f"{what} is not valid UTF-8 text: pass it in UTF-8, or through stdin with '-'") from None
     return text

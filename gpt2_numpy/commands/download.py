@@ -5,7 +5,7 @@ its files); progress goes to stderr.
     gpt2-numpy download 124M [--models-dir DIR] [--source openai|huggingface] [--json]
 """
 from gpt2_numpy.catalog import MODEL_SIZES, SOURCES
-from gpt2_numpy.commands.common import ArgumentParser, print_json, run_cli, writing_stdout
+from gpt2_numpy.commands.common import ArgumentParser, add_models_dir, print_json, run_cli, writing_stdout
 from gpt2_numpy.console import log
 from gpt2_numpy.errors import UsageError
 from gpt2_numpy.weights import MARKER, ensure_model, is_complete, model_files
@@ -17,7 +17,7 @@ def parse_args(argv):  # -> argparse.Namespace whose size is the one model to do
                             description="Download an official GPT-2 checkpoint, resuming and verifying it.")
     parser.add_argument("size", nargs="?", metavar="MODEL", help=f"model size: {', '.join(MODEL_SIZES)}")
     parser.add_argument("--model", metavar="SIZE", help="the model size, as the other commands name it")
-    parser.add_argument("--models-dir", help="folder of model folders (default: $GPT2_NUMPY_WEIGHTS, else ./weights)")
+    add_models_dir(parser)
     parser.add_argument("--source", default="openai", choices=SOURCES,
                         help="openai (TensorFlow checkpoint, the default) or huggingface (safetensors)")
     parser.add_argument("--json", action="store_true",
@@ -48,3 +48,7 @@ def run(argv=None):  # -> exit status; prints the model folder on stdout, everyt
 
 def main(argv=None):  # -> never returns; errors become one line on stderr and an exit status
     run_cli(run, argv)
+
+
+if __name__ == "__main__":
+    main()

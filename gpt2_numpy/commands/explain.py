@@ -8,12 +8,11 @@ writes a file (--plot, --html) otherwise prints only, on stderr, where the file 
 on stderr."""
 import functools
 import json
-from pathlib import Path
 
 
 from gpt2_numpy.catalog import OFFICIAL_HPARAMS
 from gpt2_numpy.commands.common import (
-    ArgumentParser, add_model_args, load_model, model_size, open_stdout, read_prompt, run_model_cli,
+    ArgumentParser, add_model_args, load_model, model_size, open_stdout, path_argument, read_prompt, run_model_cli,
     whole_number, write_stdout,
 )
 from gpt2_numpy.console import log, plural, progress_bar
@@ -22,7 +21,7 @@ from gpt2_numpy.loading import prompt_ids
 from gpt2_numpy.interpret.heads import (
     head_scores, heads_json, heads_table, repeat_length, repeated_tokens, repetition_problem,
 )
-from gpt2_numpy.interpret.lens import lens_json, lens_table
+from gpt2_numpy.interpret.lens import LENS_COLUMNS, lens_json, lens_table
 from gpt2_numpy.interpret.page import check_page_file, page_html, write_page
 from gpt2_numpy.interpret.plot import PLOT_INSTALL, attention_figure, check_plot_file, save_figure
 from gpt2_numpy.interpret.stepwise import check_index, report, token_label, walkthrough
@@ -57,11 +56,12 @@ def parse_args(argv):  # -> argparse.Namespace, checked
     parser.add_argument("--walkthrough", action="store_true",
                         help="print the walkthrough also when another output is asked for (--lens, --heads, --plot, "
                         "--html); it prints by itself only when none is")
-    parser.add_argument("--plot", type=Path, metavar="FILE",
+    parser.add_argument("--plot", type=path_argument, metavar="FILE",
                         help=f"draw the attention weights as a heatmap into FILE (.png or .svg); needs matplotlib: "
                         f"{PLOT_INSTALL}")
     parser.add_argument("--lens", action="store_true",
-                        help="print the logit lens: the top next token after each layer, at each position")
+                        help="print the logit lens: the top next token after each layer, at each of the last "
+                        f"{LENS_COLUMNS} positions (at every position with --json)")
     parser.add_argument("--heads", action="store_true",
                         help="print a score per layer and head for five attention patterns: previous token, first "
                         "token and self on the prompt; duplicate token and induction on <|endoftext|> and random "
@@ -72,7 +72,7 @@ def parse_args(argv):  # -> argparse.Namespace, checked
                         "position")
     parser.add_argument("--seed", type=whole_number(0), metavar="S",
                         help=f"with --heads: the seed of the random tokens ({HEADS_SEED})")
-    parser.add_argument("--html", type=Path, metavar="FILE",
+    parser.add_argument("--html", type=path_argument, metavar="FILE",
                         help="write one self-contained page (.html) to explore every head's attention, the head "
                         "scores and the logit lens in a browser, offline")
     add_model_args(parser)
@@ -82,8 +82,9 @@ def parse_args(argv):  # -> argparse.Namespace, checked
     if args.json and not (args.heads or args.lens):
         raise UsageError("--json belongs to --heads or --lens: add one of them, or drop --json")
     if args.json and (args.heads and args.lens or args.walkthrough):
-        raise UsageError("--json prints one JSON object, of head scores (--heads) or of the lens (--lens), and nothing "
-                         "else: keep one of them and drop --walkthrough, or drop --json")
+        fixes = ["keep one of them"] * bool(args.heads and args.lens) + ["drop --walkthrough"] * args.walkthrough
+        raise UsageError(f"--json prints one JSON object, of head scores (--heads) or of the lens (--lens), and "
+                         f"nothing else: {' and '.join(fixes)}, or drop --json")
     args.seed = HEADS_SEED if args.seed is None else args.seed
     return args
 
@@ -184,3 +185,7 @@ def token_text(tokenizer, token_id):  # -> a token's text; a piece of a characte
 
 def main(argv=None):  # -> never returns; errors become one line on stderr and an exit status
     run_model_cli(run, argv)
+
+
+if __name__ == "__main__":
+    main()

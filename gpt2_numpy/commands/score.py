@@ -14,8 +14,8 @@ import sys
 import numpy as np
 
 from gpt2_numpy.commands.common import (
-    ArgumentParser, add_model_args, load_model, open_stdout, read_data, read_prompt, run_model_cli, whole_number,
-    write_stdout,
+    ArgumentParser, add_model_args, load_model, open_stdout, path_argument, read_data, read_prompt, run_model_cli,
+    whole_number, write_stdout,
 )
 from gpt2_numpy.console import plural, progress_bar
 from gpt2_numpy.errors import UsageError
@@ -36,8 +36,8 @@ def parse_args(argv):  # -> argparse.Namespace
     )
     parser.add_argument("text", nargs="?", metavar="TEXT",
                         help="the text to score; \"-\" reads stdin; a text beginning with '-' goes last, after --")
-    parser.add_argument("--data", metavar="FILE", help="score this UTF-8 file instead of TEXT")
-    parser.add_argument("--file", metavar="FILE", help="old name of --data")
+    parser.add_argument("--data", type=path_argument, metavar="FILE", help="score this UTF-8 file instead of TEXT")
+    parser.add_argument("--file", type=path_argument, metavar="FILE", help="old name of --data")
     parser.add_argument("--stride", type=whole_number(1), metavar="S",
                         help="for texts longer than the context (n_ctx tokens): windows of n_ctx tokens start every "
                         "S tokens, and each token is scored with at least n_ctx - S tokens of context (n_ctx // 2)")
@@ -66,7 +66,7 @@ def run(argv=None):  # -> exit status
     args = parse_args(argv)
     open_stdout()  # a closed stdout is refused before the model loads
     if args.data is None:
-        text = read_prompt(args.text)
+        text = read_prompt(args.text, "the text")
     else:
         text = read_data(args.data, args.data_flag)
     hparams, params, tokenizer = load_model(args)

@@ -6,9 +6,10 @@ stdout gets the folder (with --json, what was trained); progress goes to stderr.
 
 `gpt2-numpy train --vocab-size N` trains one the same way for a model, on the training part of its text.
 """
-from pathlib import Path
 
-from gpt2_numpy.commands.common import ArgumentParser, print_json, read_data, run_cli, whole_number, writing_stdout
+from gpt2_numpy.commands.common import (
+    ArgumentParser, path_argument, print_json, read_data, run_cli, whole_number, writing_stdout,
+)
 from gpt2_numpy.console import log
 from gpt2_numpy.errors import UsageError
 from gpt2_numpy.formats.vocabulary import FILE_NAMES
@@ -20,10 +21,11 @@ def parse_args(argv):  # -> argparse.Namespace
     parser = ArgumentParser(prog="gpt2-numpy tokenizer",
                             description="Train a byte-level BPE tokenizer (GPT-2's kind) on a UTF-8 text file, with "
                             "the same merges as Hugging Face's tokenizers, into DIR/vocab.json + DIR/merges.txt.")
-    parser.add_argument("--data", required=True, metavar="FILE", help="the UTF-8 text to learn the merges from")
+    parser.add_argument("--data", required=True, type=path_argument, metavar="FILE",
+                        help="the UTF-8 text to learn the merges from")
     parser.add_argument("--vocab-size", required=True, type=whole_number(257), metavar="N",
                         help="tokens in the vocabulary: the 256 bytes, N - 257 merges and <|endoftext|> (the last id)")
-    parser.add_argument("--out", required=True, type=Path, metavar="DIR",
+    parser.add_argument("--out", required=True, type=path_argument, metavar="DIR",
                         help="the folder to write vocab.json and merges.txt into (created if missing)")
     parser.add_argument("--min-frequency", type=whole_number(1), default=2, metavar="N",
                         help="merge only pairs seen at least N times (2, as Hugging Face's BpeTrainer)")
@@ -63,3 +65,7 @@ def run(argv=None):  # -> exit status
 
 def main(argv=None):  # -> never returns; errors become one line on stderr and an exit status
     run_cli(run, argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -18,7 +18,7 @@ from gpt2_numpy.catalog import MODEL_SIZES
 from gpt2_numpy.formats.checkpoint import load_params
 from gpt2_numpy.formats.vocabulary import check_model_vocabulary
 from gpt2_numpy.commands.common import (
-    ArgumentParser, fraction, positive_float, read_data, run_cli, whole_number,
+    ArgumentParser, add_models_dir, fraction, path_argument, positive_float, read_data, run_cli, whole_number,
 )
 from gpt2_numpy.console import log
 from gpt2_numpy.errors import UsageError
@@ -47,10 +47,10 @@ def parse_args(argv):  # -> argparse.Namespace
         prog="gpt2-numpy train",
         description="Train GPT-2 (pure NumPy) on a UTF-8 text file, from scratch or from an official model, into a "
         "model folder that every command loads with --model DIR.")
-    parser.add_argument("--data", required=True, metavar="FILE",
+    parser.add_argument("--data", required=True, type=path_argument, metavar="FILE",
                         help="UTF-8 text to train on, tokenized with GPT-2's tokenizer; <|endoftext|> in it is the "
                         "end-of-text token")
-    parser.add_argument("--out", required=True, type=Path, metavar="DIR",
+    parser.add_argument("--out", required=True, type=path_argument, metavar="DIR",
                         help="the model folder to write (Hugging Face layout), with the resume state and log.csv")
     parser.add_argument("--resume", action="store_true", help="continue the run saved in --out")
     parser.add_argument("--init", "--model", metavar="SIZE|DIR",
@@ -63,9 +63,7 @@ def parse_args(argv):  # -> argparse.Namespace
                         "small vocabulary spends a CPU's time on the transformer rather than the output layer")
     parser.add_argument("--min-frequency", type=whole_number(1), metavar="N",
                         help="with --vocab-size: merge only pairs seen at least N times (2)")
-    parser.add_argument("--models-dir", metavar="DIR",
-                        help="folder of <size>/ folders ($GPT2_NUMPY_WEIGHTS, weights) where --init SIZE finds its "
-                        "model")
+    add_models_dir(parser, use=", where --init SIZE finds its model")
     for name, default in SHAPE_DEFAULTS.items():
         parser.add_argument(f"--{name.replace('_', '-')}", type=whole_number(1), metavar="N",
                             help=f"train from scratch with this {name} ({default})")
@@ -92,15 +90,16 @@ def parse_args(argv):  # -> argparse.Namespace
     return parser.parse_args(argv)
 
 
-def settings_of(args, init, saved=None, shape=None):  # -> the run's settings: the flags given, else the saved run's,
-    # else defaults. saved, shape: a resumed run's settings and hparams, which flags given again must repeat
+def settings_of(args, init, saved=None, shape=None, step=0):  # -> the run's settings: the flags given, else the saved
+    # run's, else defaults. saved, shape, step: a resumed run's settings, hparams (which flags given again must repeat)
+    # and step
     defaults = {"batch_size": 8, "seq_len": 128, "lr": 3e-5 if init else 6e-4, "warmup": 100, "schedule": "cosine",
                 "val_fraction": 0.1, "seed": 0, "eval_batches": 4}
     settings = dict(saved or defaults)
     if saved is not None:
         refuse_changes(args, {**saved, **shape})
     settings.update({name: getattr(args, name) for name in KEPT if getattr(args, name) is not None})
-    if saved is not None and saved["schedule"] == "cosine" and args.steps != saved["steps"]:
+    if saved is not None and saved["schedule"] == "cosine" and args.steps != saved["steps"] and args.steps > step:
         log(f"note: the cosine schedule changes: it now decays over {args.steps} steps instead of {saved['steps']}, "
             "so the learning rate from here on differs from the first run's plan")
     settings.update(steps=args.steps, eval_every=args.eval_every, save_every=args.save_every)
@@ -174,7 +173,8 @@ def run_holding(argv, lock):  # -> exit status; lock: the ExitStack that holds o
         if saved["data_sha256"] != digest:
             raise UsageError(f"{args.data} is not the text the run in {out} trained on: pass the same --data to "
                              "--resume")
-        settings, tokenizer_dir, step = settings_of(args, saved["init"], saved, hparams), out, int(state["step"])
+        step = int(state["step"])
+        settings, tokenizer_dir = settings_of(args, saved["init"], saved, hparams, step), out
     else:
         hparams, params, tokenizer_dir = start_model(args)
         settings, state, step = settings_of(args, args.init), None, 0
@@ -191,8 +191,9 @@ def run_holding(argv, lock):  # -> exit status; lock: the ExitStack that holds o
         log(f"training a {settings['vocab_size']:,}-token tokenizer on the training part of {args.data}")
         merges = train_vocabulary(train_text, settings["vocab_size"], settings["min_frequency"],
                                   f"the training part of {args.data}")
-    tokenizer = trained_tokenizer(merges) if merges else load_tokenizer(out if settings.get("vocab_size") else
-                                                                         tokenizer_dir)
+    own = merges is not None  # a vocabulary trained just now; none when --vocab-size 257 asks for no merge at all
+    tokenizer = trained_tokenizer(merges) if own else load_tokenizer(out if settings.get("vocab_size") else
+                                                                     tokenizer_dir)
     # a resumed run's own vocabulary files must still be the ones it trained (its model has exactly their ids)
     check_model_vocabulary(tokenizer.n_vocab, hparams["n_vocab"], out if args.resume else tokenizer_dir,
                            exact=bool(settings.get("vocab_size")))
@@ -204,7 +205,7 @@ def run_holding(argv, lock):  # -> exit status; lock: the ExitStack that holds o
     if not ours:
         lock.enter_context(claimed(out, resume=False))  # only now, the input known to be good, is out made
     # the tokenizer files every save holds: those of the run's own vocabulary, else of its model's folder
-    write_tokenizer = partial(save_tokenizer, merges=merges) if merges else partial(copy_tokenizer, tokenizer_dir)
+    write_tokenizer = partial(save_tokenizer, merges=merges) if own else partial(copy_tokenizer, tokenizer_dir)
     token_lengths = np.array([len(tokenizer.token_bytes(token_id)) for token_id in range(tokenizer.n_vocab)])
     # loaded arrays are read-only views of memory-mapped files: training updates copies of its own, and dropping the
     # views closes the mapping of a resumed run's model.safetensors, which every save replaces (Windows refuses to
@@ -216,3 +217,7 @@ def run_holding(argv, lock):  # -> exit status; lock: the ExitStack that holds o
 
 def main(argv=None):  # -> never returns; errors become one line on stderr and an exit status
     run_cli(run, argv)
+
+
+if __name__ == "__main__":
+    main()
