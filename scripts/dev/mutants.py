@@ -2,7 +2,9 @@
 copy of the repo: the tests that catch it.
 
     python -m scripts.dev.mutants [TEST_FILE ...]  (default: tests/test_model.py tests/test_fast.py tests/test_cores.py)
-    python -m scripts.dev.mutants --only train,commands,optim,save tests/test_train_resume.py tests/test_optim.py
+    python -m scripts.dev.mutants --only train,commands,optim,save tests/test_train_resume.py tests/test_train_vocab.py \
+        tests/test_optim.py
+    python -m scripts.dev.mutants --only download tests/test_download.py
 
 A test earns its place by failing when the code is wrong; a mutant that no test catches is a hole in the suite. Each
 mutant replaces one line's text; the copy lives in a temporary folder, so the working tree is never touched.
@@ -91,6 +93,18 @@ MUTANTS = [  # (what, file, text, replacement)
      "except (OSError, EOFError, ValueError) as error:"),
     ("train: log.csv's steps unchecked", "gpt2_numpy/runs.py", 'if not str(row.get("step")).isdecimal():',
      "if False:"),
+    ("train: log.csv's rows with more fields than columns unchecked", "gpt2_numpy/runs.py",
+     "if None in row:", "if False:"),
+    ("train: a Ctrl-C in the last step asks for --resume", "gpt2_numpy/training.py",
+     "if stop.requested and step < steps:", "if stop.requested:"),
+    ("train: a resumed run keeps its weights file mapped", "gpt2_numpy/commands/train.py",
+     "    params = map_leaves(np.array, params)\n", "    loaded, params = params, map_leaves(np.array, params)\n"),
+    ("train: --vocab-size 257 loads a vocabulary from --out", "gpt2_numpy/commands/train.py",
+     "own = merges is not None", "own = bool(merges)"),
+    ("download: a waiter keeps a lock file its holder deleted", "gpt2_numpy/weights.py",
+     "if os.path.samestat(os.fstat(lock.fileno()), os.stat(folder / LOCK)):", "if True:"),
+    ("download: a failed first download leaves its folders", "gpt2_numpy/weights.py",
+     "                    path.rmdir()  # only an empty folder goes", "                    pass"),
     ("train: --resume refuses a flag equal to the saved run's", "gpt2_numpy/commands/train.py",
      "if value is not None and value != saved.get(name):", "if value is not None:"),
     ("train: --init DIR trains a new model", "gpt2_numpy/commands/train.py",
