@@ -103,6 +103,19 @@ def test_model_and_its_old_name_together_are_one_error_line(tmp_path):  # else t
     assert_one_error_line(result, "argument --model-size: not allowed with argument --model")
 
 
+@pytest.mark.parametrize("argv, flag", [
+    (["generate", "hi", "--model", ""], "--model"),
+    (["score", "hi", "--models-dir", ""], "--models-dir"),
+    (["score", "--data", ""], "--data"),
+    (["explain", "hi", "--html", ""], "--html"),
+    (["train", "--data", "x.txt", "--out", ""], "--out"),
+    (["train", "--data", "x.txt", "--out", "run", "--init", ""], "--init/--model"),
+    (["tokenizer", "--data", "", "--vocab-size", "300", "--out", "tok"], "--data"),
+])
+def test_an_empty_path_is_refused_by_its_flag(argv, flag):  # Path("") is ".": the current folder, taken silently
+    assert_one_error_line(run("-m", "gpt2_numpy", *argv), f"argument {flag}: is empty: name a file or folder")
+
+
 def test_a_first_argument_that_names_no_command_is_a_prompt(tmp_path):
     # as before the commands: `python -m gpt2_numpy PROMPT` generates (here refused for the prompt's length)
     models_dir = tiny_models_dir(tmp_path)

@@ -9,7 +9,6 @@ on stderr."""
 import functools
 import json
 
-
 from gpt2_numpy.catalog import OFFICIAL_HPARAMS
 from gpt2_numpy.commands.common import (
     ArgumentParser, add_model_args, load_model, model_size, open_stdout, path_argument, read_prompt, run_model_cli,

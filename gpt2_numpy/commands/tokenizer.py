@@ -6,7 +6,6 @@ stdout gets the folder (with --json, what was trained); progress goes to stderr.
 
 `gpt2-numpy train --vocab-size N` trains one the same way for a model, on the training part of its text.
 """
-
 from gpt2_numpy.commands.common import (
     ArgumentParser, path_argument, print_json, read_data, run_cli, whole_number, writing_stdout,
 )

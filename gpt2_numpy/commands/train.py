@@ -18,7 +18,8 @@ from gpt2_numpy.catalog import MODEL_SIZES
 from gpt2_numpy.formats.checkpoint import load_params
 from gpt2_numpy.formats.vocabulary import check_model_vocabulary
 from gpt2_numpy.commands.common import (
-    ArgumentParser, add_models_dir, fraction, path_argument, positive_float, read_data, run_cli, whole_number,
+    ArgumentParser, add_models_dir, fraction, model_choice, path_argument, positive_float, read_data, run_cli,
+    whole_number,
 )
 from gpt2_numpy.console import log
 from gpt2_numpy.errors import UsageError
@@ -53,7 +54,7 @@ def parse_args(argv):  # -> argparse.Namespace
     parser.add_argument("--out", required=True, type=path_argument, metavar="DIR",
                         help="the model folder to write (Hugging Face layout), with the resume state and log.csv")
     parser.add_argument("--resume", action="store_true", help="continue the run saved in --out")
-    parser.add_argument("--init", "--model", metavar="SIZE|DIR",
+    parser.add_argument("--init", "--model", type=model_choice, metavar="SIZE|DIR",
                         help="fine-tune this official GPT-2 (124M, 355M, 774M or 1558M, downloaded on first use), or "
                         "the model in folder DIR (e.g. one trained here; a folder named like a size: ./124M); "
                         "--model DIR is the same flag")

@@ -2,8 +2,8 @@
 copy of the repo: the tests that catch it.
 
     python -m scripts.dev.mutants [TEST_FILE ...]  (default: tests/test_model.py tests/test_fast.py tests/test_cores.py)
-    python -m scripts.dev.mutants --only train,commands,optim,save tests/test_train_resume.py tests/test_train_vocab.py \
-        tests/test_optim.py
+    python -m scripts.dev.mutants --only train,commands,optim,save tests/test_train_resume.py \
+        tests/test_train_vocab.py tests/test_optim.py
     python -m scripts.dev.mutants --only download tests/test_download.py
 
 A test earns its place by failing when the code is wrong; a mutant that no test catches is a hole in the suite. Each
