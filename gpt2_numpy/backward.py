@@ -233,8 +233,13 @@ def cross_entropy_rows(logits, targets, n_positions):  # [n, n_vocab] (made the 
 
 def loss_and_grads(inputs, targets, params, n_head):  # int [..., n_seq] x2 -> (mean cross-entropy, grads like params)
     """The mean next-token cross-entropy of `targets` given `inputs`, and its gradient for every parameter."""
-    inputs, targets = np.asarray(inputs), np.asarray(targets)
     wte, wpe, ln_f = params["wte"], params["wpe"], params["ln_f"]
+    # NumPy would wrap negative ids, and a mismatched target array would drop or broadcast targets, without a word
+    fast.check_heads(n_head, wte.shape[-1])
+    inputs, targets = (fast.check_inputs(ids, n_vocab=wte.shape[0], n_ctx=wpe.shape[0]) for ids in (inputs, targets))
+    if targets.shape != inputs.shape:
+        raise ValueError(f"targets {targets.shape} must have the inputs' shape {inputs.shape}: the next token of each "
+                         "position")
     x = wte[inputs] + wpe[np.arange(inputs.shape[-1])]  # as model.gpt2
     kept = []
     for block_params in params["blocks"]:

@@ -12,9 +12,9 @@ from gpt2_numpy.console import plural
 from gpt2_numpy.errors import NonFiniteError, OutOfMemory, UsageError
 from gpt2_numpy.fast import check_inputs, gpt2_cached, new_cache
 from gpt2_numpy.sampling import check_sampling_args, next_token
-from gpt2_numpy.tokenizer import EOT_ID
 
 BATCH_SIZE = 8  # rows per pass by default: a step of 8 rows costs a few times one row's, so 8 rows pay best
+
 
 def generate(inputs, params, n_head, n_tokens_to_generate, **options):  # -> list of new ids
     """All of iter_generate's ids as one list: the continuation only, without the prompt or <|endoftext|>."""
@@ -23,16 +23,24 @@ def generate(inputs, params, n_head, n_tokens_to_generate, **options):  # -> lis
 
 def iter_generate(
     inputs, params, n_head, n_tokens_to_generate, *, temperature=0.0, top_k=None, top_p=None, seed=None,
-    stop_at_eos=True, eos_id=EOT_ID,
+    stop_at_eos=True, eos_id=None,
 ):  # -> iterator of new ids, for streaming
     """Yields up to n_tokens_to_generate new ids, one per step. Greedy when temperature is 0 (the default);
     otherwise sampled (see sampling.py) with numpy.random.default_rng(seed). With stop_at_eos, generation ends at
-    <|endoftext|> (eos_id: GPT-2's 50256, or a trained tokenizer's eot_id), which is not yielded. The arguments are
+    <|endoftext|> (eos_id, by default the model's last id: see stop_id), which is not yielded. The arguments are
     checked here, before the first id is asked for: ValueError for bad token ids, UsageError for everything else."""
     inputs = check_prompt(inputs, n_tokens_to_generate, params)
     check_sampling_args(temperature, top_k, top_p, seed)
     choose = sampler(temperature, top_k, top_p, seed)
-    return decode_loop(inputs, params, n_head, n_tokens_to_generate, choose, eos_id if stop_at_eos else None)
+    return decode_loop(inputs, params, n_head, n_tokens_to_generate, choose, stop_id(params, stop_at_eos, eos_id))
+
+
+def stop_id(params, stop_at_eos, eos_id):  # -> the id that ends a continuation, or None
+    # <|endoftext|> is the last id of GPT-2's vocabulary (50256) and of every vocabulary that train --vocab-size and
+    # the tokenizer command make; a model of another layout passes its own eos_id (its tokenizer's eot_id)
+    if not stop_at_eos:
+        return None
+    return len(params["wte"]) - 1 if eos_id is None else eos_id
 
 
 def decode_loop(inputs, params, n_head, n_tokens, choose, stop_id):  # -> iterator of new ids
@@ -50,21 +58,22 @@ def decode_loop(inputs, params, n_head, n_tokens, choose, stop_id):  # -> iterat
 
 def generate_batch(
     prompts, params, n_head, n_tokens_to_generate, *, temperature=0.0, top_k=None, top_p=None, seed=None,
-    stop_at_eos=True, eos_id=EOT_ID,
+    stop_at_eos=True, eos_id=None,
 ):  # -> list of new-id lists, one per prompt
     """Continue every prompt (token-id lists of any lengths) in one batch; each row gets exactly the ids `generate`
     would give it alone, with seed + i for row i (each row has its own numpy.random.default_rng). A row that reaches
     <|endoftext|> stops there (with stop_at_eos) while the others go on."""
+    rows = iter_batch(prompts, params, n_head, n_tokens_to_generate, temperature=temperature, top_k=top_k, top_p=top_p,
+                      seed=seed, stop_at_eos=stop_at_eos, eos_id=eos_id)  # the arguments checked first
     continuations = [None] * len(prompts)
-    for row, ids in iter_batch(prompts, params, n_head, n_tokens_to_generate, temperature=temperature, top_k=top_k,
-                               top_p=top_p, seed=seed, stop_at_eos=stop_at_eos, eos_id=eos_id):
+    for row, ids in rows:
         continuations[row] = ids
     return continuations
 
 
 def iter_batch(
     prompts, params, n_head, n_tokens_to_generate, *, temperature=0.0, top_k=None, top_p=None, seed=None,
-    stop_at_eos=True, eos_id=EOT_ID,
+    stop_at_eos=True, eos_id=None,
 ):  # -> iterator of (row, new ids), as each row finishes
     """generate_batch, yielding each row's continuation as soon as it is complete. Arguments are checked up front:
     ValueError for bad token ids, UsageError (naming the prompt by index) for everything else."""
@@ -73,7 +82,8 @@ def iter_batch(
     prompts = [check_prompt(ids, n_tokens_to_generate, params, f"prompt {row}") for row, ids in enumerate(prompts)]
     check_sampling_args(temperature, top_k, top_p, seed)
     choosers = [sampler(temperature, top_k, top_p, None if seed is None else seed + row) for row in range(len(prompts))]
-    return batch_decode_loop(prompts, params, n_head, n_tokens_to_generate, choosers, eos_id if stop_at_eos else None)
+    return batch_decode_loop(prompts, params, n_head, n_tokens_to_generate, choosers,
+                             stop_id(params, stop_at_eos, eos_id))
 
 
 def batch_decode_loop(prompts, params, n_head, n_tokens, choosers, stop_id):  # -> iterator of (row, new ids)

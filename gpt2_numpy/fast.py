@@ -7,6 +7,7 @@ and the package's gpt2 run this pass. Params are nested dicts named like OpenAI'
 into the functions with **.
 """
 import math
+import numbers
 from dataclasses import dataclass
 
 import numpy as np
@@ -218,6 +219,7 @@ def embed(inputs, wte, wpe, n_past=0, pad=None):  # [..., n_seq] -> [..., n_seq,
 def transformer(inputs, wte, wpe, blocks, ln_f, n_head, cache=None, last_only=False):
     # [..., n_seq] -> [..., n, n_embd]; n = n_seq, or 1 with last_only: then the last block, whose other rows would
     # feed nothing, runs the last row only
+    check_heads(n_head, wte.shape[-1])
     n_past, pad = (0, None) if cache is None else (cache.n_past, cache.pad)
     x = embed(inputs, wte, wpe, n_past, pad)
     n_seq = x.shape[-2]
@@ -293,6 +295,7 @@ def new_cache(wpe, blocks, n_head, pad=None, n_slots=None):  # -> KVCache of n_s
     starts with pad[i] slots of left padding. n_slots caps the positions it holds (at most n_ctx)."""
     # preallocated once, so each step writes in place instead of concatenating (which copies the cache every token)
     n_ctx, n_embd = wpe.shape
+    check_heads(n_head, n_embd)
     if n_slots is not None and not 1 <= n_slots <= n_ctx:
         raise ValueError(f"n_slots={n_slots} must lie in 1 ... n_ctx={n_ctx}")
     rows = () if pad is None else (len(pad),)
@@ -337,6 +340,13 @@ def gpt2_cached(inputs, cache, wte, wpe, blocks, ln_f, n_head, last_only=False):
     if cache.n_past + ids.shape[-1] > cache.keys.shape[-2]:
         raise ValueError(f"{cache.n_past + ids.shape[-1]} positions exceed the cache's {cache.keys.shape[-2]} slots")
     return lm_head(transformer(ids, wte, wpe, blocks, ln_f, n_head, cache, last_only), wte), cache
+
+
+def check_heads(n_head, n_embd):  # -> None; ValueError unless n_head is a whole number >= 1 that divides n_embd
+    # else the heads' reshape fails deep inside with NumPy's words (hparams["n_head"] is the usual source)
+    if isinstance(n_head, bool) or not isinstance(n_head, numbers.Integral) or n_head < 1 or n_embd % n_head:
+        raise ValueError(f"n_head={n_head!r} must be a whole number >= 1 that divides n_embd={n_embd}: pass the "
+                         "model's hparams['n_head']")
 
 
 def check_inputs(inputs, n_vocab, n_ctx, n_past=0):  # [(n_rows,) n_seq] -> int64 [(n_rows,) n_seq]

@@ -33,7 +33,9 @@ def check_sampling_args(temperature=0.0, top_k=None, top_p=None, seed=None):  # 
 
 
 def next_token(logits, rng=None, temperature=0.0, top_k=None, top_p=None):  # [n_vocab] -> int
+    # rng: a numpy.random.Generator (anything with .random()), or the seed of a new one (None: a fresh random seed)
     check_sampling_args(temperature, top_k, top_p)
+    logits = checked_logits(logits)
     if temperature == 0:
         return int(np.argmax(logits))
     # [n_kept] ids kept so far, in id order: the draw then depends on which ids are kept, not on the order argpartition
@@ -46,8 +48,21 @@ def next_token(logits, rng=None, temperature=0.0, top_k=None, top_p=None):  # [n
     if top_p is not None and top_p < 1:
         keep = np.sort(nucleus(probs, top_p))  # [n_nucleus], in id order
         ids, probs = (keep if ids is None else ids[keep]), probs[keep]
-    index = draw(probs, rng if rng is not None else np.random.default_rng())
+    seeded = rng is None or isinstance(rng, numbers.Integral)
+    index = draw(probs, np.random.default_rng(rng) if seeded else rng)
     return index if ids is None else int(ids[index])
+
+
+def checked_logits(logits):  # -> logits as an array of one position's floats; ValueError for anything else
+    logits = np.asarray(logits)
+    if logits.ndim != 1 or logits.size == 0 or logits.dtype.kind != "f":
+        raise ValueError(f"logits must be one position's scores, a 1-D float array [n_vocab] (a forward pass's last "
+                         f"row: logits[-1]), got {logits.dtype} shape {logits.shape}")
+    # -inf bans a token (probability 0); NaN, +inf or nothing but -inf would be drawn as an id past the vocabulary
+    top = logits.max()
+    if not -np.inf < top < np.inf:
+        raise ValueError(f"logits must hold no NaN or +inf and at least one finite value, got a maximum of {top}")
+    return logits
 
 
 def top_indices(x, k):  # [n] -> [min(k, n)] indices of the largest values, largest first

@@ -12,7 +12,7 @@ either the old file or the new one, never half of one.
 import json
 import os
 import tempfile
-from contextlib import suppress
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from gpt2_numpy.params import flatten
@@ -94,6 +94,19 @@ def atomic_write(path, write):  # write(binary file) -> None; path then holds ex
     finally:
         with suppress(FileNotFoundError):
             os.unlink(temporary)
+
+
+@contextmanager
+def made_folders(folder):  # -> the folders made for folder, innermost first; after the block, those left empty go
+    # so that work which fails (or writes nothing) leaves no trace of a folder it had to make, a mistyped one above all
+    made = [path for path in (folder, *folder.parents) if not path.exists()]
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        yield made
+    finally:
+        for path in made:
+            with suppress(OSError):
+                path.rmdir()  # only an empty folder goes
 
 
 def current_umask():  # -> the process's umask; reading it means setting it, so it is set straight back

@@ -33,7 +33,7 @@ from gpt2_numpy.errors import CheckpointError, DownloadError, Interrupted, Token
 from gpt2_numpy.formats import SETTINGS_LIMIT, parse_json, read_regular
 from gpt2_numpy.formats.checkpoint import load_params
 from gpt2_numpy.formats.vocabulary import check_model_vocabulary, read_encoder, read_merges
-from gpt2_numpy.save import atomic_write
+from gpt2_numpy.save import atomic_write, made_folders
 
 # The lock: flock where there is fcntl (POSIX), else msvcrt's byte lock (Windows). Both end with their process, so a
 # crash never leaves a stale lock. With neither (no such platform runs NumPy today), importing still works and
@@ -262,20 +262,14 @@ def failed_verification(error, model_dir, folder, blamed, deleted, compared, fet
 def locked(folder):  # creates folder and holds its lock; a file-system error anywhere inside becomes a DownloadError.
     # The folders it made go again if the work leaves nothing in them but the lock (a first download that failed)
     try:
-        made = [path for path in (folder, *folder.parents) if not path.exists()]  # innermost first
-        try:
-            with open_lock(folder) as lock:
-                try:
-                    yield
-                finally:
-                    if made and only_the_lock(folder):
-                        with suppress(OSError):  # Windows deletes no open file: there the lock stays, harmless
-                            (folder / LOCK).unlink()  # while still held: see open_lock
-                    release_lock(lock)
-        finally:
-            for path in made:
-                with suppress(OSError):
-                    path.rmdir()  # only an empty folder goes
+        with made_folders(folder) as made, open_lock(folder) as lock:
+            try:
+                yield
+            finally:
+                if made and only_the_lock(folder):
+                    with suppress(OSError):  # Windows deletes no open file: there the lock stays, harmless
+                        (folder / LOCK).unlink()  # while still held: see open_lock
+                release_lock(lock)
     except OSError as error:  # fetch turns requests' errors (OSErrors too) into DownloadErrors: this is the disk
         raise DownloadError(f"cannot write {error.filename or folder}: {error.strerror or error}; "
                             f"{DISK_ADVICE.get(error.errno, OTHER_FOLDER)}") from None

@@ -133,3 +133,28 @@ def test_gelu_backward_is_the_tanh_formulas_derivative(monkeypatch):
     d_x = gelu_backward(d_out, x, fast.gelu(x))
     assert d_x.dtype == np.float32 and d_x[0, 0, 0] == 0.5 * d_out[0, 0, 0]  # slope ½ at 0
     np.testing.assert_allclose(d_x, d_out * slope, rtol=1e-5, atol=1e-6)
+
+
+SMALL = {"n_vocab": 11, "n_ctx": 8, "n_embd": 8, "n_head": 2, "n_layer": 1}
+
+
+@pytest.mark.parametrize("inputs, targets, fragment", [
+    ([1, 2], [2, 3, 4], r"targets \(3,\) must have the inputs' shape \(2,\)"),  # else the 3rd target is dropped
+    ([1, 2, 3], [2, 3], r"targets \(2,\) must have the inputs' shape \(3,\)"),
+    ([1, 2], 3, "non-empty 1-D sequence of integer token ids"),  # else broadcast to every position
+    ([-1, 3], [3, 4], r"token id -1 is outside the vocabulary \[0, 11\)"),  # else wrapped to the last id
+    ([3, 3], [3, -1], r"token id -1 is outside the vocabulary \[0, 11\)"),
+    ([11, 3], [3, 4], r"token id 11 is outside the vocabulary"),
+    (list(range(9)), list(range(1, 10)), "9 positions exceed the model's context of n_ctx=8"),
+    ([], [], "non-empty 1-D sequence"),
+    ([1.0, 2.0], [2, 3], "non-empty 1-D sequence of integer token ids"),
+])
+def test_inputs_and_targets_are_checked_before_any_loss(inputs, targets, fragment):
+    with pytest.raises(ValueError, match=fragment):
+        loss_and_grads(inputs, targets, random_params(SMALL, 0), SMALL["n_head"])
+
+
+@pytest.mark.parametrize("n_head", [3, 0, -2, 2.0, True])
+def test_a_head_count_that_does_not_divide_the_width_is_named(n_head):
+    with pytest.raises(ValueError, match=f"n_head={n_head!r} must be a whole number >= 1 that divides n_embd=8"):
+        loss_and_grads([1, 2], [2, 3], random_params(SMALL, 0), n_head)

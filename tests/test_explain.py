@@ -21,6 +21,7 @@ from gpt2_numpy import model
 from gpt2_numpy.errors import UsageError
 from gpt2_numpy.explain import attention_weights, report, token_label, walkthrough
 from gpt2_numpy.commands import explain as explain_cli
+from gpt2_numpy.commands.common import package_version
 from gpt2_numpy.interpret import plot, stepwise as explain
 from gpt2_numpy.commands.explain import run
 from gpt2_numpy.interpret.plot import attention_figure
@@ -477,6 +478,8 @@ def run_as_nobody(argv, folder):  # -> (exit status, stdout, stderr) of explain'
     # CI runs as root, whom permissions do not stop, so the child drops to nobody (65534) first, as setpriv does. It is
     # a fork, not a new Python: a new one run as nobody cannot read packages installed under /root, as here.
     import matplotlib  # noqa: F401 (loaded before the fork: nobody may not be allowed to read its files)
+
+    package_version()  # so is the metadata reader every parser's --version uses (importlib.metadata's email.parser)
 
     out_path, err_path = folder / "stdout", folder / "stderr"
     with open(out_path, "wb") as out, open(err_path, "wb") as err:

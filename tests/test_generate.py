@@ -59,7 +59,7 @@ def test_cached_equals_uncached(name, sampling):
     hparams, params = model(name)
     prompt = np.random.default_rng(0).integers(0, hparams["n_vocab"], 5).tolist()
     n_tokens = hparams["n_ctx"] - len(prompt)  # up to the last position of the context
-    cached = generate(prompt, params, hparams["n_head"], n_tokens, **sampling)
+    cached = generate(prompt, params, hparams["n_head"], n_tokens, **sampling, stop_at_eos=False)
     assert cached == uncached_ids(prompt, params, hparams["n_head"], n_tokens, **sampling)
 
 
@@ -219,8 +219,31 @@ def test_each_row_samples_from_its_own_distribution(tiny, batch_reference):
     assert abs(probs[0][token] - probs[1][token]) * n > 10 * other_sigma  # the check can tell the rows apart
 
 
+def test_by_default_a_continuation_ends_at_the_model_s_last_id():
+    # <|endoftext|>'s id: 50256 is GPT-2's last, and every vocabulary train and tokenizer make puts it last too
+    hparams = {"n_vocab": 5, "n_ctx": 64, "n_embd": 8, "n_head": 2, "n_layer": 1}
+    params = random_params(hparams, 0)
+    whole = generate([0], params, 2, 40, temperature=1.0, seed=3, stop_at_eos=False)
+    assert 4 in whole  # 40 draws among 5 ids reach the last one
+    before = whole[: whole.index(4)]
+    assert generate([0], params, 2, 40, temperature=1.0, seed=3) == before
+    assert generate_batch([[0], [0]], params, 2, 40, temperature=1.0, seed=3)[0] == before
+
+
+@pytest.mark.parametrize("n_head", [3, 0, "4", None])
+def test_a_head_count_that_does_not_divide_the_width_is_named(tiny, n_head):
+    hparams, params, _, _ = tiny
+    message = f"n_head={n_head!r} must be a whole number >= 1 that divides n_embd=64"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        generate([1, 2], params, n_head, 2)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        new_cache(params["wpe"], params["blocks"], n_head)
+
+
 def test_batch_arguments_are_checked_up_front_and_name_the_prompt(tiny):
     hparams, params, _, _ = tiny
+    with pytest.raises(UsageError, match="non-empty list of token-id lists, got generator"):
+        generate_batch((prompt for prompt in [[1, 2]]), params, hparams["n_head"], 5)
     with pytest.raises(UsageError, match="^prompt 1's 70 tokens plus 5 new tokens make 75, more than the model's "):
         iter_batch([[1, 2], [3] * 70], params, hparams["n_head"], 5)
     with pytest.raises(ValueError, match="^prompt 2: token id 512 is outside the vocabulary"):

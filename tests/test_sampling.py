@@ -277,3 +277,29 @@ def test_generate_refuses_a_bad_seed_with_usage_error(seed):
     hparams = {"n_vocab": 16, "n_ctx": 8, "n_embd": 8, "n_head": 2, "n_layer": 1}
     with pytest.raises(UsageError, match=re.escape("seed (--seed)")):
         generate([1, 2], random_params(hparams), hparams["n_head"], 1, seed=seed)
+
+
+@pytest.mark.parametrize("logits, fragment", [
+    (np.zeros((1, 8), np.float32), r"1-D float array \[n_vocab\].*got float32 shape \(1, 8\)"),  # a last_only row
+    (np.zeros((3, 8), np.float32), "1-D float array"),  # every position's logits: argmax would pick a flat index
+    (np.arange(8), "1-D float array"),
+    (np.array([np.nan, 1, 2], np.float32), "no NaN or [+]inf"),  # NaN was drawn as the id past the vocabulary
+    (np.array([1, np.inf], np.float32), "no NaN or [+]inf"),
+    (np.full(5, -np.inf, np.float32), "at least one finite value"),
+])
+@pytest.mark.parametrize("options", [{}, {"temperature": 1.0}, {"temperature": 1.0, "top_k": 1},
+                                     {"temperature": 1.0, "top_p": 0.5}])
+def test_anything_but_one_position_s_scores_is_refused(logits, fragment, options):
+    with pytest.raises(ValueError, match=fragment):
+        next_token(logits, np.random.default_rng(0), **options)
+
+
+def test_minus_infinity_bans_a_token():  # the usual way to forbid one: probability 0, never drawn
+    logits = np.array([0.0, -np.inf, 0.0], np.float32)
+    assert {next_token(logits, np.random.default_rng(seed), temperature=1.0) for seed in range(200)} == {0, 2}
+    assert next_token(logits) == 0
+
+
+def test_a_seed_given_as_rng_draws_as_a_generator_of_that_seed():
+    assert [next_token(LOGITS, seed, temperature=1.0) for seed in range(30)] == [
+        next_token(LOGITS, np.random.default_rng(seed), temperature=1.0) for seed in range(30)]

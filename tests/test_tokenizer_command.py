@@ -3,10 +3,15 @@
 The merges are held to the textbook trainer's (itself held to Hugging Face's trainer by tests/test_tokenizer_train.py),
 and the files to the format's definition: `#version: 0.2`, then one merge a line; ids 0..N-1, <|endoftext|> last.
 """
+import errno
 import json
+import os
 
 import pytest
 
+from gpt2_numpy import tokenizer_train
+from gpt2_numpy.commands import tokenizer as tokenizer_command
+from gpt2_numpy.commands.tokenizer import HF_TOKENIZER_FILES
 from gpt2_numpy.tokenizer import load_tokenizer
 from gpt2_numpy.tokenizer_train import spelled_tokens, train_bpe_textbook
 from tests.conftest import assert_one_error_line
@@ -70,3 +75,43 @@ def test_a_folder_holding_a_tokenizer_is_never_written_over(tmp_path, data):
     result = run_cli("gpt2_numpy", "tokenizer", "--data", data, "--vocab-size", 300, "--out", tmp_path / "model")
     assert_one_error_line(result, "already holds vocab.json")
     assert (tmp_path / "model" / "vocab.json").read_text() == "{}"
+
+
+@pytest.mark.parametrize("name", HF_TOKENIZER_FILES)
+def test_a_folder_whose_hugging_face_files_would_win_is_refused(tmp_path, data, name):
+    # GPT2TokenizerFast.from_pretrained reads tokenizer.json before vocab.json + merges.txt: an old one would load
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / name).write_text("{}")
+    result = run_cli("gpt2_numpy", "tokenizer", "--data", data, "--vocab-size", 300, "--out", tmp_path / "model")
+    assert_one_error_line(result, f"holds {name}, which Hugging Face's loaders would read instead of the new files")
+    assert [path.name for path in (tmp_path / "model").iterdir()] == [name]
+
+
+def test_a_folder_below_a_file_is_refused_before_training(tmp_path, data):
+    (tmp_path / "a_file").write_text("")
+    result = run_cli("gpt2_numpy", "tokenizer", "--data", data, "--vocab-size", 300, "--out",
+                     tmp_path / "a_file" / "tok")
+    assert_one_error_line(result, f"{tmp_path / 'a_file'} is a file, so no folder can be made below it")
+    assert "merges" not in result.stderr  # no progress bar: refused before the training ran
+
+
+@pytest.mark.parametrize("out", ["new/tok", "existing"])
+def test_a_full_disk_leaves_neither_file_nor_the_folders_made(tmp_path, data, monkeypatch, capsys, out):
+    # merges.txt, written second, meets a full disk: the vocab.json written first must not stay alone
+    (tmp_path / "existing").mkdir()
+    real_write = tokenizer_train.atomic_write
+
+    def full_at_merges(path, write):
+        if path.name == "merges.txt":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        real_write(path, write)
+
+    monkeypatch.setattr(tokenizer_train, "atomic_write", full_at_merges)
+    with pytest.raises(SystemExit) as stop:
+        tokenizer_command.main(["--data", str(data), "--vocab-size", "300", "--out", str(tmp_path / out)])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"error: cannot write --out {tmp_path / out} (No space left on device): free some disk space, fix its "
+        "permissions, or choose another folder; nothing was written")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["data.txt", "existing"]
+    assert list((tmp_path / "existing").iterdir()) == []

@@ -6,20 +6,24 @@ stdout gets the folder (with --json, what was trained); progress goes to stderr.
 
 `gpt2-numpy train --vocab-size N` trains one the same way for a model, on the training part of its text.
 """
+import os
+from contextlib import suppress
+
 from gpt2_numpy.commands.common import (
     ArgumentParser, path_argument, print_json, read_data, run_cli, whole_number, writing_stdout,
 )
 from gpt2_numpy.console import log
 from gpt2_numpy.errors import UsageError
 from gpt2_numpy.formats.vocabulary import FILE_NAMES
+from gpt2_numpy.save import made_folders
 from gpt2_numpy.tokenizer_train import save_tokenizer, trained_tokenizer, train_vocabulary
-
 
 
 def parse_args(argv):  # -> argparse.Namespace
     parser = ArgumentParser(prog="gpt2-numpy tokenizer",
                             description="Train a byte-level BPE tokenizer (GPT-2's kind) on a UTF-8 text file, with "
-                            "the same merges as Hugging Face's tokenizers, into DIR/vocab.json + DIR/merges.txt.")
+                            "the same merges as Hugging Face's tokenizers trained on the whole text at once, into "
+                            "DIR/vocab.json + DIR/merges.txt.")
     parser.add_argument("--data", required=True, type=path_argument, metavar="FILE",
                         help="the UTF-8 text to learn the merges from")
     parser.add_argument("--vocab-size", required=True, type=whole_number(257), metavar="N",
@@ -34,13 +38,47 @@ def parse_args(argv):  # -> argparse.Namespace
     return parser.parse_args(argv)
 
 
-def check_out(out):  # -> None, or UsageError for a folder whose tokenizer would be replaced
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out} is a file: pass a folder (it is created if missing)")
-    held = [name for names in FILE_NAMES.values() for name in names if (out / name).exists()]
-    if held:
-        raise UsageError(f"--out {out} already holds {', '.join(held)}: a model's tokenizer is not replaced under "
-                         "it; choose a new folder, or delete those files first")
+# Hugging Face's tokenizer loaders read these before, or beside, vocab.json + merges.txt: left there, they would win
+HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json")
+
+
+def check_out(out):  # -> None, or UsageError for a folder that cannot take the new tokenizer, before any training
+    try:
+        if out.exists() and not out.is_dir():
+            raise UsageError(f"--out {out} is a file: pass a folder (it is created if missing)")
+        held = [name for names in FILE_NAMES.values() for name in names if (out / name).exists()]
+        if held:
+            raise UsageError(f"--out {out} already holds {', '.join(held)}: a model's tokenizer is not replaced under "
+                             "it; choose a new folder, or delete those files first")
+        held = [name for name in HF_TOKENIZER_FILES if (out / name).exists()]
+        if held:
+            raise UsageError(f"--out {out} holds {', '.join(held)}, which Hugging Face's loaders would read instead "
+                             "of the new files: choose a new folder, or delete those files first")
+        existing = next(path for path in (out, *out.parents) if path.exists())
+    except OSError as error:  # a folder on the way that this user may not enter
+        raise UsageError(f"--out {out}: cannot read the folders on its way ({error.strerror}): fix their permissions "
+                         "or choose another folder") from None
+    if not existing.is_dir():
+        raise UsageError(f"--out {out}: {existing} is a file, so no folder can be made below it: choose another "
+                         "folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"--out {out}: cannot write into {existing} (permission denied): fix its permissions or "
+                         "choose another folder")
+
+
+def write_out(out, merges):  # -> None: out holds both files, or neither, and no folder made for them
+    try:
+        with made_folders(out):
+            try:
+                save_tokenizer(out, merges)
+            except OSError:
+                for name in FILE_NAMES["Hugging Face"]:  # check_out saw neither: a file here is this run's own
+                    with suppress(OSError):
+                        (out / name).unlink()
+                raise
+    except OSError as error:
+        raise UsageError(f"cannot write --out {out} ({error.strerror or error}): free some disk space, fix its "
+                         "permissions, or choose another folder; nothing was written") from None
 
 
 def run(argv=None):  # -> exit status
@@ -50,7 +88,7 @@ def run(argv=None):  # -> exit status
     merges = train_vocabulary(text, args.vocab_size, args.min_frequency, args.data)
     tokens = len(trained_tokenizer(merges).encode(text))
     n_bytes = len(text.encode("utf-8"))
-    save_tokenizer(args.out, merges)
+    write_out(args.out, merges)
     log(f"wrote a {args.vocab_size:,}-token vocabulary to {args.out}: the text is {tokens:,} tokens, "
         f"{tokens / max(n_bytes, 1):.3f} per byte")
     if args.json:
