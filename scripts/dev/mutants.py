@@ -5,6 +5,8 @@ copy of the repo: the tests that catch it.
     python -m scripts.dev.mutants --only train,commands,optim,save tests/test_train_resume.py \
         tests/test_train_vocab.py tests/test_optim.py
     python -m scripts.dev.mutants --only download tests/test_download.py
+    python -m scripts.dev.mutants --only sampling,decode,tokenizer tests/test_sampling.py tests/test_generate.py \
+        tests/test_tokenizer_command.py
 
 A test earns its place by failing when the code is wrong; a mutant that no test catches is a hole in the suite. Each
 mutant replaces one line's text; the copy lives in a temporary folder, so the working tree is never touched.
@@ -105,6 +107,15 @@ MUTANTS = [  # (what, file, text, replacement)
      "if os.path.samestat(os.fstat(lock.fileno()), os.stat(folder / LOCK)):", "if True:"),
     ("download: a failed first download leaves its folders", "gpt2_numpy/save.py",
      "                path.rmdir()  # only an empty folder goes", "                pass"),
+    ("train: loss_and_grads takes targets of another shape", "gpt2_numpy/backward.py",
+     "if targets.shape != inputs.shape:", "if False:"),
+    ("sampling: a [1, n_vocab] row taken as one position's logits", "gpt2_numpy/sampling.py",
+     'if logits.ndim != 1 or logits.size == 0 or logits.dtype.kind != "f":',
+     'if logits.size == 0 or logits.dtype.kind != "f":'),
+    ("decode: GPT-2's 50256 ends every model's continuation", "gpt2_numpy/decode.py",
+     'return len(params["wte"]) - 1 if eos_id is None else eos_id', "return 50256 if eos_id is None else eos_id"),
+    ("tokenizer: a write cut by a full disk leaves vocab.json", "gpt2_numpy/commands/tokenizer.py",
+     "                        (out / name).unlink()", "                        pass"),
     ("train: --resume refuses a flag equal to the saved run's", "gpt2_numpy/commands/train.py",
      "if value is not None and value != saved.get(name):", "if value is not None:"),
     ("train: --init DIR trains a new model", "gpt2_numpy/commands/train.py",
