@@ -371,6 +371,19 @@ def test_bad_batch_arguments_are_one_error_line(models_dir, args, fragment):
     assert len(errors) == 1 and fragment in errors[0], result.stderr
 
 
+def test_prompts_stand_before_and_after_the_flags_as_the_dash_hint_says(models_dir):
+    # the hint's form, `... -- "-x"`, once a first prompt stood before the flags: argparse alone refused the second
+    env = {**os.environ, "GPT2_NUMPY_BASE_URL": UNREACHABLE, "PYTHONPATH": str(REPO)}
+    outputs = []
+    for args in (["I go", "--n-tokens", "4", "--models-dir", str(models_dir), "--", "-x"],
+                 ["--n-tokens", "4", "--models-dir", str(models_dir), "--", "I go", "-x"]):
+        result = subprocess.run([sys.executable, "-m", "gpt2_numpy.generate", *args], capture_output=True, text=True,
+                                env=env, timeout=120)
+        assert result.returncode == 0, result.stderr
+        outputs.append(result.stdout)
+    assert outputs[0] == outputs[1] and outputs[0].count("\n\n") == 1  # two continuations, one blank line between
+
+
 def test_a_prompt_longer_than_the_context_is_one_error_line(models_dir):
     result = cli("-", "--n-tokens", "1", models_dir=models_dir, stdin=b" the" * 65)  # " the" (262) fits tiny's vocab
     assert result.returncode == 2 and result.stdout == ""

@@ -9,6 +9,7 @@ JSON_HELP); everything else goes to stderr. The decode loop itself is gpt2_numpy
 """
 import json
 import secrets
+import sys
 import time
 
 
@@ -40,7 +41,7 @@ def parse_args(argv):  # -> argparse.Namespace, checked
         "progress and statistics go to stderr.",
         dash_hint='a prompt that begins with \'-\' goes last, after \'--\': gpt2-numpy generate --n-tokens 5 -- "-x"',
     )
-    parser.add_argument("prompts", nargs="+", metavar="PROMPT",
+    parser.add_argument("prompts", nargs="*", metavar="PROMPT",
                         help='text to continue (several: one continuation each); "-" reads stdin; "" starts from '
                         "scratch; a prompt beginning with '-' goes last, after --")
     parser.add_argument("--n-tokens", type=whole_number(1), default=40, metavar="N", help="tokens to generate (40)")
@@ -59,7 +60,14 @@ def parse_args(argv):  # -> argparse.Namespace, checked
     parser.add_argument("--ignore-eos", action="store_true", help="keep going past <|endoftext|>")
     parser.add_argument("--no-stream", action="store_true", help="print a single continuation only when complete")
     parser.add_argument("--json", action="store_true", help=JSON_HELP)
-    args = parser.parse_args(argv)
+    # prompts stand before and after the flags, and all that follows "--" is prompts (argparse alone takes no prompt
+    # after the flags once one stood before them, and its intermixed parsing mistakes "-x" after "--" for a flag)
+    argv = sys.argv[1:] if argv is None else [str(arg) for arg in argv]
+    cut = argv.index("--") if "--" in argv else len(argv)
+    args = parser.parse_intermixed_args(argv[:cut])
+    args.prompts += argv[cut + 1 :]
+    if not args.prompts:
+        parser.error("the following arguments are required: PROMPT")
     if args.prompts.count("-") > 1:
         raise UsageError('"-" (read the prompt from stdin) may be given only once')
     check_sampling_args(args.temperature, args.top_k, args.top_p)
