@@ -87,7 +87,7 @@ def parse_args(argv):
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
     parser.add_argument("--markdown", type=Path, metavar="FILE",
                         help=f"also write the tables into FILE, in place of what stands between its {BEGIN} and {END} "
-                        "lines; the rest of FILE stays as it is")
+                        "lines; the rest of FILE stays as it is (with --only, the tables hold those parts' rows alone)")
     parser.add_argument("--checkpoint", type=Path, default=REPO / "weights" / "124M",
                         help="a TF checkpoint dir of the 124M shape (default: %(default)s); without one, seeded random "
                         "weights of that shape, no TF load rows, and CRC32C on random bytes")
@@ -111,12 +111,24 @@ def engines_for(params, hparams, compare_hf, scratch):  # -> engines, and HF's f
     return engines, hf_dir
 
 
+def check_args(args, tf_dir):  # -> None; one error line for a run that would measure nothing
+    if args.repeats < 1:
+        fail(f"--repeats {args.repeats}: a median needs at least 1 run")
+    without = {"score": "--compare-hf", "load": "--compare-hf or a TF checkpoint (--checkpoint)",
+               "peak memory": "--compare-hf or a TF checkpoint (--checkpoint)"}
+    measured = {"score": args.compare_hf, "load": args.compare_hf or tf_dir, "peak memory": args.compare_hf or tf_dir}
+    for name in args.only or ():
+        if name in without and not measured[name]:
+            fail(f"--only {name} measures nothing without {without[name]}")
+
+
 def main(argv=None):
     args = parse_args(argv)
+    tf_dir = args.checkpoint if (args.checkpoint / "model.ckpt.index").exists() else None
+    check_args(args, tf_dir)
     if args.markdown:
         read_page(args.markdown)  # now, not after a run of half an hour
     keep_freed_memory()  # as the CLIs do; both engines share this process and its allocator
-    tf_dir = args.checkpoint if (args.checkpoint / "model.ckpt.index").exists() else None
     hparams, params = load_params(tf_dir) if tf_dir else (HPARAMS_124M, random_params(HPARAMS_124M))
     results = {}
     with tempfile.TemporaryDirectory() as scratch:

@@ -91,6 +91,18 @@ def test_markdown_puts_the_tables_between_the_markers_and_keeps_the_rest(tmp_pat
                                 + PAGE_AFTER)
 
 
+@pytest.mark.parametrize("args, fragment", [
+    (["--repeats", "0", "--only", "einsum"], "--repeats 0: a median needs at least 1 run"),  # was a table of nan
+    (["--only", "score"], "--only score measures nothing without --compare-hf"),  # was an empty table, status 0
+    (["--only", "load", "--checkpoint", "no-such-folder"],
+     "--only load measures nothing without --compare-hf or a TF checkpoint (--checkpoint)"),
+])
+def test_a_benchmark_that_would_measure_nothing_is_one_error_line(args, fragment, tmp_path):
+    result = benchmark(*args, cwd=tmp_path)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.splitlines() == [f"error: {fragment}"]
+
+
 @pytest.mark.parametrize("text", [None, "# Performance\n\n<!-- benchmark:begin -->\nno end marker\n",
                                   "<!-- benchmark:end -->\nthe end before the beginning\n<!-- benchmark:begin -->\n"])
 def test_markdown_without_its_markers_is_one_error_line_before_any_run(text, tmp_path):
@@ -123,3 +135,18 @@ def test_the_bpe_benchmark_reports_the_childs_own_peak_memory(tmp_path):
     seconds, peak_mb = run_child(sys.executable, "ours", argparse.Namespace(data=tmp_path / "text.txt", vocab_size=300))
     assert parent.all() and seconds > 0
     assert 10 < peak_mb < 200  # Python, NumPy and the trainer on a 10 KB text; the parent alone holds 256 MB more
+
+
+# --- the mutants ---
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--only", "nosuchpart"], "--only 'nosuchpart' names no part: choose among backward, "),  # was silence, status 0
+    (["--only", "decode", "tests/no_such_test.py"], "pytest ran none of tests/no_such_test.py (status 4"),  # was
+    # "NOT CAUGHT": pytest's own error read as a mutant no test caught
+])
+def test_a_mutant_run_that_would_test_nothing_is_one_error_line(args, fragment, tmp_path):
+    result = subprocess.run([sys.executable, "-m", "scripts.dev.mutants", *args], capture_output=True, text=True,
+                            cwd=REPO, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert result.returncode != 0 and result.stdout == ""
+    assert len(result.stderr.splitlines()) == 1 and result.stderr.startswith(f"error: {fragment}"), result.stderr

@@ -147,6 +147,9 @@ MUTANTS = [  # (what, file, text, replacement)
 def caught_by(copy, tests):  # -> ids of the failing tests (a fixture that fails errors its tests: caught too)
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfE", *tests],
                             cwd=copy, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(copy)})
+    if result.returncode not in (0, 1):  # 0: all passed, 1: some failed; else pytest ran no test (a wrong path...)
+        last = (result.stdout.strip() or result.stderr.strip() or "no output").splitlines()[-1]
+        sys.exit(f"error: pytest ran none of {' '.join(tests)} (status {result.returncode}: {last})")
     return [line.split(" - ")[0].partition(" ")[2] for line in result.stdout.splitlines()
             if line.startswith(("FAILED ", "ERROR "))]
 
@@ -158,6 +161,10 @@ def main(argv):
     parser.add_argument("--only", metavar="PARTS", help="only the mutants of these parts, e.g. model,fast (the word "
                         "before each mutant's colon)")
     args = parser.parse_args(argv)
+    parts = sorted({what.partition(":")[0] for what, *_ in MUTANTS})
+    unknown = [part for part in (args.only or "").split(",") if args.only and part not in parts]
+    if unknown:
+        sys.exit(f"error: --only {unknown[0]!r} names no part: choose among {', '.join(parts)}")
     with tempfile.TemporaryDirectory() as scratch:
         for what, path, text, replacement in MUTANTS:
             if args.only and what.partition(":")[0] not in args.only.split(","):
