@@ -153,3 +153,21 @@ def test_a_mutant_run_that_would_test_nothing_is_one_error_line(args, fragment, 
                             cwd=REPO, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert result.returncode != 0 and result.stdout == ""
     assert len(result.stderr.splitlines()) == 1 and result.stderr.startswith(f"error: {fragment}"), result.stderr
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["scripts.demo.plot_loss", "no-such-log.csv", "out.png"], "error: cannot plot no-such-log.csv into out.png"),
+    (["scripts.bench.tokenizer", "no-such-folder"], "error: no-such-folder is not a folder"),
+    (["scripts.bench.tokenizer", "--baseline", "no-such.py"], "error: --baseline no-such.py is not a file"),
+    (["scripts.dev.compare_models", "gpt2_numpy/model.py", "gpt2_numpy/fast.py"],  # model.py has no KV cache
+     "has no new_cache and gpt2_cached: pass a version of gpt2_numpy/fast.py"),
+    (["scripts.dev.compare_models", "gpt2_numpy/fast.py", "gpt2_numpy/fast.py", "--checkpoint", "no-such-folder"],
+     "error: --checkpoint: no-such-folder holds no GPT-2 checkpoint"),
+    (["scripts.dev.fuzz_formats", "--cases", "-5"], "argument --cases: must be at least 1, got -5"),
+])
+def test_a_script_given_a_bad_argument_says_so_in_one_line(args, fragment, tmp_path):  # each was a traceback or silence
+    command = [sys.executable, "-m", *(str(REPO / arg) if arg.startswith("gpt2_numpy/") else arg for arg in args)]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, timeout=60,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert fragment in result.stderr.splitlines()[-1]

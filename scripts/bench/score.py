@@ -21,6 +21,8 @@ import numpy as np
 
 from gpt2_numpy import keep_freed_memory
 from gpt2_numpy.checkpoint import load_params
+from gpt2_numpy.commands.common import whole_number
+from gpt2_numpy.errors import Gpt2NumpyError
 from gpt2_numpy.score import iter_log_probs
 from gpt2_numpy.tokenizer import load_tokenizer
 from scripts.bench.engines import HuggingFace, Ours
@@ -103,12 +105,15 @@ def hf_guide_windows(model, torch, ids, max_length, stride):  # -> iterator of (
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--checkpoint", type=Path, default=REPO / "weights" / "124M", help="a TF checkpoint dir")
-    parser.add_argument("--n-tokens", type=int, default=10_000)
-    parser.add_argument("--stride", type=int, default=512)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--n-tokens", type=whole_number(2), default=10_000)
+    parser.add_argument("--stride", type=whole_number(1), default=512)
+    parser.add_argument("--repeats", type=whole_number(1), default=3)
     args = parser.parse_args()
     keep_freed_memory()  # as the CLIs do, for both engines in this process
-    hparams, params = load_params(args.checkpoint)
+    try:
+        hparams, params = load_params(args.checkpoint)
+    except Gpt2NumpyError as error:
+        parser.exit(2, f"error: --checkpoint: {error}\n")
     engines = Ours(params, hparams["n_head"]), HuggingFace(params, hparams)
     ours, hf = score_seconds(*engines, vocabulary(args.checkpoint), args.n_tokens, args.stride, args.repeats)
     print(f"score {args.n_tokens:,} tokens with stride {args.stride}: gpt2_numpy {ours:.2f} s, HF transformers "

@@ -28,6 +28,7 @@ import statistics
 import time
 from pathlib import Path
 
+from gpt2_numpy.commands.common import whole_number
 from gpt2_numpy.tokenizer import EOT, PACKAGED_VOCABULARY, WORD_PATTERN, load_tokenizer
 from scripts.bench.harness import OURS, comparison_table, row
 from scripts.common.text_samples import english_text, long_word
@@ -123,9 +124,13 @@ def load_baseline(baseline_file):  # -> load_tokenizer of another version of gpt
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model_dir", nargs="?", type=Path, default=PACKAGED_VOCABULARY)
-    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--runs", type=whole_number(1), default=5)
     parser.add_argument("--baseline", type=Path, help="another tokenizer.py to compare with")
     args = parser.parse_args()
+    if not args.model_dir.is_dir():
+        parser.exit(2, f"error: {args.model_dir} is not a folder: pass a model folder with vocabulary files\n")
+    if args.baseline and not args.baseline.is_file():
+        parser.exit(2, f"error: --baseline {args.baseline} is not a file: pass a version of gpt2_numpy/tokenizer.py\n")
     rows = tokenizer_rows(args.model_dir, args.runs, load_baseline(args.baseline) if args.baseline else None)
     print("\n".join(comparison_table(rows, [OURS])))
 

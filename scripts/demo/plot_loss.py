@@ -2,6 +2,7 @@
 
     python -m scripts.demo.plot_loss OUT/log.csv loss.png
 """
+import argparse
 import csv
 import sys
 
@@ -30,4 +31,11 @@ def main(log_path, png_path):
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("log", help="the log.csv of a training run")
+    parser.add_argument("png", help="the picture to write")
+    args = parser.parse_args()
+    try:
+        main(args.log, args.png)
+    except (OSError, KeyError, ValueError, IndexError) as error:  # no such file, or not a training log
+        parser.exit(2, f"error: cannot plot {args.log} into {args.png}: {error!r}\n")

@@ -8,6 +8,7 @@ logit. Needs torch and transformers (the reference tools, never runtime dependen
     python3 -m venv ../refvenv && ../refvenv/bin/pip install torch==2.13.0 transformers safetensors
 """
 import argparse
+import os
 import sys
 
 try:  # without the tools, --help still works and a run says in one line what to install where
@@ -35,6 +36,8 @@ def main():
     if MISSING:
         print(f"error: {MISSING} is missing from {sys.executable}: {SETUP}", file=sys.stderr)
         sys.exit(2)
+    if not os.path.isdir(args.model_dir):
+        parser.exit(2, f"error: {args.model_dir} is not a folder: pass one written by python -m gpt2_numpy.train\n")
     compare(args.model_dir, args.text)
 
 

@@ -1,7 +1,8 @@
-"""Two versions of model.py side by side, interleaved in one process on the same weights: prefill and decode times.
+"""Two versions of the tuned pass (gpt2_numpy/fast.py, whose new_cache and gpt2_cached every command runs) side by
+side, interleaved in one process on the same weights: prefill and decode times.
 
-    git show f174a5f:gpt2_numpy/model.py > /tmp/model_before.py
-    python -m scripts.dev.compare_models /tmp/model_before.py gpt2_numpy/model.py --checkpoint /tmp/gpt2-tf-124M
+    git show 3a1eaa7:gpt2_numpy/fast.py > /tmp/fast_before.py
+    python -m scripts.dev.compare_models /tmp/fast_before.py gpt2_numpy/fast.py --checkpoint /tmp/gpt2-tf-124M
 
 The machine drifts between runs, so only ratios from one interleaved run mean anything: the two versions take turns,
 --repeats times, and the medians are compared. The checkpoint is a 124M TF folder (the real one, or a 124M-shaped one
@@ -16,6 +17,7 @@ import numpy as np
 
 from gpt2_numpy import keep_freed_memory
 from gpt2_numpy.checkpoint import load_params
+from gpt2_numpy.errors import Gpt2NumpyError
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -45,16 +47,33 @@ def decode_speed(model, params, n_head, ids, n_new=32):  # -> tokens/s of n_new 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("before", type=Path, help="the model.py to compare against")
-    parser.add_argument("after", type=Path, help="the model.py under test")
-    parser.add_argument("--checkpoint", type=Path, default=REPO / "weights" / "124M")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("before", type=Path, help="the fast.py to compare against")
+    parser.add_argument("after", type=Path, help="the fast.py under test")
+    parser.add_argument("--checkpoint", type=Path, default=REPO / "weights" / "124M",
+                        help="a model folder of the 124M shape (default: %(default)s)")
+    parser.add_argument("--repeats", type=int, default=3, help="turns of each version (3)")
     args = parser.parse_args(argv)
+
+    def fail(message):  # -> never returns: one error line, the status of a bad argument
+        parser.exit(2, f"error: {message}\n")
+
+    if args.repeats < 1:
+        fail(f"--repeats {args.repeats}: a median needs at least 1 turn")
+    models = {}
+    for name in ("before", "after"):
+        path = getattr(args, name)
+        if not path.is_file():
+            fail(f"{name} {path} is not a file: pass a version of gpt2_numpy/fast.py")
+        models[name] = load_module(path, f"fast_{name}")
+        if not all(hasattr(models[name], function) for function in ("new_cache", "gpt2_cached")):
+            fail(f"{name} {path} has no new_cache and gpt2_cached: pass a version of gpt2_numpy/fast.py")
     keep_freed_memory()  # as the CLIs do
-    hparams, params = load_params(args.checkpoint)
+    try:
+        hparams, params = load_params(args.checkpoint)
+    except Gpt2NumpyError as error:
+        fail(f"--checkpoint: {error}")
     n_head, n_ctx = hparams["n_head"], hparams["n_ctx"]
     ids = np.random.default_rng(0).integers(0, hparams["n_vocab"], n_ctx)
-    models = {"before": load_module(args.before, "model_before"), "after": load_module(args.after, "model_after")}
     measures = {
         f"prefill {n_ctx} tokens, last logits (s)": lambda m: prefill_seconds(m, params, n_head, ids, True),
         f"prefill {n_ctx} tokens, all logits (s)": lambda m: prefill_seconds(m, params, n_head, ids, False),

@@ -15,6 +15,7 @@ import tempfile
 import time
 from collections import Counter
 
+from gpt2_numpy.commands.common import whole_number
 from scripts.common.fuzzing.fixtures import FORMATS
 from scripts.common.fuzzing.runner import Runner, cases
 
@@ -74,10 +75,10 @@ def print_table(outcomes):  # per fixture file and mutation: how many cases load
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cases", type=int, default=10_000, help="cases per format (default 10,000)")
+    parser.add_argument("--cases", type=whole_number(1), default=10_000, help="cases per format (default 10,000)")
     parser.add_argument("--format", choices=sorted(FORMATS), action="append", help="only this format (repeatable)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random cases (default 0)")
-    parser.add_argument("--case", type=int, help="run only the case with this number")
+    parser.add_argument("--case", type=whole_number(0), help="run only the case with this number")
     args = parser.parse_args()
     signal.signal(signal.SIGALRM, stop_runaway)
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_CAP, resource.getrlimit(resource.RLIMIT_AS)[1]))
