@@ -281,6 +281,9 @@ class KVCache:
     pad: np.ndarray = None  # [n_rows]: a batch's left padding, the slots before each row's first token; None: no batch
 
     def keep(self, rows):  # -> KVCache of only these rows of a batch, e.g. those still generating
+        if self.pad is None:
+            raise ValueError("keep() selects rows of a batch cache (new_cache with pad=...); this one holds one "
+                             "sequence")
         return KVCache(self.rows_of(self.keys, rows), self.rows_of(self.values, rows), self.n_past, self.pad[rows])
 
     def rows_of(self, kv, rows):  # [n_layer, n_rows, n_head, n_slots, d_head] -> [n_layer, len(rows), ...]
@@ -301,6 +304,8 @@ def new_cache(wpe, blocks, n_head, pad=None, n_slots=None):  # -> KVCache of n_s
     rows = () if pad is None else (len(pad),)
     shape = (len(blocks), *rows, n_head, n_ctx if n_slots is None else n_slots, n_embd // n_head)
     pad = None if pad is None else np.asarray(pad, dtype=np.int64)
+    if pad is not None and (pad.ndim != 1 or len(pad) == 0 or pad.min() < 0):
+        raise ValueError(f"pad must hold one whole number >= 0 per row of the batch, got {pad.tolist()}")
     return KVCache(np.zeros(shape, np.float32), np.zeros(shape, np.float32), pad=pad)
 
 

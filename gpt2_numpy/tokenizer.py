@@ -65,7 +65,7 @@ class Tokenizer:
 
     def encode(self, text, allowed_special=()):  # -> list of ids
         """GPT-2's ids for text. Special tokens such as <|endoftext|> are plain text unless named in allowed_special
-        (a set, or "all"); lone surrogates become U+FFFD, as in tiktoken."""
+        (a set, or "all"; None: none); lone surrogates become U+FFFD, as in tiktoken."""
         if not isinstance(text, str):
             raise TypeError(f"encode() takes a str, not {type(text).__name__}; decode bytes to str first")
         text = without_surrogates(text)
@@ -96,6 +96,8 @@ class Tokenizer:
     def _allowed_specials(self, allowed_special):  # -> special tokens to map to their ids, longest first
         if allowed_special == "all":
             return sorted(self.special_tokens, key=len, reverse=True)
+        if allowed_special is None:
+            return []
         if isinstance(allowed_special, str):
             raise ValueError(f"allowed_special={allowed_special!r}: pass a set such as {{{EOT!r}}}, or 'all'")
         unknown = set(allowed_special) - set(self.special_tokens)

@@ -297,6 +297,16 @@ def test_weights_holding_nan_or_inf_stop_generation_with_an_error(tiny, value, o
         generate_batch([prompt, prompt[:2]], broken, hparams["n_head"], 3, **options)
 
 
+def test_a_cache_s_rows_are_those_of_a_batch(tiny):
+    hparams, params, _, _ = tiny
+    wpe, blocks, n_head = params["wpe"], params["blocks"], hparams["n_head"]
+    with pytest.raises(ValueError, match="keep\\(\\) selects rows of a batch cache"):  # was a TypeError from None[rows]
+        new_cache(wpe, blocks, n_head).keep([0])
+    for pad in ([0, -1], [], [[0]]):  # a negative pad was taken, and would index the cache from its end
+        with pytest.raises(ValueError, match="pad must hold one whole number >= 0 per row of the batch"):
+            new_cache(wpe, blocks, n_head, pad=pad)
+
+
 def test_keeping_rows_allocates_only_the_cache_it_keeps(tiny):
     hparams, params, _, _ = tiny
     n_rows, n_past, rows = 8, 40, [0, 2, 5, 7]

@@ -106,10 +106,11 @@ def test_allowed_end_of_text_becomes_its_id(tokenizer, allowed):
     assert tokenizer.encode("hello <|endoftext|>", allowed_special=allowed) == [31373, 220, 50256]
 
 
-def test_end_of_text_is_ordinary_text_by_default(tokenizer, reference):
+@pytest.mark.parametrize("allowed", [(), set(), None])  # None: no special token, as the default (was a TypeError)
+def test_end_of_text_is_ordinary_text_by_default(tokenizer, reference, allowed):
     text = "a<|endoftext|>b <|endoftext|>"
-    assert EOT_ID not in tokenizer.encode(text)
-    assert tokenizer.encode(text) == reference.encode_ordinary(text)
+    assert EOT_ID not in tokenizer.encode(text, allowed_special=allowed)
+    assert tokenizer.encode(text, allowed_special=allowed) == reference.encode_ordinary(text)
 
 
 def test_allowed_end_of_text_matches_tiktoken(tokenizer, reference, strings):
