@@ -231,12 +231,22 @@ def cross_entropy_rows(logits, targets, n_positions):  # [n, n_vocab] (made the 
 # --- the whole model ---
 
 
+def checked_ids(ids, what, n_vocab, n_ctx):  # int [..., n_seq] -> int64, the same shape; ValueError naming what
+    ids = np.asarray(ids)
+    rows = ids.reshape(-1, ids.shape[-1]) if ids.ndim > 2 else ids  # check_inputs takes one sequence or one batch
+    try:
+        return fast.check_inputs(rows, n_vocab=n_vocab, n_ctx=n_ctx).reshape(ids.shape)
+    except ValueError as error:
+        raise ValueError(f"{what}: {error}") from None
+
+
 def loss_and_grads(inputs, targets, params, n_head):  # int [..., n_seq] x2 -> (mean cross-entropy, grads like params)
     """The mean next-token cross-entropy of `targets` given `inputs`, and its gradient for every parameter."""
     wte, wpe, ln_f = params["wte"], params["wpe"], params["ln_f"]
     # NumPy would wrap negative ids, and a mismatched target array would drop or broadcast targets, without a word
     fast.check_heads(n_head, wte.shape[-1])
-    inputs, targets = (fast.check_inputs(ids, n_vocab=wte.shape[0], n_ctx=wpe.shape[0]) for ids in (inputs, targets))
+    inputs, targets = (checked_ids(ids, what, wte.shape[0], wpe.shape[0]) for ids, what in
+                       ((inputs, "inputs"), (targets, "targets")))
     if targets.shape != inputs.shape:
         raise ValueError(f"targets {targets.shape} must have the inputs' shape {inputs.shape}: the next token of each "
                          "position")

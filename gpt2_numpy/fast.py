@@ -359,7 +359,7 @@ def check_inputs(inputs, n_vocab, n_ctx, n_past=0):  # [(n_rows,) n_seq] -> int6
     ids = np.asarray(inputs)
     if ids.ndim not in (1, 2) or ids.size == 0 or not np.issubdtype(ids.dtype, np.integer):
         raise ValueError(
-            f"inputs must be a non-empty 1-D sequence of integer token ids (or a 2-D batch of equally long ones), got "
+            f"token ids must be a non-empty 1-D sequence of integers (or a 2-D batch of equally long ones), got "
             f"{ids.dtype} shape {ids.shape}"
         )
     bad = ids[(ids < 0) | (ids >= n_vocab)]

@@ -55,6 +55,8 @@ def next_token(logits, rng=None, temperature=0.0, top_k=None, top_p=None):  # [n
 
 def checked_logits(logits):  # -> logits as an array of one position's floats; ValueError for anything else
     logits = np.asarray(logits)
+    if logits.dtype.kind in "iu":  # whole-number scores: greedy took them before sampling checked them
+        logits = logits.astype(np.float32)
     if logits.ndim != 1 or logits.size == 0 or logits.dtype.kind != "f":
         raise ValueError(f"logits must be one position's scores, a 1-D float array [n_vocab] (a forward pass's last "
                          f"row: logits[-1]), got {logits.dtype} shape {logits.shape}")

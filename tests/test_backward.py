@@ -141,17 +141,27 @@ SMALL = {"n_vocab": 11, "n_ctx": 8, "n_embd": 8, "n_head": 2, "n_layer": 1}
 @pytest.mark.parametrize("inputs, targets, fragment", [
     ([1, 2], [2, 3, 4], r"targets \(3,\) must have the inputs' shape \(2,\)"),  # else the 3rd target is dropped
     ([1, 2, 3], [2, 3], r"targets \(2,\) must have the inputs' shape \(3,\)"),
-    ([1, 2], 3, "non-empty 1-D sequence of integer token ids"),  # else broadcast to every position
-    ([-1, 3], [3, 4], r"token id -1 is outside the vocabulary \[0, 11\)"),  # else wrapped to the last id
-    ([3, 3], [3, -1], r"token id -1 is outside the vocabulary \[0, 11\)"),
+    ([1, 2], 3, "^targets: token ids must be a non-empty 1-D sequence of integers"),  # else broadcast everywhere
+    ([-1, 3], [3, 4], r"^inputs: token id -1 is outside the vocabulary \[0, 11\)"),  # else wrapped to the last id
+    ([3, 3], [3, -1], r"^targets: token id -1 is outside the vocabulary \[0, 11\)"),
     ([11, 3], [3, 4], r"token id 11 is outside the vocabulary"),
     (list(range(9)), list(range(1, 10)), "9 positions exceed the model's context of n_ctx=8"),
     ([], [], "non-empty 1-D sequence"),
-    ([1.0, 2.0], [2, 3], "non-empty 1-D sequence of integer token ids"),
+    ([1.0, 2.0], [2, 3], "^inputs: token ids must be a non-empty 1-D sequence of integers"),
+    ([1, 2], [2.0, 3.0], "^targets: token ids must be a non-empty 1-D sequence of integers"),
 ])
 def test_inputs_and_targets_are_checked_before_any_loss(inputs, targets, fragment):
     with pytest.raises(ValueError, match=fragment):
         loss_and_grads(inputs, targets, random_params(SMALL, 0), SMALL["n_head"])
+
+
+def test_any_leading_axes_are_positions_of_one_mean():  # int [..., n_seq]: a batch of batches is still a batch
+    params, rng = random_params(SMALL, 0), np.random.default_rng(0)
+    inputs, targets = rng.integers(0, 11, (2, 3, 5)), rng.integers(0, 11, (2, 3, 5))
+    loss, grads = loss_and_grads(inputs, targets, params, SMALL["n_head"])
+    flat_loss, flat_grads = loss_and_grads(inputs.reshape(6, 5), targets.reshape(6, 5), params, SMALL["n_head"])
+    assert loss == pytest.approx(flat_loss, rel=1e-6)  # the mean over all 30 positions either way
+    np.testing.assert_allclose(grads["wte"], flat_grads["wte"], rtol=1e-5, atol=1e-7)
 
 
 @pytest.mark.parametrize("n_head", [3, 0, -2, 2.0, True])

@@ -98,6 +98,15 @@ def test_help_is_no_prompt_but_the_help(argv, same_as):  # as `git help` and `pi
     assert result.stdout == run("-m", "gpt2_numpy", *same_as).stdout
 
 
+def test_help_for_an_unknown_command_says_so():  # not the general help and status 0, as if it had been understood
+    assert_one_error_line(run("-m", "gpt2_numpy", "help", "gnerate"),
+                          "help: unknown command 'gnerate' (did you mean generate?): choose one of generate, score")
+
+
+def test_generate_s_usage_says_a_prompt_is_required():
+    assert "PROMPT [PROMPT ...]" in run("-m", "gpt2_numpy", "generate", "--help").stdout
+
+
 def test_model_and_its_old_name_together_are_one_error_line(tmp_path):  # else the last one given wins, unsaid
     result = run("-m", "gpt2_numpy", "score", "hi", "--model", str(tmp_path), "--model-size", "355M")
     assert_one_error_line(result, "argument --model-size: not allowed with argument --model")

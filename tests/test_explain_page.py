@@ -472,7 +472,8 @@ def test_bad_html_names_are_one_error_line_with_exit_2(models_dir, tmp_path, nam
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_page_below_a_file_names_the_file(models_dir, tmp_path):  # not "the folder ... does not exist"
+@pytest.mark.parametrize("below", ["a.html", "sub/a.html"])
+def test_a_page_below_a_file_names_the_file(models_dir, tmp_path, below):  # not "the folder ... does not exist"
     (tmp_path / "notes").write_text("")
-    result = run_explain(PROMPT, "--html", str(tmp_path / "notes" / "a.html"), models_dir=models_dir)
-    assert_one_error_line(result, f"--html {tmp_path}/notes/a.html: {tmp_path}/notes is a file, not a folder")
+    result = run_explain(PROMPT, "--html", str(tmp_path / "notes" / below), models_dir=models_dir)
+    assert_one_error_line(result, f"--html {tmp_path}/notes/{below}: {tmp_path}/notes is a file, not a folder")

@@ -289,7 +289,7 @@ def test_out_of_range_ids_are_refused(tiny, inputs, fragment):
 @pytest.mark.parametrize("inputs", [[], [1.0, 2.0], [[[1, 2]]], [[]]])
 def test_malformed_inputs_are_refused(tiny, inputs):
     hparams, params, _ = tiny
-    with pytest.raises(ValueError, match="1-D sequence of integer token ids"):
+    with pytest.raises(ValueError, match="token ids must be a non-empty 1-D sequence of integers"):
         gpt2(inputs, **params, n_head=hparams["n_head"])
 
 

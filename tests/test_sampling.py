@@ -282,7 +282,6 @@ def test_generate_refuses_a_bad_seed_with_usage_error(seed):
 @pytest.mark.parametrize("logits, fragment", [
     (np.zeros((1, 8), np.float32), r"1-D float array \[n_vocab\].*got float32 shape \(1, 8\)"),  # a last_only row
     (np.zeros((3, 8), np.float32), "1-D float array"),  # every position's logits: argmax would pick a flat index
-    (np.arange(8), "1-D float array"),
     (np.array([np.nan, 1, 2], np.float32), "no NaN or [+]inf"),  # NaN was drawn as the id past the vocabulary
     (np.array([1, np.inf], np.float32), "no NaN or [+]inf"),
     (np.full(5, -np.inf, np.float32), "at least one finite value"),
@@ -292,6 +291,11 @@ def test_generate_refuses_a_bad_seed_with_usage_error(seed):
 def test_anything_but_one_position_s_scores_is_refused(logits, fragment, options):
     with pytest.raises(ValueError, match=fragment):
         next_token(logits, np.random.default_rng(0), **options)
+
+
+def test_whole_number_scores_are_scores():  # greedy took them before the logits were checked
+    assert next_token([1, 5, 2]) == 1
+    assert next_token(np.array([0, 0, 9], np.int64), np.random.default_rng(0), temperature=0.1) == 2
 
 
 def test_minus_infinity_bans_a_token():  # the usual way to forbid one: probability 0, never drawn

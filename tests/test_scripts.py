@@ -1,6 +1,7 @@
 """The fixture scripts where their tools are missing: --help still works, and a run says in one line what to install
 where, with no traceback. The benchmark's --markdown: its tables between a page's markers, the rest of the page kept."""
 import os
+import shutil
 import subprocess
 import sys
 
@@ -171,3 +172,12 @@ def test_a_script_given_a_bad_argument_says_so_in_one_line(args, fragment, tmp_p
                             env={**os.environ, "PYTHONPATH": str(REPO)})
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert fragment in result.stderr.splitlines()[-1]
+
+
+def test_a_mutant_that_breaks_importing_counts_as_caught(tmp_path):  # pytest's status 2: a module that cannot load
+    from scripts.dev.mutants import caught_by
+
+    copy = tmp_path / "repo"
+    shutil.copytree(REPO, copy, ignore=shutil.ignore_patterns(".git", "__pycache__", "weights"))
+    (copy / "gpt2_numpy" / "sampling.py").write_text("x = (\n")
+    assert caught_by(copy, ["tests/test_sampling.py"]) == ["tests/test_sampling.py"]

@@ -30,7 +30,9 @@ def main(argv=None):  # -> never returns: runs the command argv names, or exits 
         command = importlib.import_module(f"gpt2_numpy.commands.{first}")
         return command.main(argv[1:])
     if first == "help":  # as git and pip have it: gpt2-numpy help [COMMAND]
-        return main([argv[1], "--help"] if argv[1:2] and argv[1] in COMMANDS else ["--help"])
+        if argv[1:2] and argv[1] not in COMMANDS:
+            return run_cli(lambda _: refuse(argv[1], "help"))
+        return main([*argv[1:2], "--help"])
     if first in ("-h", "--help", "--version"):
         return run_cli(lambda _: write_stdout(help_text() if first != "--version" else version_text()) or 0)
     if first is None or near_miss(first):
@@ -42,10 +44,13 @@ def near_miss(word):  # -> True when word looks like a misspelt command rather t
     return not word.startswith("-") and bool(difflib.get_close_matches(word, COMMANDS, n=1, cutoff=0.75))
 
 
-def refuse(word):  # -> never returns: UsageError naming the commands
+def refuse(word, asked=None):  # -> never returns: UsageError naming the commands; asked: "help" for help WORD
     names = ", ".join(COMMANDS)
     if word is None:
         raise UsageError(f"no command given: choose one of {names} (gpt2-numpy --help says what each does)")
+    if asked:
+        guess = "".join(f" (did you mean {match}?)" for match in difflib.get_close_matches(word, COMMANDS, n=1))
+        raise UsageError(f"{asked}: unknown command {word!r}{guess}: choose one of {names}")
     guess = difflib.get_close_matches(word, COMMANDS, n=1)[0]
     raise UsageError(f"unknown command {word!r} (did you mean {guess}?): choose one of {names}; to continue the "
                      f"one-word prompt {word!r}, run gpt2-numpy generate {word}")

@@ -41,7 +41,7 @@ def parse_args(argv):  # -> argparse.Namespace, checked
         "progress and statistics go to stderr.",
         dash_hint='a prompt that begins with \'-\' goes last, after \'--\': gpt2-numpy generate --n-tokens 5 -- "-x"',
     )
-    parser.add_argument("prompts", nargs="*", metavar="PROMPT",
+    prompts = parser.add_argument("prompts", nargs="+", metavar="PROMPT",
                         help='text to continue (several: one continuation each); "-" reads stdin; "" starts from '
                         "scratch; a prompt beginning with '-' goes last, after --")
     parser.add_argument("--n-tokens", type=whole_number(1), default=40, metavar="N", help="tokens to generate (40)")
@@ -62,8 +62,10 @@ def parse_args(argv):  # -> argparse.Namespace, checked
     parser.add_argument("--json", action="store_true", help=JSON_HELP)
     # prompts stand before and after the flags, and all that follows "--" is prompts (argparse alone takes no prompt
     # after the flags once one stood before them, and its intermixed parsing mistakes "-x" after "--" for a flag)
-    argv = sys.argv[1:] if argv is None else [str(arg) for arg in argv]
+    argv = sys.argv[1:] if argv is None else list(argv)
     cut = argv.index("--") if "--" in argv else len(argv)
+    parser.usage = parser.format_usage().removeprefix("usage: ").strip()  # with PROMPT as required, as it is
+    prompts.nargs = "*"  # the words after "--" may be the only prompts: checked below, once they are counted
     args = parser.parse_intermixed_args(argv[:cut])
     args.prompts += argv[cut + 1 :]
     if not args.prompts:

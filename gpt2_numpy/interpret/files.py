@@ -17,8 +17,9 @@ def check_output_file(path, flag, suffixes):  # -> None, or UsageError saying wh
             raise UsageError(f"{flag} {path}: the file name must end in {names} (got "
                              f"{repr(path.suffix) if path.suffix else 'no suffix'})")
         folder = path.parent
-        if folder.exists() and not folder.is_dir():
-            raise UsageError(f"{flag} {path}: {folder} is a file, not a folder; choose another file")
+        existing = next(above for above in (folder, *folder.parents) if above.exists())
+        if not existing.is_dir():
+            raise UsageError(f"{flag} {path}: {existing} is a file, not a folder; choose another file")
         if not folder.is_dir():
             raise UsageError(f"{flag} {path}: the folder {folder} does not exist; create it or choose another file")
     except OSError as error:  # a folder on the way that this user may not enter

@@ -147,11 +147,12 @@ MUTANTS = [  # (what, file, text, replacement)
 def caught_by(copy, tests):  # -> ids of the failing tests (a fixture that fails errors its tests: caught too)
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfE", *tests],
                             cwd=copy, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(copy)})
-    if result.returncode not in (0, 1):  # 0: all passed, 1: some failed; else pytest ran no test (a wrong path...)
+    failed = [line.split(" - ")[0].partition(" ")[2] for line in result.stdout.splitlines()
+              if line.startswith(("FAILED ", "ERROR "))]  # ERROR: a test module the mutant keeps from importing too
+    if result.returncode not in (0, 1) and not failed:  # pytest ran no test at all: a wrong path, no test collected
         last = (result.stdout.strip() or result.stderr.strip() or "no output").splitlines()[-1]
         sys.exit(f"error: pytest ran none of {' '.join(tests)} (status {result.returncode}: {last})")
-    return [line.split(" - ")[0].partition(" ")[2] for line in result.stdout.splitlines()
-            if line.startswith(("FAILED ", "ERROR "))]
+    return failed
 
 
 def main(argv):
