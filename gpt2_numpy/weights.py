@@ -262,7 +262,7 @@ def failed_verification(error, model_dir, folder, blamed, deleted, compared, fet
 def locked(folder):  # creates folder and holds its lock; a file-system error anywhere inside becomes a DownloadError.
     # The folders it made go again if the work leaves nothing in them but the lock (a first download that failed)
     try:
-        with made_folders(folder) as made, open_lock(folder) as lock:
+        with made_folders(folder) as made, open_lock(folder, made) as lock:
             try:
                 yield
             finally:
@@ -275,10 +275,12 @@ def locked(folder):  # creates folder and holds its lock; a file-system error an
                             f"{DISK_ADVICE.get(error.errno, OTHER_FOLDER)}") from None
 
 
-def open_lock(folder):  # -> folder's lock file, open and locked by this process; folder and file made if missing
-    # A holder whose work left nothing behind deletes the file on its way out (locked). Whoever waited on that file
-    # then holds a lock that no one else can see, so it takes the lock again on the file now under that name
+def open_lock(folder, made):  # -> folder's lock file, open and locked by this process; folder and file made if missing
+    # A holder whose work left nothing behind deletes the file (and the folders it made) on its way out (locked).
+    # Whoever waited on that file then holds a lock that no one else can see, so it takes the lock again on the file
+    # now under that name, and counts the folders it has to make again as made by itself (made: made_folders' list)
     while True:
+        made += [path for path in (folder, *folder.parents) if not path.exists() and path not in made]
         folder.mkdir(parents=True, exist_ok=True)
         try:
             lock = (folder / LOCK).open("a")

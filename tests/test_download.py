@@ -510,6 +510,8 @@ def test_a_waiter_whose_lock_file_was_deleted_locks_the_file_now_in_its_place(tm
         wait_until(lambda: stderr.append(capsys.readouterr().err) or "in progress" in "".join(stderr))
     second.join(WAIT_SECONDS)
     assert checked == [False]
+    # the second made the folders again, and leaving nothing but its lock there, it removes them as the first did
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_huggingface_layout_downloads_and_loads(tmp_path, monkeypatch):
