@@ -34,7 +34,7 @@ from scripts.bench.engines import INSTALL_HF, HuggingFace, Ours
 from scripts.bench.harness import (BEGIN, END, HF, HPARAMS_124M, OURS, REPO, blas_name, blas_threads, fail, read_page,
                                    report, vocabulary, write_between_markers)
 
-Run = namedtuple("Run", "engines params tf_dir hf_dir vocab_dir repeats")
+Run = namedtuple("Run", "engines params tf_dir hf_dir vocab_dir repeats corpus")
 PARTS = {  # --only's names, in the order they run -> (run) -> rows (the breakdown: its own table's lines)
     "prefill": lambda run: forward.prefill_rows(run.engines, run.repeats),
     "decode": lambda run: forward.decode_rows(run.engines, run.repeats),
@@ -47,7 +47,7 @@ PARTS = {  # --only's names, in the order they run -> (run) -> rows (the breakdo
     "peak memory": lambda run: memory.peak_rss_rows(run.tf_dir, run.hf_dir),
     "CRC32C": lambda run: [memory.crc_row(run.tf_dir, run.repeats)],
     "tokenizer": lambda run: tokenizer.tokenizer_rows(run.vocab_dir, run.repeats),
-    "BPE training": lambda run: bpe.bpe_rows(run.repeats),
+    "BPE training": lambda run: bpe.bpe_rows(run.repeats, run.corpus),
     "breakdown": lambda run: breakdown.breakdown_lines(run.engines),
     "training": lambda run: train.train_rows(run.repeats, compare_torch=bool(run.hf_dir), theirs=HF)[0],
 }
@@ -92,6 +92,8 @@ def parse_args(argv):
                         help="a TF checkpoint dir of the 124M shape (default: %(default)s); without one, seeded random "
                         "weights of that shape, no TF load rows, and CRC32C on random bytes")
     parser.add_argument("--repeats", type=int, default=3, help="runs per measurement, of which the median counts")
+    parser.add_argument("--corpus", type=Path, default=bpe.CORPUS, metavar="FILE",
+                        help="the text the BPE training part trains on (default: %(default)s)")
     parser.add_argument("--only", nargs="+", choices=PARTS, metavar="PART",
                         help=f"run only these parts: {', '.join(PARTS)} (default: all); score needs --compare-hf, load "
                         "and peak memory a TF checkpoint or --compare-hf")
@@ -120,6 +122,9 @@ def check_args(args, tf_dir):  # -> None; one error line for a run that would me
     for name in args.only or ():
         if name in without and not measured[name]:
             fail(f"--only {name} measures nothing without {without[name]}")
+    if "BPE training" in (args.only or PARTS) and not args.corpus.is_file():  # else a child's traceback, late
+        fail(f"--corpus {args.corpus} is not a file: the BPE training part trains on it; pass a text file, or choose "
+             "other parts with --only")
 
 
 def main(argv=None):
@@ -133,7 +138,7 @@ def main(argv=None):
     results = {}
     with tempfile.TemporaryDirectory() as scratch:
         engines, hf_dir = engines_for(params, hparams, args.compare_hf, scratch)
-        run = Run(engines, params, tf_dir, hf_dir, vocabulary(args.checkpoint), args.repeats)
+        run = Run(engines, params, tf_dir, hf_dir, vocabulary(args.checkpoint), args.repeats, args.corpus)
         names = [name for name in PARTS if name in (args.only or PARTS)]
         with tqdm(names, desc="benchmark", unit="part", file=sys.stderr) as progress:
             for name in progress:  # a full run takes half an hour: the bar on stderr counts the parts

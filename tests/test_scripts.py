@@ -46,6 +46,19 @@ def test_help_works_without_the_tools(script, blocked, tmp_path):
     assert "venv" in result.stdout  # the help says where the tools live
 
 
+@pytest.mark.parametrize("args, fragment", [
+    (["--config", "nosuch"], "error: --config 'nosuch' is not in "),  # was a KeyError traceback
+    (["--out", "precious"], "error: --out precious exists and holds no TF checkpoint"),  # was replaced whole
+])
+def test_the_tf_fixture_maker_checks_its_arguments_before_writing(args, fragment, tmp_path):
+    (tmp_path / "precious").mkdir()
+    (tmp_path / "precious" / "notes.txt").write_text("mine")
+    result = run(TF_SCRIPT, *args, blocked=["tensorflow"], cwd=tmp_path)  # the checks come before the tools' own
+    assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, result.stderr
+    assert result.stderr.startswith(fragment) and result.stdout == ""
+    assert (tmp_path / "precious" / "notes.txt").read_text() == "mine"
+
+
 @pytest.mark.parametrize(
     "script, blocked, stubbed, missing, install",
     [
@@ -100,6 +113,9 @@ def test_markdown_puts_the_tables_between_the_markers_and_keeps_the_rest(tmp_pat
     (["--only", "score"], "--only score measures nothing without --compare-hf"),  # was an empty table, status 0
     (["--only", "load", "--checkpoint", "no-such-folder"],
      "--only load measures nothing without --compare-hf or a TF checkpoint (--checkpoint)"),
+    (["--only", "einsum", "BPE training", "--corpus", "no-such.txt"],  # was a child's traceback, after the other parts
+     "--corpus no-such.txt is not a file: the BPE training part trains on it; pass a text file, or choose other parts "
+     "with --only"),
 ])
 def test_a_benchmark_that_would_measure_nothing_is_one_error_line(args, fragment, tmp_path):
     result = benchmark(*args, cwd=tmp_path)
@@ -172,6 +188,21 @@ def test_a_script_given_a_bad_argument_says_so_in_one_line(args, fragment, tmp_p
                             env={**os.environ, "PYTHONPATH": str(REPO)})
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert fragment in result.stderr.splitlines()[-1]
+
+
+@pytest.mark.parametrize("script, theirs, what", [
+    ("train_shakespeare.sh", "-init", "no training run"),  # the second folder it remakes, OUT-init
+    ("compare_vocabularies.sh", "", "not what this script writes"),
+])
+def test_a_demo_deletes_no_folder_it_did_not_make(script, theirs, what, tmp_path):  # each began with rm -rf of OUT
+    out, users = tmp_path / "out", tmp_path / f"out{theirs}"
+    users.mkdir()
+    (users / "notes.txt").write_text("mine")
+    result = subprocess.run(["bash", str(REPO / "scripts" / "demo" / script), str(out)], capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == f"error: {users} exists and is {what}: pass an OUT that does not exist yet\n"
+    assert (users / "notes.txt").read_text() == "mine"
 
 
 def test_a_mutant_that_breaks_importing_counts_as_caught(tmp_path):  # pytest's status 2: a module that cannot load

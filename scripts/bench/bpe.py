@@ -76,11 +76,11 @@ def run_child(python, trainer, args):  # -> (seconds, peak MB), or None when tha
     return tuple(json.loads(process.stdout))  # [seconds, peak MB]
 
 
-def bpe_rows(repeats, hf_python=sys.executable):  # -> the benchmark's rows: seconds and peak MB, ours and HF's
-    args = argparse.Namespace(data=CORPUS, vocab_size=4096)
+def bpe_rows(repeats, data=CORPUS, hf_python=sys.executable):  # -> the benchmark's rows: seconds, peak MB, both
+    args = argparse.Namespace(data=data, vocab_size=4096)
     runs = [(run_child(sys.executable, "ours", args), run_child(hf_python, "hf", args)) for _ in range(repeats)]
     ours, hf = zip(*runs)  # in turns, so both see the same load
-    metric = f"train a {args.vocab_size:,}-token BPE on {CORPUS.name}"
+    metric = f"train a {args.vocab_size:,}-token BPE on {data.name}"
     theirs = {} if None in hf else {HF: statistics.median(s for s, _ in hf)}
     theirs_peak = {} if None in hf else {HF: max(peak for _, peak in hf)}
     return [row(f"{metric}, s", "lower", {OURS: statistics.median(s for s, _ in ours), **theirs}),

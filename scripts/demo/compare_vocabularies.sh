@@ -18,6 +18,10 @@ SHAPE="--n-layer 4 --n-head 4 --n-embd 256 --n-ctx 128 --seq-len 128 --batch-siz
 RUN="--eval-every 50 --eval-batches 2 --save-every 200 --seed 0"
 PROMPT="KING HENRY. Now, lords, what say you to the French king? Shall we go to him, or stay here in England?"
 
+[ -f "$CORPUS" ] || { echo "error: $CORPUS is missing: place ../shared/corpus beside the repo" >&2; exit 2; }
+# made afresh, so deleted first: only if it is this script's own output
+[ ! -e "$OUT" ] || [ -f "$OUT/heldout-play.txt" ] || { echo "error: $OUT exists and is not what this script writes:" \
+  "pass an OUT that does not exist yet" >&2; exit 2; }
 rm -rf "$OUT" && mkdir -p "$OUT"
 # the corpus's last play, The Winter's Tale: inside the held-out tail (the last 10%) of both runs
 python -c "import sys; t = open(sys.argv[1], encoding='utf-8').read(); \

@@ -11,13 +11,19 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."  # the repo root
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 OUT=${1:-../demo-model}
+CORPUS=../shared/corpus/shakespeare-plays.txt
 PROMPT="KING HENRY. Now, lords, what say you to the French king? Shall we go to him, or stay here in England?"
 
+[ -f "$CORPUS" ] || { echo "error: $CORPUS is missing: place ../shared/corpus beside the repo" >&2; exit 2; }
+for folder in "$OUT" "$OUT-init"; do  # made afresh, so deleted first: only if they are runs, as this script makes
+  [ ! -e "$folder" ] || [ -f "$folder/train_state.npz" ] || {
+    echo "error: $folder exists and is no training run: pass an OUT that does not exist yet" >&2; exit 2; }
+done
 rm -rf "$OUT" "$OUT-init"
 # the same model at step 0 (GPT-2's initialisation, seed 0): the "before" picture
-python -m gpt2_numpy.train --data ../shared/corpus/shakespeare-plays.txt --out "$OUT-init" \
+python -m gpt2_numpy.train --data "$CORPUS" --out "$OUT-init" \
   --n-layer 4 --n-head 4 --n-embd 256 --n-ctx 128 --seed 0 --steps 0
-python -m gpt2_numpy.train --data ../shared/corpus/shakespeare-plays.txt --out "$OUT" \
+python -m gpt2_numpy.train --data "$CORPUS" --out "$OUT" \
   --n-layer 4 --n-head 4 --n-embd 256 --n-ctx 128 --seq-len 128 --batch-size 8 --steps 650 --lr 1e-3 --warmup 50 \
   --eval-every 50 --eval-batches 2 --save-every 200 --seed 0
 python -m scripts.demo.plot_loss "$OUT/log.csv" docs/train-loss.png
