@@ -81,12 +81,20 @@ def settle(out):  # -> None: a save cut off midway (a full disk, a second Ctrl-C
     if not staging.exists():
         return
     if (staging / STATE).is_file():
-        with np.load(staging / STATE) as state:
-            staged = str(int(state["step"]))
-        if saved_step(out) == staged:  # its weights are in place: the save happened, the rest of it moves in
-            move_in(out)
+        staged = staged_step(staging / STATE)
+        if staged is not None and saved_step(out) == staged:  # its weights are in place: the save happened, the rest
+            move_in(out)  # of it moves in
             return
     shutil.rmtree(staging)  # never began to move in (or was never whole): the save in place stays
+
+
+def staged_step(path):  # -> the step a staged train_state.npz records (str); None for one that cannot be read, which
+    # no save of ours moved in (np.load's ValueError for text, BadZipFile or EOFError for a cut file, KeyError)
+    try:
+        with np.load(path) as state:
+            return str(int(state["step"]))
+    except (ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile):
+        return None
 
 
 def saved_step(out):  # -> the step of the save in out (str), as its weights' header names it; None before the first

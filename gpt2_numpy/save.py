@@ -11,6 +11,7 @@ either the old file or the new one, never half of one.
 """
 import json
 import os
+import stat
 import tempfile
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -81,7 +82,7 @@ def copy_tokenizer(source_dir, folder):  # -> None: folder holds vocab.json + me
 def atomic_write(path, write):  # write(binary file) -> None; path then holds exactly what write wrote, or is unchanged
     """The one atomic writer: write fills a temporary file beside path, which reaches the disk before a rename makes it
     path, so a reader never sees half a file and a failure leaves the old one whole. OSError goes to the caller."""
-    path = Path(path)
+    path = Path(os.path.realpath(path))  # through a symlink to its file, so that the link stays a link
     # hidden, unique to this call, and short whatever the length of path's name
     handle, temporary = tempfile.mkstemp(prefix=".gpt2_numpy-", suffix=".tmp", dir=path.parent)
     try:
@@ -89,11 +90,18 @@ def atomic_write(path, write):  # write(binary file) -> None; path then holds ex
             write(file)
             file.flush()
             os.fsync(file.fileno())  # the bytes reach the disk before the rename makes them the file
-        os.chmod(temporary, 0o666 & ~current_umask())  # mkstemp makes it private; path is an ordinary file
+        os.chmod(temporary, mode_for(path))
         os.replace(temporary, path)
     finally:
         with suppress(FileNotFoundError):
             os.unlink(temporary)
+
+
+def mode_for(path):  # -> the permissions of path's new version: the old file's, else an ordinary new file's
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode)  # a file the user made private stays private
+    except FileNotFoundError:
+        return 0o666 & ~current_umask()  # mkstemp makes its files private; a new file is an ordinary one
 
 
 @contextmanager

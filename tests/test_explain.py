@@ -403,6 +403,16 @@ def test_bad_arguments_are_one_error_line_with_exit_2(models_dir, tmp_path, args
     assert list(tmp_path.iterdir()) == []  # no plot, not even a part of one
 
 
+@pytest.mark.parametrize("args, fragment", [
+    (["--layer", "12"], "--layer 12 is out of range: this model has 12 layers, numbered 0 to 11"),
+    (["--head", "12"], "--head 12 is out of range: this model has 12 heads per layer, numbered 0 to 11"),
+])
+def test_a_layer_or_head_beyond_an_official_size_is_refused_before_its_download(args, fragment, tmp_path):
+    empty = tmp_path / "models"  # 124M is not there: the check must not wait for a download (here: unreachable)
+    assert_one_error_line(run_explain(PROMPT, *args, models_dir=empty), fragment)
+    assert not empty.exists()
+
+
 def test_a_prompt_longer_than_the_context_is_one_error_line(models_dir):
     assert_one_error_line(run_explain(" the" * 65, models_dir=models_dir),
                           "the prompt's 65 tokens exceed the model's context of 64 tokens: shorten it")

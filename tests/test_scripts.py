@@ -48,15 +48,15 @@ def test_help_works_without_the_tools(script, blocked, tmp_path):
 
 @pytest.mark.parametrize("args, fragment", [
     (["--config", "nosuch"], "error: --config 'nosuch' is not in "),  # was a KeyError traceback
-    (["--out", "precious"], "error: --out precious exists and holds no TF checkpoint"),  # was replaced whole
+    (["--out", "precious"], "error: --out precious exists: pass a folder that does not exist yet"),  # was replaced
 ])
 def test_the_tf_fixture_maker_checks_its_arguments_before_writing(args, fragment, tmp_path):
     (tmp_path / "precious").mkdir()
-    (tmp_path / "precious" / "notes.txt").write_text("mine")
+    (tmp_path / "precious" / "model.ckpt.index").write_text("a checkpoint of the user's")
     result = run(TF_SCRIPT, *args, blocked=["tensorflow"], cwd=tmp_path)  # the checks come before the tools' own
     assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, result.stderr
     assert result.stderr.startswith(fragment) and result.stdout == ""
-    assert (tmp_path / "precious" / "notes.txt").read_text() == "mine"
+    assert (tmp_path / "precious" / "model.ckpt.index").read_text() == "a checkpoint of the user's"
 
 
 @pytest.mark.parametrize(
@@ -190,19 +190,52 @@ def test_a_script_given_a_bad_argument_says_so_in_one_line(args, fragment, tmp_p
     assert fragment in result.stderr.splitlines()[-1]
 
 
-@pytest.mark.parametrize("script, theirs, what", [
-    ("train_shakespeare.sh", "-init", "no training run"),  # the second folder it remakes, OUT-init
-    ("compare_vocabularies.sh", "", "not what this script writes"),
+@pytest.mark.parametrize("script, theirs", [
+    ("train_shakespeare.sh", "-init"),  # the second folder it makes, OUT-init
+    ("compare_vocabularies.sh", ""),
 ])
-def test_a_demo_deletes_no_folder_it_did_not_make(script, theirs, what, tmp_path):  # each began with rm -rf of OUT
-    out, users = tmp_path / "out", tmp_path / f"out{theirs}"
+def test_a_demo_deletes_no_folder(script, theirs, tmp_path):  # each began with rm -rf of OUT
+    users = tmp_path / f"out{theirs}"
     users.mkdir()
-    (users / "notes.txt").write_text("mine")
-    result = subprocess.run(["bash", str(REPO / "scripts" / "demo" / script), str(out)], capture_output=True,
-                            text=True, timeout=60)
+    (users / "train_state.npz").write_text("a run of the user's own")  # what the first fix still deleted
+    result = subprocess.run(["bash", str(REPO / "scripts" / "demo" / script), "out"], capture_output=True, text=True,
+                            cwd=tmp_path, timeout=60)  # OUT from the caller's folder, not from the repo's
     assert result.returncode == 2, result.stderr
-    assert result.stderr == f"error: {users} exists and is {what}: pass an OUT that does not exist yet\n"
-    assert (users / "notes.txt").read_text() == "mine"
+    assert result.stderr == f"error: {users} exists: pass an OUT that does not exist yet\n"
+    assert (users / "train_state.npz").read_text() == "a run of the user's own"
+
+
+def test_a_loss_plot_that_cannot_be_written_leaves_the_old_picture(tmp_path):  # savefig wrote it in place
+    import resource
+    import signal
+
+    def small_files():  # in the child: a file may not grow past 2 KB, and growing one fails with EFBIG
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (2048, 2048))
+
+    log = tmp_path / "log.csv"
+    log.write_text("step,train_loss,val_loss,tokens\n" + "".join(f"{i},{5 - i / 9},{5 - i / 8},{64 * i}\n"
+                                                                for i in range(1, 30)))
+    picture = tmp_path / "loss.png"
+    picture.write_bytes(b"the old picture")
+    result = subprocess.run([sys.executable, "-m", "scripts.demo.plot_loss", str(log), str(picture)], cwd=REPO,
+                            capture_output=True, text=True, timeout=60, preexec_fn=small_files,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert result.returncode == 2 and result.stderr.startswith(f"error: cannot plot {log} into {picture}")
+    assert picture.read_bytes() == b"the old picture"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["log.csv", "loss.png"]  # no temporary left
+
+
+def test_the_mutants_help_names_existing_tests_for_every_part():  # the table once covered a third of the parts
+    result = subprocess.run([sys.executable, "-m", "scripts.dev.mutants", "--help"], capture_output=True, text=True,
+                            cwd=REPO, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
+    from scripts.dev.mutants import MUTANTS
+
+    table = [line for line in result.stdout.splitlines() if line.startswith("    ") and "  tests/" in line]
+    rows = [line.split("tests/", 1) for line in table]
+    named = {part.strip('" ') for parts, _ in rows for part in parts.replace(" (default)", "").split(",")}
+    assert named == {what.partition(":")[0] for what, *_ in MUTANTS}
+    assert all((REPO / path).is_file() for _, files in rows for path in ("tests/" + files).split())
 
 
 def test_a_mutant_that_breaks_importing_counts_as_caught(tmp_path):  # pytest's status 2: a module that cannot load

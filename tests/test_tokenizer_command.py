@@ -12,6 +12,7 @@ import pytest
 from gpt2_numpy import tokenizer_train
 from gpt2_numpy.commands import tokenizer as tokenizer_command
 from gpt2_numpy.commands.tokenizer import HF_TOKENIZER_FILES
+from gpt2_numpy.errors import UsageError
 from gpt2_numpy.tokenizer import load_tokenizer
 from gpt2_numpy.tokenizer_train import spelled_tokens, train_bpe_textbook
 from tests.conftest import assert_one_error_line
@@ -93,6 +94,51 @@ def test_a_folder_below_a_file_is_refused_before_training(tmp_path, data):
                      tmp_path / "a_file" / "tok")
     assert_one_error_line(result, f"{tmp_path / 'a_file'} is a file, so no folder can be made below it")
     assert "merges" not in result.stderr  # no progress bar: refused before the training ran
+
+
+@pytest.mark.parametrize("at", ["writing merges.txt", "naming merges.txt"])
+def test_a_ctrl_c_while_writing_leaves_neither_file(tmp_path, data, monkeypatch, at):  # vocab.json stayed alone
+    real_write, real_link = tokenizer_train.atomic_write, os.link
+
+    def write(path, contents):
+        if at == "writing merges.txt" and path.name == "merges.txt":
+            raise KeyboardInterrupt
+        real_write(path, contents)
+
+    def link(source, target):
+        if at == "naming merges.txt" and os.path.basename(target) == "merges.txt":
+            raise KeyboardInterrupt
+        real_link(source, target)
+
+    monkeypatch.setattr(tokenizer_train, "atomic_write", write)
+    monkeypatch.setattr(os, "link", link)
+    out = tmp_path / "tok"
+    with pytest.raises(KeyboardInterrupt):
+        tokenizer_command.write_out(out, [])
+    assert not out.exists()  # neither file, no staging folder, and the folder made for them gone too
+
+
+def test_files_another_run_wrote_meanwhile_are_kept(tmp_path):  # they were replaced without a word
+    out = tmp_path / "tok"
+    out.mkdir()
+    for name in ("vocab.json", "merges.txt"):
+        (out / name).write_text(f"the other run's {name}")
+    with pytest.raises(UsageError, match="vocab.json appeared there while the vocabulary was trained"):
+        tokenizer_command.write_out(out, [])
+    assert {path.name: path.read_text() for path in out.iterdir()} == {
+        name: f"the other run's {name}" for name in ("vocab.json", "merges.txt")}
+
+
+def test_a_file_system_without_hard_links_gets_both_files(tmp_path, monkeypatch):
+    def no_links(source, target):
+        raise PermissionError(errno.EPERM, os.strerror(errno.EPERM))
+
+    monkeypatch.setattr(os, "link", no_links)
+    tokenizer_command.write_out(tmp_path / "tok", [])
+    tokenizer = load_tokenizer(tmp_path / "tok")  # 256 bytes and no merge: a token per byte
+    ids = tokenizer.encode("the king")
+    assert len(ids) == 8 and tokenizer.decode(ids) == "the king"
+    assert sorted(path.name for path in (tmp_path / "tok").iterdir()) == ["merges.txt", "vocab.json"]
 
 
 @pytest.mark.parametrize("out", ["new/tok", "existing"])

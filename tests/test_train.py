@@ -10,6 +10,7 @@ import os
 import random
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -19,7 +20,7 @@ import pytest
 
 from gpt2_numpy.checkpoint import load_params
 from gpt2_numpy.params import flatten, random_params
-from gpt2_numpy.save import atomic_write, save_model
+from gpt2_numpy.save import atomic_write, current_umask, save_model
 from gpt2_numpy.tokenizer import load_tokenizer
 from tests.conftest import FIXTURES, REPO, assert_one_error_line, official_path, tiny_models_dir
 from scripts.common.text_samples import WORDS
@@ -111,6 +112,20 @@ def test_atomic_write_leaves_the_old_file_when_writing_fails(tmp_path):
         atomic_write(path, fails_midway)
     assert path.read_bytes() == b"old"
     assert [each.name for each in tmp_path.iterdir()] == ["model.safetensors"]  # no temporary left behind
+
+
+def test_atomic_write_keeps_a_private_file_private_and_a_symlink_a_link(tmp_path):  # both were made ordinary
+    private = tmp_path / "page.html"
+    private.write_bytes(b"old")
+    private.chmod(0o600)
+    link = tmp_path / "link.html"
+    link.symlink_to(private)
+    atomic_write(link, lambda file: file.write(b"new"))
+    assert link.is_symlink() and private.read_bytes() == b"new"
+    assert stat.S_IMODE(private.stat().st_mode) == 0o600
+    new = tmp_path / "new.html"
+    atomic_write(new, lambda file: file.write(b"new"))
+    assert stat.S_IMODE(new.stat().st_mode) == 0o666 & ~current_umask()  # a new file is an ordinary one
 
 
 # --- Training, resuming, Ctrl-C ---

@@ -140,6 +140,15 @@ def assert_goes_on_as_uninterrupted(data, out, scenario, uninterrupted):  # the 
     shutil.rmtree(out)
 
 
+@pytest.mark.parametrize("staged", [b"garbage\n", b"PK\x03\x04cut"])  # was a traceback at every later --resume
+def test_a_staged_save_that_cannot_be_read_is_dropped_as_never_whole(tmp_path, data, uninterrupted, staged):
+    out = tmp_path / "run"
+    shutil.copytree(uninterrupted[1], out)
+    (out / ".train.save").mkdir()
+    (out / ".train.save" / "train_state.npz").write_bytes(staged)
+    assert_goes_on_as_uninterrupted(data, out, "a later save", uninterrupted)
+
+
 # --- --out: someone else's folder, another run ---
 
 

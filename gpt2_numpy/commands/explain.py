@@ -24,6 +24,7 @@ from gpt2_numpy.interpret.lens import LENS_COLUMNS, lens_json, lens_table
 from gpt2_numpy.interpret.page import check_page_file, page_html, write_page
 from gpt2_numpy.interpret.plot import PLOT_INSTALL, attention_figure, check_plot_file, save_figure
 from gpt2_numpy.interpret.stepwise import check_index, report, token_label, walkthrough
+from gpt2_numpy.weights import is_complete, model_files
 
 HEADS_SEED = 0  # --heads's random tokens: the same table for the same model, unless --seed asks for others
 PROGRESS_DELAY = 2  # seconds a stage runs before its progress bar appears: a quick run prints none
@@ -97,6 +98,9 @@ def run(argv=None):  # -> exit status
         check_plot_file(args.plot)
     if args.html is not None:
         check_page_file(args.html)
+    size = model_size(args)
+    if size is not None and not is_complete(*model_files(size, args.models_dir, args.source)):
+        layer_and_heads(args, OFFICIAL_HPARAMS[size])  # known before the download: a typo in --layer costs none
     hparams, params, tokenizer = load_model(args)
     ids, layer, heads = check_request(args, hparams, tokenizer, text)
     n_head, n_layer = hparams["n_head"], hparams["n_layer"]
@@ -137,11 +141,7 @@ def run(argv=None):  # -> exit status
 
 
 def check_request(args, hparams, tokenizer, text):  # -> prompt ids, layer, heads; UsageError for what cannot be done
-    n_layer, n_head = hparams["n_layer"], hparams["n_head"]
-    layer = 0 if args.layer is None else args.layer
-    check_index(layer, n_layer, "--layer", "layer")
-    heads = list(range(n_head)) if args.head == "all" else [args.head]
-    check_index(heads[-1], n_head, "--head", "head", " per layer")
+    layer, heads = layer_and_heads(args, hparams)
     ids = prompt_ids(tokenizer, text, hparams["n_vocab"])
     if len(ids) > hparams["n_ctx"]:
         raise UsageError(f"the prompt's {plural(len(ids), 'token')} exceed the model's context of {hparams['n_ctx']} "
@@ -152,6 +152,14 @@ def check_request(args, hparams, tokenizer, text):  # -> prompt ids, layer, head
     if args.head == "all" and args.plot is None:
         log("note: --head all chooses what --plot draws; without --plot, head 0 is shown")
     return ids, layer, heads
+
+
+def layer_and_heads(args, hparams):  # -> the layer and the heads that --layer and --head choose; UsageError if none
+    layer = 0 if args.layer is None else args.layer
+    check_index(layer, hparams["n_layer"], "--layer", "layer")
+    heads = list(range(hparams["n_head"])) if args.head == "all" else [args.head]
+    check_index(heads[-1], hparams["n_head"], "--head", "head", " per layer")
+    return layer, heads
 
 
 def page_title(args, hparams, n_tokens):  # -> "GPT-2 124M on 6 tokens", or what was loaded when it is another model

@@ -6,8 +6,12 @@ stdout gets the folder (with --json, what was trained); progress goes to stderr.
 
 `gpt2-numpy train --vocab-size N` trains one the same way for a model, on the training part of its text.
 """
+import errno
 import os
+import shutil
+import tempfile
 from contextlib import suppress
+from pathlib import Path
 
 from gpt2_numpy.commands.common import (
     ArgumentParser, path_argument, print_json, read_data, run_cli, whole_number, writing_stdout,
@@ -15,7 +19,7 @@ from gpt2_numpy.commands.common import (
 from gpt2_numpy.console import log
 from gpt2_numpy.errors import UsageError
 from gpt2_numpy.formats.vocabulary import FILE_NAMES
-from gpt2_numpy.save import made_folders
+from gpt2_numpy.save import fsync_folder, made_folders
 from gpt2_numpy.tokenizer_train import save_tokenizer, trained_tokenizer, train_vocabulary
 
 
@@ -67,18 +71,43 @@ def check_out(out):  # -> None, or UsageError for a folder that cannot take the 
 
 
 def write_out(out, merges):  # -> None: out holds both files, or neither, and no folder made for them
+    # Both are written whole in a staging folder first, then take their names by hard links, which never replace a
+    # file: another run that wrote --out since check_out keeps its files, and a failure or a Ctrl-C between the two
+    # names takes back the first
     try:
         with made_folders(out):
+            staging = Path(tempfile.mkdtemp(dir=out, prefix=".tokenizer-"))
+            named = []
             try:
-                save_tokenizer(out, merges)
-            except OSError:
-                for name in FILE_NAMES["Hugging Face"]:  # check_out saw neither: a file here is this run's own
+                save_tokenizer(staging, merges)
+                for name in FILE_NAMES["Hugging Face"]:
+                    take_name(staging / name, out / name)
+                    named.append(name)
+                fsync_folder(out)
+            except BaseException:
+                for name in named:
                     with suppress(OSError):
                         (out / name).unlink()
                 raise
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+    except FileExistsError as error:
+        raise UsageError(f"--out {out}: {Path(error.filename2).name} appeared there while the vocabulary was "
+                         "trained (another run?); nothing was written: choose another folder") from None
     except OSError as error:
         raise UsageError(f"cannot write --out {out} ({error.strerror or error}): free some disk space, fix its "
                          "permissions, or choose another folder; nothing was written") from None
+
+
+def take_name(staged, path):  # -> None: path names staged's file; FileExistsError when path names a file already
+    try:
+        os.link(staged, path)
+    except FileExistsError:
+        raise
+    except OSError:  # a file system without hard links (FAT, some network shares): the same, but for a moment's race
+        if path.exists():
+            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(staged), None, str(path)) from None
+        os.replace(staged, path)
 
 
 def run(argv=None):  # -> exit status

@@ -49,8 +49,8 @@ def parse_args(argv):  # -> argparse.Namespace
         description="Train GPT-2 (pure NumPy) on a UTF-8 text file, from scratch or from an official model, into a "
         "model folder that every command loads with --model DIR.")
     parser.add_argument("--data", required=True, type=path_argument, metavar="FILE",
-                        help="UTF-8 text to train on, tokenized with GPT-2's tokenizer; <|endoftext|> in it is the "
-                        "end-of-text token")
+                        help="UTF-8 text to train on, tokenized with GPT-2's tokenizer (or the one --vocab-size "
+                        "trains, or --init DIR's own); <|endoftext|> in it is the end-of-text token")
     parser.add_argument("--out", required=True, type=path_argument, metavar="DIR",
                         help="the model folder to write (Hugging Face layout), with the resume state and log.csv")
     parser.add_argument("--resume", action="store_true", help="continue the run saved in --out")

@@ -5,11 +5,15 @@
 import argparse
 import csv
 import sys
+from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")  # files only, no display needed
 import matplotlib.pyplot as plt  # noqa: E402
+
+from gpt2_numpy.errors import Gpt2NumpyError  # noqa: E402
+from gpt2_numpy.interpret.plot import save_figure  # noqa: E402
 
 
 def main(log_path, png_path):
@@ -26,7 +30,7 @@ def main(log_path, png_path):
     axes.grid(alpha=0.3)
     axes.legend()
     figure.tight_layout()
-    figure.savefig(png_path)
+    save_figure(figure, Path(png_path))  # the whole picture, or the old file as it was
     print(f"wrote {png_path}", file=sys.stderr)
 
 
@@ -37,5 +41,6 @@ if __name__ == "__main__":
     args = parser.parse_args()
     try:
         main(args.log, args.png)
-    except (OSError, KeyError, ValueError, IndexError) as error:  # no such file, or not a training log
+    except (OSError, KeyError, ValueError, IndexError, Gpt2NumpyError) as error:  # no such file, not a training log,
+        # or a picture that cannot be written
         parser.exit(2, f"error: cannot plot {args.log} into {args.png}: {error!r}\n")

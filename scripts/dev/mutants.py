@@ -1,15 +1,20 @@
-"""Plausible bugs in model.py, fast.py, cores.py, fetch.py, the backward pass and training, each applied alone to a
-copy of the repo: the tests that catch it.
+"""Plausible bugs in the math, downloading, training and the commands, each applied alone to a copy of the repo: the
+tests that catch it.
 
-    python -m scripts.dev.mutants [TEST_FILE ...]  (default: tests/test_model.py tests/test_fast.py tests/test_cores.py)
-    python -m scripts.dev.mutants --only train,commands,optim,save tests/test_train_resume.py \
-        tests/test_train_vocab.py tests/test_optim.py
-    python -m scripts.dev.mutants --only download tests/test_download.py
-    python -m scripts.dev.mutants --only sampling,decode,tokenizer tests/test_sampling.py tests/test_generate.py \
-        tests/test_tokenizer_command.py
+    python -m scripts.dev.mutants [--only PARTS] [TEST_FILE ...]
 
-A test earns its place by failing when the code is wrong; a mutant that no test catches is a hole in the suite. Each
-mutant replaces one line's text; the copy lives in a temporary folder, so the working tree is never touched.
+Every mutant must be caught. The test files that catch each part (the word before each mutant's colon):
+
+    model,fast,cores (default)  tests/test_model.py tests/test_fast.py tests/test_cores.py
+    backward                    tests/test_backward.py
+    train,commands,optim,save   tests/test_train_resume.py tests/test_train_vocab.py tests/test_optim.py
+    download                    tests/test_download.py
+    sampling,decode,tokenizer   tests/test_sampling.py tests/test_generate.py tests/test_tokenizer_command.py
+    "explain page"              tests/test_explain_page.py
+
+for example `python -m scripts.dev.mutants --only download tests/test_download.py`. A test earns its place by failing
+when the code is wrong; a mutant that no test catches is a hole in the suite. Each mutant replaces one line's text; the
+copy lives in a temporary folder, so the working tree is never touched.
 """
 import argparse
 import os
@@ -114,7 +119,7 @@ MUTANTS = [  # (what, file, text, replacement)
      'if logits.size == 0 or logits.dtype.kind != "f":'),
     ("decode: GPT-2's 50256 ends every model's continuation", "gpt2_numpy/decode.py",
      'return len(params["wte"]) - 1 if eos_id is None else eos_id', "return 50256 if eos_id is None else eos_id"),
-    ("tokenizer: a write cut by a full disk leaves vocab.json", "gpt2_numpy/commands/tokenizer.py",
+    ("tokenizer: a write cut between the two names leaves vocab.json", "gpt2_numpy/commands/tokenizer.py",
      "                        (out / name).unlink()", "                        pass"),
     ("train: --resume refuses a flag equal to the saved run's", "gpt2_numpy/commands/train.py",
      "if value is not None and value != saved.get(name):", "if value is not None:"),
@@ -156,7 +161,8 @@ def caught_by(copy, tests):  # -> ids of the failing tests (a fixture that fails
 
 
 def main(argv):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     allow_abbrev=False)
     parser.add_argument("tests", nargs="*", metavar="TEST_FILE",
                         default=["tests/test_model.py", "tests/test_fast.py", "tests/test_cores.py"])
     parser.add_argument("--only", metavar="PARTS", help="only the mutants of these parts, e.g. model,fast (the word "
