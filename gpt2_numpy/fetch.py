@@ -26,7 +26,7 @@ CONNECT_TIMEOUT_SECONDS = 10
 READ_TIMEOUT_SECONDS = 30  # longest silence tolerated in the middle of a file
 RETRIES = 3  # retries after attempts that add no bytes; an attempt that makes progress resets the count
 BACKOFF_SECONDS = 1.0  # the wait doubles after each fruitless attempt: 1, 2, 4 s, so an offline run fails in ~7 s
-CHUNK_BYTES = 1 << 20
+CHUNK_BYTES = 1 << 16  # a connection that breaks loses the chunk it was reading: 64 KB, not a megabyte
 
 
 class Retry(Exception):

@@ -118,6 +118,15 @@ def test_connection_cut_mid_file_resumes_with_range(tmp_path, monkeypatch):
     assert_installed(folder, files)
 
 
+def test_a_connection_that_always_breaks_within_a_megabyte_still_gets_the_file(tmp_path, monkeypatch):
+    # with a chunk of 1 MB, every cut lost all its bytes, and four such attempts gave up
+    files = official_layout_files()
+    with mirror(monkeypatch, files, faults={DATA: [Cut(100_000)] * 20}) as server:
+        folder = ensure_model("124M", tmp_path)
+    assert len(server.requested(DATA)) > 4  # more cuts than the retries allow, each of them progress
+    assert_installed(folder, files)
+
+
 @pytest.mark.parametrize("ignore_range, resumed_status", [(False, 206), (True, 200)])
 def test_rerun_resumes_partial_file_or_restarts_when_range_is_ignored(tmp_path, monkeypatch, ignore_range,
                                                                        resumed_status):
