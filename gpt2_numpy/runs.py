@@ -26,6 +26,7 @@ import math
 import os
 import shutil
 import zipfile
+import zlib
 from contextlib import contextmanager, suppress
 
 import numpy as np
@@ -89,11 +90,11 @@ def settle(out):  # -> None: a save cut off midway (a full disk, a second Ctrl-C
 
 
 def staged_step(path):  # -> the step a staged train_state.npz records (str); None for one that cannot be read, which
-    # no save of ours moved in (np.load's ValueError for text, BadZipFile or EOFError for a cut file, KeyError)
+    # no save of ours moved in (np.load's ValueError for text; BadZipFile, EOFError or zlib.error for a damaged file)
     try:
         with np.load(path) as state:
             return str(int(state["step"]))
-    except (ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile):
+    except (ValueError, KeyError, TypeError, OverflowError, EOFError, zipfile.BadZipFile, zlib.error):
         return None
 
 

@@ -122,9 +122,13 @@ def check_args(args, tf_dir):  # -> None; one error line for a run that would me
     for name in args.only or ():
         if name in without and not measured[name]:
             fail(f"--only {name} measures nothing without {without[name]}")
-    if "BPE training" in (args.only or PARTS) and not args.corpus.is_file():  # else a child's traceback, late
-        fail(f"--corpus {args.corpus} is not a file: the BPE training part trains on it; pass a text file, or choose "
-             "other parts with --only")
+    if "BPE training" in (args.only or PARTS):  # else a child's traceback, 20 minutes into the run
+        try:
+            args.corpus.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as error:
+            fail(f"--corpus {args.corpus}: {getattr(error, 'strerror', None) or error}; the BPE training part trains "
+                 "on this UTF-8 text: pass another, or choose other parts with --only")
+        args.corpus = args.corpus.resolve()  # the part's children run in the repo's folder
 
 
 def main(argv=None):

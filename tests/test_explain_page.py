@@ -472,6 +472,14 @@ def test_bad_html_names_are_one_error_line_with_exit_2(models_dir, tmp_path, nam
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_page_through_a_symlink_is_checked_where_it_will_be_written(models_dir, tmp_path):  # after the load, it
+    # failed: atomic_write writes through a link, and the check looked at the link's own folder
+    (tmp_path / "page.html").symlink_to(tmp_path / "gone" / "page.html")
+    result = run_explain(PROMPT, "--html", str(tmp_path / "page.html"), models_dir=models_dir)
+    assert_one_error_line(result, f"the folder {tmp_path / 'gone'} does not exist")
+    assert "loaded" not in result.stderr
+
+
 @pytest.mark.parametrize("below", ["a.html", "sub/a.html"])
 def test_a_page_below_a_file_names_the_file(models_dir, tmp_path, below):  # not "the folder ... does not exist"
     (tmp_path / "notes").write_text("")

@@ -1,7 +1,9 @@
 """The fixture scripts where their tools are missing: --help still works, and a run says in one line what to install
 where, with no traceback. The benchmark's --markdown: its tables between a page's markers, the rest of the page kept."""
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -114,13 +116,26 @@ def test_markdown_puts_the_tables_between_the_markers_and_keeps_the_rest(tmp_pat
     (["--only", "load", "--checkpoint", "no-such-folder"],
      "--only load measures nothing without --compare-hf or a TF checkpoint (--checkpoint)"),
     (["--only", "einsum", "BPE training", "--corpus", "no-such.txt"],  # was a child's traceback, after the other parts
-     "--corpus no-such.txt is not a file: the BPE training part trains on it; pass a text file, or choose other parts "
-     "with --only"),
+     "--corpus no-such.txt: No such file or directory; the BPE training part trains on this UTF-8 text: pass another, "
+     "or choose other parts with --only"),
+    (["--only", "BPE training", "--corpus", "latin-1.txt"], "--corpus latin-1.txt: 'utf-8' codec can't decode byte "),
 ])
 def test_a_benchmark_that_would_measure_nothing_is_one_error_line(args, fragment, tmp_path):
+    (tmp_path / "latin-1.txt").write_bytes("Vous êtes".encode("latin-1"))
     result = benchmark(*args, cwd=tmp_path)
     assert result.returncode == 2 and result.stdout == ""
-    assert result.stderr.splitlines() == [f"error: {fragment}"]
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {fragment}"), result.stderr
+
+
+def test_the_bpe_part_gets_the_corpus_from_the_callers_folder(tmp_path, monkeypatch):  # its children run in the repo
+    from scripts.benchmark import check_args, parse_args
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "small.txt").write_text("the text")
+    args = parse_args(["--only", "BPE training", "--corpus", "small.txt"])
+    check_args(args, None)
+    assert args.corpus == tmp_path / "small.txt"
 
 
 @pytest.mark.parametrize("text", [None, "# Performance\n\n<!-- benchmark:begin -->\nno end marker\n",
@@ -174,6 +189,7 @@ def test_a_mutant_run_that_would_test_nothing_is_one_error_line(args, fragment, 
 
 @pytest.mark.parametrize("args, fragment", [
     (["scripts.demo.plot_loss", "no-such-log.csv", "out.png"], "error: cannot plot no-such-log.csv into out.png"),
+    (["scripts.demo.plot_loss", "no-such-log.csv", "out"], "error: out: the picture's name must end in .png or .svg"),
     (["scripts.bench.tokenizer", "no-such-folder"], "error: no-such-folder is not a folder"),
     (["scripts.bench.tokenizer", "--baseline", "no-such.py"], "error: --baseline no-such.py is not a file"),
     (["scripts.dev.compare_models", "gpt2_numpy/model.py", "gpt2_numpy/fast.py"],  # model.py has no KV cache
@@ -198,8 +214,16 @@ def test_a_demo_deletes_no_folder(script, theirs, tmp_path):  # each began with 
     users = tmp_path / f"out{theirs}"
     users.mkdir()
     (users / "train_state.npz").write_text("a run of the user's own")  # what the first fix still deleted
-    result = subprocess.run(["bash", str(REPO / "scripts" / "demo" / script), "out"], capture_output=True, text=True,
-                            cwd=tmp_path, timeout=60)  # OUT from the caller's folder, not from the repo's
+    # OUT from the caller's folder, not from the repo's; a session of its own, so that a script that went on to train
+    # (the bug) is stopped whole at the time limit, its children too
+    process = subprocess.Popen(["bash", str(REPO / "scripts" / "demo" / script), "out"], cwd=tmp_path, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        stdout, stderr = process.communicate(timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+    result = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
     assert result.returncode == 2, result.stderr
     assert result.stderr == f"error: {users} exists: pass an OUT that does not exist yet\n"
     assert (users / "train_state.npz").read_text() == "a run of the user's own"

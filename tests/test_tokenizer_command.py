@@ -129,6 +129,20 @@ def test_files_another_run_wrote_meanwhile_are_kept(tmp_path):  # they were repl
         name: f"the other run's {name}" for name in ("vocab.json", "merges.txt")}
 
 
+def test_an_out_that_became_a_file_meanwhile_is_one_error(tmp_path):  # a TypeError from the message's own code
+    (tmp_path / "tok").write_text("another program's file")
+    with pytest.raises(UsageError, match="cannot write --out .*tok .File exists."):
+        tokenizer_command.write_out(tmp_path / "tok", [])
+    assert (tmp_path / "tok").read_text() == "another program's file"
+
+
+def test_a_dangling_link_in_out_is_refused_before_training(tmp_path, data):  # it was blamed on another run, after
+    (tmp_path / "tok").mkdir()
+    (tmp_path / "tok" / "vocab.json").symlink_to(tmp_path / "nowhere.json")
+    result = run_cli("gpt2_numpy", "tokenizer", "--data", data, "--vocab-size", 300, "--out", tmp_path / "tok")
+    assert_one_error_line(result, f"--out {tmp_path / 'tok'} already holds vocab.json")
+
+
 def test_a_file_system_without_hard_links_gets_both_files(tmp_path, monkeypatch):
     def no_links(source, target):
         raise PermissionError(errno.EPERM, os.strerror(errno.EPERM))

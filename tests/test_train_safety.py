@@ -140,7 +140,14 @@ def assert_goes_on_as_uninterrupted(data, out, scenario, uninterrupted):  # the 
     shutil.rmtree(out)
 
 
-@pytest.mark.parametrize("staged", [b"garbage\n", b"PK\x03\x04cut"])  # was a traceback at every later --resume
+def npz(**arrays):  # -> the bytes of an .npz file holding arrays
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("staged", [b"garbage\n", b"PK\x03\x04cut", npz(step=np.float64("inf"))],
+                         ids=["text", "a cut zip", "step inf"])  # each was a traceback at every later --resume
 def test_a_staged_save_that_cannot_be_read_is_dropped_as_never_whole(tmp_path, data, uninterrupted, staged):
     out = tmp_path / "run"
     shutil.copytree(uninterrupted[1], out)

@@ -6,7 +6,6 @@ stdout gets the folder (with --json, what was trained); progress goes to stderr.
 
 `gpt2-numpy train --vocab-size N` trains one the same way for a model, on the training part of its text.
 """
-import errno
 import os
 import shutil
 import tempfile
@@ -50,7 +49,7 @@ def check_out(out):  # -> None, or UsageError for a folder that cannot take the 
     try:
         if out.exists() and not out.is_dir():
             raise UsageError(f"--out {out} is a file: pass a folder (it is created if missing)")
-        held = [name for names in FILE_NAMES.values() for name in names if (out / name).exists()]
+        held = [name for names in FILE_NAMES.values() for name in names if os.path.lexists(out / name)]
         if held:
             raise UsageError(f"--out {out} already holds {', '.join(held)}: a model's tokenizer is not replaced under "
                              "it; choose a new folder, or delete those files first")
@@ -91,23 +90,25 @@ def write_out(out, merges):  # -> None: out holds both files, or neither, and no
                 raise
             finally:
                 shutil.rmtree(staging, ignore_errors=True)
-    except FileExistsError as error:
-        raise UsageError(f"--out {out}: {Path(error.filename2).name} appeared there while the vocabulary was "
-                         "trained (another run?); nothing was written: choose another folder") from None
     except OSError as error:
         raise UsageError(f"cannot write --out {out} ({error.strerror or error}): free some disk space, fix its "
                          "permissions, or choose another folder; nothing was written") from None
 
 
-def take_name(staged, path):  # -> None: path names staged's file; FileExistsError when path names a file already
+def take_name(staged, path):  # -> None: path names staged's file; UsageError when a file took that name meanwhile
     try:
         os.link(staged, path)
     except FileExistsError:
-        raise
+        raise appeared(path) from None
     except OSError:  # a file system without hard links (FAT, some network shares): the same, but for a moment's race
-        if path.exists():
-            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(staged), None, str(path)) from None
+        if os.path.lexists(path):
+            raise appeared(path) from None
         os.replace(staged, path)
+
+
+def appeared(path):  # -> the UsageError for a file that another process put in --out while this one trained
+    return UsageError(f"--out {path.parent}: {path.name} appeared there while the vocabulary was trained (another "
+                      "run?); nothing was written: choose another folder")
 
 
 def run(argv=None):  # -> exit status

@@ -1,6 +1,7 @@
 """The files explain writes (--plot's picture, --html's page): checked before the model loads, so a typo costs no
 load, and written whole or not at all."""
 import os
+from pathlib import Path
 
 from gpt2_numpy.errors import UsageError
 from gpt2_numpy.save import atomic_write
@@ -16,7 +17,7 @@ def check_output_file(path, flag, suffixes):  # -> None, or UsageError saying wh
         if path.suffix.lower() not in suffixes:
             raise UsageError(f"{flag} {path}: the file name must end in {names} (got "
                              f"{repr(path.suffix) if path.suffix else 'no suffix'})")
-        folder = path.parent
+        folder = Path(os.path.realpath(path)).parent  # a symlink is written through to its file (atomic_write)
         existing = next(above for above in (folder, *folder.parents) if above.exists())
         if not existing.is_dir():
             raise UsageError(f"{flag} {path}: {existing} is a file, not a folder; choose another file")

@@ -9,19 +9,20 @@
 # progress); --steps are what each reaches in that time on a quiet core, so both schedules are nearly done by then.
 # Prints each model's held-out bits per byte, tokens/s, a sample and its head scores.
 set -euo pipefail
-OUT=${1:+$(realpath -m "$1")}  # the caller's OUT, from the caller's folder
+OUT=${1:-}
+[ -z "$OUT" ] || [ "${OUT#/}" != "$OUT" ] || OUT="$PWD/$OUT"  # the caller's OUT, from the caller's folder
 cd "$(dirname "$0")/../.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" OPENBLAS_NUM_THREADS=1  # one core each, nothing shared
-OUT=${OUT:-$(realpath -m ../vocab-demo)}
+OUT=${OUT:-$PWD/../vocab-demo}
 SECONDS_EACH=${2:-1680}
 CORPUS=../shared/corpus/shakespeare-plays.txt
 SHAPE="--n-layer 4 --n-head 4 --n-embd 256 --n-ctx 128 --seq-len 128 --batch-size 8 --lr 1e-3 --warmup 50"
 RUN="--eval-every 50 --eval-batches 2 --save-every 200 --seed 0"
 PROMPT="KING HENRY. Now, lords, what say you to the French king? Shall we go to him, or stay here in England?"
 
-[ -f "$CORPUS" ] || { echo "error: $CORPUS is missing: place ../shared/corpus beside the repo" >&2; exit 2; }
 # made afresh: this script deletes nothing, not even its own earlier output
 [ ! -e "$OUT" ] || { echo "error: $OUT exists: pass an OUT that does not exist yet" >&2; exit 2; }
+[ -f "$CORPUS" ] || { echo "error: $CORPUS is missing: place ../shared/corpus beside the repo" >&2; exit 2; }
 mkdir -p "$OUT"
 # the corpus's last play, The Winter's Tale: inside the held-out tail (the last 10%) of both runs
 python -c "import sys; t = open(sys.argv[1], encoding='utf-8').read(); \

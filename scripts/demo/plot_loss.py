@@ -37,8 +37,10 @@ def main(log_path, png_path):
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("log", help="the log.csv of a training run")
-    parser.add_argument("png", help="the picture to write")
+    parser.add_argument("png", help="the picture to write, a .png or .svg file")
     args = parser.parse_args()
+    if Path(args.png).suffix.lower() not in (".png", ".svg"):  # the suffix picks the format
+        parser.exit(2, f"error: {args.png}: the picture's name must end in .png or .svg\n")
     try:
         main(args.log, args.png)
     except (OSError, KeyError, ValueError, IndexError, Gpt2NumpyError) as error:  # no such file, not a training log,

@@ -8,17 +8,18 @@
 # Needs ../shared/corpus/shakespeare-plays.txt, and matplotlib for the pictures; the tokenizer is the packaged one.
 # Writes docs/train-*.png and OUT/sample.txt.
 set -euo pipefail
-OUT=${1:+$(realpath -m "$1")}  # the caller's OUT, from the caller's folder
+OUT=${1:-}
+[ -z "$OUT" ] || [ "${OUT#/}" != "$OUT" ] || OUT="$PWD/$OUT"  # the caller's OUT, from the caller's folder
 cd "$(dirname "$0")/../.."  # the repo root
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-OUT=${OUT:-$(realpath -m ../demo-model)}
+OUT=${OUT:-$PWD/../demo-model}
 CORPUS=../shared/corpus/shakespeare-plays.txt
 PROMPT="KING HENRY. Now, lords, what say you to the French king? Shall we go to him, or stay here in England?"
 
-[ -f "$CORPUS" ] || { echo "error: $CORPUS is missing: place ../shared/corpus beside the repo" >&2; exit 2; }
 for folder in "$OUT" "$OUT-init"; do  # both made afresh: this script deletes nothing, not even its own earlier run
   [ ! -e "$folder" ] || { echo "error: $folder exists: pass an OUT that does not exist yet" >&2; exit 2; }
 done
+[ -f "$CORPUS" ] || { echo "error: $CORPUS is missing: place ../shared/corpus beside the repo" >&2; exit 2; }
 # the same model at step 0 (GPT-2's initialisation, seed 0): the "before" picture
 python -m gpt2_numpy.train --data "$CORPUS" --out "$OUT-init" \
   --n-layer 4 --n-head 4 --n-embd 256 --n-ctx 128 --seed 0 --steps 0
