@@ -128,7 +128,6 @@ def check_args(args, tf_dir):  # -> None; one error line for a run that would me
         except (OSError, UnicodeDecodeError) as error:
             fail(f"--corpus {args.corpus}: {getattr(error, 'strerror', None) or error}; the BPE training part trains "
                  "on this UTF-8 text: pass another, or choose other parts with --only")
-        args.corpus = args.corpus.resolve()  # the part's children run in the repo's folder
 
 
 def main(argv=None):

@@ -6,6 +6,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -128,14 +129,15 @@ def test_a_benchmark_that_would_measure_nothing_is_one_error_line(args, fragment
     assert len(lines) == 1 and lines[0].startswith(f"error: {fragment}"), result.stderr
 
 
-def test_the_bpe_part_gets_the_corpus_from_the_callers_folder(tmp_path, monkeypatch):  # its children run in the repo
-    from scripts.benchmark import check_args, parse_args
+def test_the_bpe_children_find_a_text_named_from_the_callers_folder(tmp_path, monkeypatch):  # they run in the repo
+    import argparse
+
+    from scripts.bench.bpe import run_child
 
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "small.txt").write_text("the text")
-    args = parse_args(["--only", "BPE training", "--corpus", "small.txt"])
-    check_args(args, None)
-    assert args.corpus == tmp_path / "small.txt"
+    (tmp_path / "small.txt").write_text("the cat sat on the mat, and the rat sat on the hat. " * 50)
+    seconds, peak_mb = run_child(sys.executable, "ours", argparse.Namespace(data=Path("small.txt"), vocab_size=280))
+    assert seconds > 0 and peak_mb > 0
 
 
 @pytest.mark.parametrize("text", [None, "# Performance\n\n<!-- benchmark:begin -->\nno end marker\n",
@@ -189,7 +191,8 @@ def test_a_mutant_run_that_would_test_nothing_is_one_error_line(args, fragment, 
 
 @pytest.mark.parametrize("args, fragment", [
     (["scripts.demo.plot_loss", "no-such-log.csv", "out.png"], "error: cannot plot no-such-log.csv into out.png"),
-    (["scripts.demo.plot_loss", "no-such-log.csv", "out"], "error: out: the picture's name must end in .png or .svg"),
+    (["scripts.demo.plot_loss", "no-such-log.csv", "out"],
+     "error: the picture out: the file name must end in .png or .svg (got no suffix)"),
     (["scripts.bench.tokenizer", "no-such-folder"], "error: no-such-folder is not a folder"),
     (["scripts.bench.tokenizer", "--baseline", "no-such.py"], "error: --baseline no-such.py is not a file"),
     (["scripts.dev.compare_models", "gpt2_numpy/model.py", "gpt2_numpy/fast.py"],  # model.py has no KV cache

@@ -65,8 +65,8 @@ def peak_rss_mb():  # -> this process's peak resident set size, as the kernel co
 
 
 def run_child(python, trainer, args):  # -> (seconds, peak MB), or None when that Python lacks Hugging Face's trainer
-    command = [python, "-m", "scripts.bench.bpe", "--child", trainer, "--data", str(args.data), "--vocab-size",
-               str(args.vocab_size)]
+    command = [python, "-m", "scripts.bench.bpe", "--child", trainer, "--data", str(Path(args.data).resolve()),
+               "--vocab-size", str(args.vocab_size)]  # resolved here: the child runs in the repo's folder
     process = subprocess.run(command, stdout=subprocess.PIPE, text=True, cwd=REPO,
                              env={**os.environ, "PYTHONPATH": str(REPO)})  # this checkout's gpt2_numpy
     if process.returncode == HF_MISSING and trainer == "hf":

@@ -12,8 +12,9 @@ import matplotlib
 matplotlib.use("Agg")  # files only, no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 
-from gpt2_numpy.errors import Gpt2NumpyError  # noqa: E402
-from gpt2_numpy.interpret.plot import save_figure  # noqa: E402
+from gpt2_numpy.errors import Gpt2NumpyError, UsageError  # noqa: E402
+from gpt2_numpy.interpret.files import check_output_file  # noqa: E402
+from gpt2_numpy.interpret.plot import PLOT_SUFFIXES, save_figure  # noqa: E402
 
 
 def main(log_path, png_path):
@@ -39,8 +40,10 @@ if __name__ == "__main__":
     parser.add_argument("log", help="the log.csv of a training run")
     parser.add_argument("png", help="the picture to write, a .png or .svg file")
     args = parser.parse_args()
-    if Path(args.png).suffix.lower() not in (".png", ".svg"):  # the suffix picks the format
-        parser.exit(2, f"error: {args.png}: the picture's name must end in .png or .svg\n")
+    try:  # the picture's name and folder first, as explain --plot checks them: a typo costs no plotting
+        check_output_file(Path(args.png), "the picture", PLOT_SUFFIXES)
+    except UsageError as error:
+        parser.exit(2, f"error: {error}\n")
     try:
         main(args.log, args.png)
     except (OSError, KeyError, ValueError, IndexError, Gpt2NumpyError) as error:  # no such file, not a training log,
