@@ -557,3 +557,47 @@ def test_a_layer_beyond_the_hyperparameters_still_blames_them(tmp_path):  # the 
     edit_json(folder / "hparams.json", n_layer=1)
     with pytest.raises(CheckpointError, match="has no place in a GPT-2 with .*use the hyperparameter file that came"):
         load_params(folder)
+
+
+# --- config.json's options that change the math: computed as they say, or refused by name ---
+
+OPTIONS = json.loads((FIXTURES / "config_options.json").read_text())  # scripts/fixtures/make_config_options.py
+
+
+def hf_folder(tmp_path, config):  # -> a folder of hf_tiny's weights under this config.json
+    folder = tmp_path / "model"
+    folder.mkdir()
+    shutil.copyfile(FIXTURES / "hf_tiny" / SAFETENSORS, folder / SAFETENSORS)
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def assert_hugging_faces_logits(folder):
+    reference = np.load(FIXTURES / "reference_tiny.npz")
+    hparams, params = load_params(folder)
+    assert np.abs(gpt2(reference["inputs"], **params, n_head=hparams["n_head"]) - reference["logits"]).max() \
+        <= HF_TOLERANCE
+
+
+@pytest.mark.parametrize("case", OPTIONS["cases"], ids=lambda case: f"{case['option']}={case['value']}")
+def test_a_config_option_that_changes_transformers_logits_is_refused_by_name(tmp_path, case):
+    # transformers measured how far each option moves these weights' logits: one that moves them (or reshapes the
+    # weights) is refused in one line naming it, one that does not gives transformers' logits of the default config
+    folder = hf_folder(tmp_path, case["config"])
+    if case["logit_change"] is not None and case["logit_change"] <= HF_TOLERANCE:
+        assert_hugging_faces_logits(folder)
+        return
+    with pytest.raises(CheckpointError) as raised:
+        load_params(folder)
+    message = str(raised.value)
+    assert message.startswith(f"{folder / 'config.json'}: {case['option']} is {json.dumps(case['value'])}, but this "
+                              "code computes only ")
+    assert "\n" not in message and raised.value.files == (folder / "config.json",)
+
+
+@pytest.mark.parametrize("option", OPTIONS["defaults"])
+def test_a_config_without_an_option_computes_hugging_faces_default(tmp_path, option):
+    config = json.loads((FIXTURES / "hf_tiny" / "config.json").read_text())
+    assert config[option] == OPTIONS["defaults"][option]  # save_pretrained wrote the default: the key may go
+    del config[option]
+    assert_hugging_faces_logits(hf_folder(tmp_path, config))

@@ -263,6 +263,21 @@ def test_model_dir_fine_tunes_that_model_and_resumes_with_the_same_flag(tmp_path
     assert_one_error_line(result, f"differs from the saved run's {source.resolve()}")
 
 
+def test_init_refuses_a_folder_whose_config_changes_the_math_and_rewrites_nothing(tmp_path, short_text):
+    # a config.json that Hugging Face computes otherwise than GPT-2 (tests/fixtures/config_options.json, written by
+    # transformers) must not be fine-tuned as GPT-2 and saved with GPT-2's options in its place
+    source = tmp_path / "mine"
+    save_model(source, TINY["hparams"], random_params(TINY["hparams"], TINY["seed"]), PACKAGED_VOCABULARY)
+    case = next(case for case in json.loads((FIXTURES / "config_options.json").read_text())["cases"]
+                if case["option"] == "layer_norm_epsilon" and case["value"] == 0.1)
+    (source / "config.json").write_text(json.dumps(case["config"]))
+    before = snapshot(source)
+    result = train(short_text, tmp_path / "tuned", "--init", source, *FLAGS[len(SHAPE):], "--steps", 1)
+    assert_one_error_line(result, f"{source / 'config.json'}: layer_norm_epsilon is 0.1, but this code computes only "
+                          "1e-05")
+    assert snapshot(source) == before and not (tmp_path / "tuned").exists()
+
+
 @pytest.mark.parametrize("module, args, abbreviation", [
     ("gpt2_numpy.train", ["--data", "x.txt", "--out", "out", "--mod", "folder"], "--mod"),
     ("gpt2_numpy.train", ["--data", "x.txt", "--out", "out", "--vers"], "--vers"),

@@ -31,6 +31,16 @@ FOREIGN_NAME = re.compile(r"(?:model/|transformer\.)?(?:h\.?([0-9]{1,9})[./])?(.
 # (module, leaf) pairs to skip: Hugging Face's causal-mask buffers
 SKIPPED = {("attn", "bias"), ("attn", "masked_bias")}
 LM_HEAD = ("lm_head",)  # Hugging Face's output layer: GPT-2 ties it to wte, so a file may hold it only as wte's copy
+# config.json's options that change the math: the values this code computes (GPT-2's, which are also Hugging Face's
+# defaults, so an absent key is the first) and what they compute. reorder_and_upcast_attn is not among them: it only
+# reorders attention's float32 math, which transformers measures as the same (tests/fixtures/config_options.json)
+OPTIONS = {
+    "activation_function": (("gelu_new", "gelu_pytorch_tanh"), "GPT-2's tanh approximation of GELU"),
+    "layer_norm_epsilon": ((1e-5,), "GPT-2's layer norm"),
+    "scale_attn_weights": ((True,), "attention scores divided by the square root of the head size, as GPT-2's"),
+    "scale_attn_by_inverse_layer_idx": ((False,), "GPT-2's attention, the same scale in every layer"),
+    "tie_word_embeddings": ((True,), "the logits from the token embeddings: GPT-2's output layer, tied to them"),
+}
 
 
 def load_params(model_dir, verify=False):  # -> (hparams, params)
@@ -132,7 +142,20 @@ def read_hparams(path):  # -> our hparams, from OpenAI's hparams.json or Hugging
     if hparams["n_embd"] % hparams["n_head"]:
         raise CheckpointError(f"{path}: hyperparameters {hparams} must have n_embd divisible by n_head; download the "
                               "model again", files=(path,))
+    if path.name == "config.json":
+        check_options(config, path, hparams["n_embd"])
     return hparams
+
+
+def check_options(config, path, n_embd):  # -> None, or CheckpointError naming an option whose math is not GPT-2's
+    # computed as GPT-2's, such a model would give other numbers than its own, silently: refused by name instead
+    options = {**OPTIONS, "n_inner": ((None, 4 * n_embd), "GPT-2's MLP, 4 x n_embd wide")}
+    for option, (values, what) in options.items():
+        value = config.get(option, values[0])
+        if not any(type(value) is type(ours) and value == ours for ours in values):  # type: true is not 1
+            raise CheckpointError(f"{path}: {option} is {describe(value)}, but this code computes only "
+                                  f"{' or '.join(map(describe, values))} ({what}); use a library that supports it, "
+                                  "such as transformers, or a model of GPT-2's own architecture", files=(path,))
 
 
 def our_key(name):  # foreign tensor name -> key in our params, e.g. ("blocks", 3, "mlp", "c_fc", "w"); None: skip it
