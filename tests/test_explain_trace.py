@@ -2,6 +2,7 @@
 and on ln_f, output_attentions with eager attention; scripts/fixtures/make_explain_reference.py) on configs the
 model's tests were not written against, against the textbook model.py bit for bit, and the --lens table end to end."""
 import json
+import re
 
 import numpy as np
 import pytest
@@ -193,3 +194,18 @@ def test_lens_of_a_short_prompt_shows_every_position(models_dir):
     assert result.returncode == 0, result.stderr
     assert "showing the last" not in result.stdout
     assert table_rows(result.stdout)["position"] == ["0", "1", "2"]
+
+
+@pytest.mark.parametrize("n_head", [3, 0, "4", None])
+def test_every_function_of_the_api_names_a_head_count_that_does_not_divide_the_width(n_head):
+    # the same words as gpt2's (fast.check_heads), not NumPy's reshape error from deep inside a block
+    import gpt2_numpy
+
+    params = random_params({"n_vocab": 16, "n_ctx": 8, "n_embd": 8, "n_head": 2, "n_layer": 2}, 0)
+    message = f"n_head={n_head!r} must be a whole number >= 1 that divides n_embd=8"
+    calls = [gpt2_numpy.trace, gpt2_numpy.logit_lens, gpt2_numpy.attention_weights, gpt2_numpy.token_log_probs,
+             lambda ids, params, n_head: gpt2_numpy.generate(ids, params, n_head, 2),
+             lambda ids, params, n_head: gpt2_numpy.gpt2(ids, **params, n_head=n_head)]
+    for call in calls:
+        with pytest.raises(ValueError, match=f"^{re.escape(message)}"):
+            call([1, 2, 3], params, n_head)

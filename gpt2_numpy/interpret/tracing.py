@@ -19,7 +19,7 @@ formulas. float32 throughout, as the model is. The names (docs/look-inside.md ma
 """
 import numpy as np
 
-from gpt2_numpy.fast import check_inputs
+from gpt2_numpy.fast import check_heads, check_inputs
 from gpt2_numpy.model import (
     attention,
     attention_scores,
@@ -47,6 +47,7 @@ def trace(inputs, params, n_head):  # int [n_seq] -> {name: float32 array}, the 
 
 
 def block_traces(x, blocks, n_head):  # [n_seq, n_embd] -> iterator of n_layer {name: array}, one block after another
+    check_heads(n_head, x.shape[-1])  # the error gpt2 and generate give, not NumPy's from split_heads
     for block_params in blocks:
         steps = block_trace(x, **block_params, n_head=n_head)
         yield steps
@@ -96,6 +97,7 @@ def layer_weights(inputs, params, n_head):  # -> iterator of n_layer float32 arr
 def residual_stream(inputs, params, n_head):  # -> iterator of n_layer + 1 arrays [n_seq, n_embd]
     # the embedding, then each block's output, carried by model.block itself
     x = embedding(inputs, params["wte"], params["wpe"])
+    check_heads(n_head, x.shape[-1])
     yield x
     for block_params in params["blocks"]:
         x = block(x, **block_params, n_head=n_head)
