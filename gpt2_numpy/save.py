@@ -3,7 +3,8 @@ own loader (gpt2_numpy.checkpoint) both read:
 
     model.safetensors   float32 tensors under Hugging Face's names ("transformer.h.3.mlp.c_fc.weight"); no lm_head,
                         which GPT-2 ties to wte
-    config.json         GPT2Config's fields: the sizes, and GPT-2's fixed choices (tanh GELU, eps 1e-5, tied head)
+    config.json         GPT2Config's fields: the sizes, GPT-2's fixed choices (tanh GELU, eps 1e-5, tied head) and the
+                        tokenizer's <|endoftext|> id
     vocab.json, merges.txt   the tokenizer (OpenAI's encoder.json and vocab.bpe hold the same text under other names)
 
 Every file is written under a temporary name and then renamed over the old one, so a crash or Ctrl-C midway leaves
@@ -19,7 +20,7 @@ from pathlib import Path
 from gpt2_numpy.params import flatten
 from gpt2_numpy.errors import TokenizerError
 from gpt2_numpy.formats.safetensors import write_safetensors
-from gpt2_numpy.formats.vocabulary import FILE_NAMES
+from gpt2_numpy.formats.vocabulary import EOT, FILE_NAMES, read_encoder
 
 LEAF_NAMES = {"w": "weight", "g": "weight", "b": "bias"}  # ours -> Hugging Face's (a norm's gain is its weight)
 
@@ -33,7 +34,8 @@ def save_model(folder, hparams, params, tokenizer_dir, metadata=None):  # -> Non
     if tokenizer_dir is not None:
         copy_tokenizer(tokenizer_dir, folder)
     tensors = {hf_name(key): array for key, array in flatten(params)}
-    atomic_write(folder / "config.json", lambda file: file.write(json.dumps(hf_config(hparams), indent=2).encode()))
+    config = hf_config(hparams, end_of_text_id(folder, hparams["n_vocab"]))
+    atomic_write(folder / "config.json", lambda file: file.write(json.dumps(config, indent=2).encode()))
     # "format": "pt" tells transformers which framework's layout the tensors follow; it refuses files without it
     atomic_write(folder / "model.safetensors", lambda file: write_safetensors(file, tensors, {"format": "pt",
                                                                                              **(metadata or {})}))
@@ -48,7 +50,14 @@ def hf_name(key):  # our key path, e.g. ("blocks", 3, "mlp", "c_fc", "w") -> "tr
     return "transformer." + ".".join(map(str, module)) + "." + LEAF_NAMES[leaf]
 
 
-def hf_config(hparams):  # -> GPT2Config's fields for a GPT-2 of these sizes
+def end_of_text_id(folder, n_vocab):  # -> the id of <|endoftext|> in folder's vocab.json; None: not in the model
+    # the tokenizer's own: GPT-2's and ours put it last, Hugging Face's BpeTrainer first (0). A model that reads only
+    # the first n_vocab ids of a larger vocabulary never produces it, so generation has no end-of-text id to stop at
+    eot_id = read_encoder(folder / FILE_NAMES["Hugging Face"][0])[EOT]
+    return eot_id if eot_id < n_vocab else None
+
+
+def hf_config(hparams, eot_id):  # -> GPT2Config's fields for a GPT-2 of these sizes and this end-of-text id
     return {
         "architectures": ["GPT2LMHeadModel"],
         "model_type": "gpt2",
@@ -61,9 +70,8 @@ def hf_config(hparams):  # -> GPT2Config's fields for a GPT-2 of these sizes
         "layer_norm_epsilon": 1e-5,
         "initializer_range": 0.02,
         "tie_word_embeddings": True,
-        # <|endoftext|>: the last id, in GPT-2's vocabulary as in one trained here
-        "bos_token_id": hparams["n_vocab"] - 1,
-        "eos_token_id": hparams["n_vocab"] - 1,
+        "bos_token_id": eot_id,  # <|endoftext|> both starts and ends a text, as in GPT-2's training data
+        "eos_token_id": eot_id,
     }
 
 

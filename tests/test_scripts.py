@@ -40,7 +40,8 @@ def run(script, *args, blocked=(), stubbed=(), cwd):  # -> CompletedProcess of `
      (CHECK_HF_SCRIPT, ["numpy", "torch", "transformers"]),
      # these three once ignored their arguments: under the reference venv, --help rewrote the committed fixtures
      *((f"scripts.fixtures.{name}", ["numpy", "torch", "transformers"])
-       for name in ("make_explain_reference", "make_heads_reference", "make_grad_reference"))],
+       for name in ("make_explain_reference", "make_heads_reference", "make_grad_reference", "make_config_options")),
+     ("scripts.fixtures.make_hf_vocabulary", ["tokenizers"])],
 )
 def test_help_works_without_the_tools(script, blocked, tmp_path):
     result = run(script, "--help", blocked=blocked, cwd=tmp_path)

@@ -263,6 +263,28 @@ def test_model_dir_fine_tunes_that_model_and_resumes_with_the_same_flag(tmp_path
     assert_one_error_line(result, f"differs from the saved run's {source.resolve()}")
 
 
+@pytest.mark.parametrize("vocabulary, n_vocab, eot_id", [
+    (FIXTURES / "hf_bpe_300", 300, 0),  # Hugging Face's BpeTrainer puts <|endoftext|> first (make_hf_vocabulary.py)
+    (PACKAGED_VOCABULARY, 50257, 50256),
+    (PACKAGED_VOCABULARY, 512, None),  # a model of GPT-2's first 512 ids never makes 50256, as make_reference.py says
+])
+def test_config_names_the_tokenizers_end_of_text_id(tmp_path, short_text, vocabulary, n_vocab, eot_id):
+    # transformers stops generating at config.json's eos_token_id: it must be <|endoftext|>'s id in vocab.json
+    spelled = json.loads(next(vocabulary.glob("*.json")).read_text(encoding="utf-8"))  # vocab.json or encoder.json
+    assert spelled["<|endoftext|>"] == (50256 if eot_id is None else eot_id)
+    hparams = {**TINY["hparams"], "n_vocab": n_vocab}
+    source = tmp_path / "mine"
+    save_model(source, hparams, random_params(hparams, 0), vocabulary)
+    folders = [source]
+    if n_vocab == 300:  # train --init DIR writes it too, in every save
+        result = train(short_text, tmp_path / "tuned", "--init", source, *FLAGS[len(SHAPE):], "--steps", 1)
+        assert result.returncode == 0, result.stderr
+        folders.append(tmp_path / "tuned")
+    for folder in folders:
+        config = json.loads((folder / "config.json").read_text())
+        assert (config["bos_token_id"], config["eos_token_id"]) == (eot_id, eot_id)
+
+
 def test_init_refuses_a_folder_whose_config_changes_the_math_and_rewrites_nothing(tmp_path, short_text):
     # a config.json that Hugging Face computes otherwise than GPT-2 (tests/fixtures/config_options.json, written by
     # transformers) must not be fine-tuned as GPT-2 and saved with GPT-2's options in its place
