@@ -12,8 +12,9 @@ import tiktoken
 import tiktoken.load
 
 from gpt2_numpy import tokenizer as tokenizer_module
-from gpt2_numpy.errors import TokenizerError
-from gpt2_numpy.tokenizer import EOT, EOT_ID, PACKAGED_VOCABULARY, WORD_PATTERN, load_tokenizer
+from gpt2_numpy.errors import TokenizerError, UsageError
+from gpt2_numpy.likelihood import text_ids
+from gpt2_numpy.tokenizer import EOT, EOT_ID, PACKAGED_VOCABULARY, WORD_PATTERN, check_in_vocabulary, load_tokenizer
 from tests.conftest import shared_path
 from scripts.common.text_samples import LONG_WORD_ALPHABETS, large_texts, long_word, sample_strings
 
@@ -117,6 +118,23 @@ def test_allowed_end_of_text_matches_tiktoken(tokenizer, reference, strings):
     joined = [EOT.join(strings[n : n + 3]) + EOT * (n % 2) for n in range(0, 600, 3)]
     ours, theirs = partial(tokenizer.encode, allowed_special="all"), partial(reference.encode, allowed_special="all")
     assert mismatches(ours, theirs, joined) == []
+
+
+def test_a_scored_text_holds_end_of_text_as_its_one_id(tokenizer, reference):
+    # written in a scored text, <|endoftext|> is the document separator, as generate reads it: one token, not seven
+    text = "a<|endoftext|>b"
+    expected = reference.encode(text, allowed_special="all")
+    assert expected.count(EOT_ID) == 1
+    assert text_ids(tokenizer, text, 50257, bos=False) == expected
+    assert text_ids(tokenizer, text, 50257, bos=True) == [EOT_ID, *expected]
+
+
+def test_ids_up_to_the_last_of_the_model_are_in_its_vocabulary(tokenizer):
+    # the boundary: a model of n_vocab tokens has ids 0 .. n_vocab - 1; "!" is id 0, " the" 262
+    assert check_in_vocabulary(tokenizer, [0, 262], 263, "the text", "fix it") == [0, 262]
+    with pytest.raises(UsageError, match=r"^the text's token 262 \(' the', position 1\) is outside this model's "
+                       r"vocabulary of 262 tokens: fix it$"):
+        check_in_vocabulary(tokenizer, [0, 262], 262, "the text", "fix it")
 
 
 def test_vocabulary_facts(tokenizer, reference):
@@ -323,6 +341,13 @@ def write_official_copy(official, folder, **replacements):  # -> folder with the
 def test_malformed_files_name_the_file(official, tmp_path, replacements, message):
     with pytest.raises(TokenizerError, match=message + ".*download the model again"):
         load_tokenizer(write_official_copy(official, tmp_path, **replacements))
+
+
+def test_a_vocab_bpe_with_crlf_line_ends_encodes_as_the_official_one(official, reference, strings, tmp_path):
+    # as a checkout with Windows line ends (git's autocrlf) or a copy through an editor leaves it
+    crlf = (official / "vocab.bpe").read_bytes().replace(b"\n", b"\r\n")
+    windows = load_tokenizer(write_official_copy(official, tmp_path, **{"vocab.bpe": crlf}))
+    assert mismatches(windows.encode, reference.encode_ordinary, strings[:1000]) == []
 
 
 def test_a_cut_off_merges_file_is_refused(official, tmp_path):

@@ -21,7 +21,7 @@ from gpt2_numpy.checkpoint import load_params
 from gpt2_numpy.params import gpt2_init, random_params
 from gpt2_numpy.save import save_model
 from gpt2_numpy.tokenizer import PACKAGED_VOCABULARY
-from gpt2_numpy.training import Batches, val_windows
+from gpt2_numpy.training import Batches, eval_loss, val_windows
 from tests.conftest import FIXTURES, HF_TOLERANCE, REPO, assert_one_error_line
 from tests.test_train import SHAPE, assert_same_weights, log_rows, run_cli, weights
 
@@ -234,6 +234,22 @@ def test_resume_refuses_a_flag_that_differs_naming_the_saved_value(tmp_path, sho
     result = train(short_text, out, *args, "--resume")
     assert_one_error_line(result, f"{flag} {value} differs from the {saved}")
     assert snapshot(out) == before
+
+
+def test_validation_bits_per_byte_counts_the_bytes_of_the_predicted_tokens():
+    # windows that do not continue each other, id i spelling i + 1 bytes: each window predicts its last 4 tokens,
+    # whose bytes are 2+3+4+5 + 7+8+9+10 = 48 (its first 4, the inputs, would be 1+2+3+4 + 6+7+8+9 = 40)
+    hparams = {"n_vocab": 10, "n_ctx": 8, "n_embd": 8, "n_head": 2, "n_layer": 1}
+    params = random_params(hparams, 0)
+    windows = np.array([[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]])
+    nll = 0.0  # the textbook model's cross-entropy, in float64
+    for window in windows:
+        logits = model.gpt2(window[:-1], **params, n_head=2).astype(np.float64)
+        shifted = logits - logits.max(-1, keepdims=True)
+        nll -= (shifted - np.log(np.exp(shifted).sum(-1, keepdims=True)))[np.arange(4), window[1:]].sum()
+    nats, bits_per_byte = eval_loss(windows, params, 2, token_lengths=np.arange(1, 11))
+    assert nats == pytest.approx(nll / 8, rel=1e-5)
+    assert bits_per_byte == pytest.approx(nll / math.log(2) / 48, rel=1e-5)
 
 
 # --- Fine-tuning a model folder: --init DIR, alias --model DIR ---
