@@ -10,6 +10,7 @@ Every mutant must be caught. The test files that catch each part (the word befor
     train,commands,optim,save   tests/test_train_resume.py tests/test_train_vocab.py tests/test_optim.py
     download                    tests/test_download.py
     sampling,decode,tokenizer   tests/test_sampling.py tests/test_generate.py tests/test_tokenizer_command.py
+    vocabulary,score,checkpoint,explain  tests/test_tokenizer.py tests/test_checkpoint.py tests/test_explain_trace.py
     "explain page"              tests/test_explain_page.py
 
 for example `python -m scripts.dev.mutants --only download tests/test_download.py`. A test earns its place by failing
@@ -143,6 +144,21 @@ MUTANTS = [  # (what, file, text, replacement)
     ("optim: past the last step the cosine climbs back", "gpt2_numpy/optim.py", "    step = min(step, total)", ""),
     ("save: config.json's layer_norm_epsilon 1e-6", "gpt2_numpy/save.py", '"layer_norm_epsilon": 1e-5,',
      '"layer_norm_epsilon": 1e-6,'),
+    ("save: config.json's eos_token_id the last id, wherever <|endoftext|> is", "gpt2_numpy/save.py",
+     '"eos_token_id": eot_id,', '"eos_token_id": hparams["n_vocab"] - 1,'),
+    ("train: validation bits per byte count the inputs' bytes", "gpt2_numpy/training.py",
+     "token_lengths[windows[:, 1:]]", "token_lengths[windows[:, :-1]]"),
+    # caught by tests/test_tokenizer.py, tests/test_checkpoint.py and tests/test_explain_trace.py
+    ("vocabulary: an id equal to n_vocab passes the model's vocabulary check", "gpt2_numpy/tokenizer.py",
+     "if token_id >= n_vocab), None)", "if token_id > n_vocab), None)"),
+    ("vocabulary: a CRLF vocab.bpe keeps its carriage returns", "gpt2_numpy/formats/vocabulary.py",
+     '.replace("\\r\\n", "\\n")', ""),
+    ("score: <|endoftext|> in a scored text is seven ordinary tokens", "gpt2_numpy/likelihood.py",
+     'tokenizer.encode(text, allowed_special="all")', "tokenizer.encode(text)"),
+    ("checkpoint: config.json's options that change the math are ignored", "gpt2_numpy/formats/checkpoint.py",
+     "value = config.get(option, values[0])", "value = values[0]"),
+    ("explain: trace's blocks take any n_head", "gpt2_numpy/interpret/tracing.py",
+     "    check_heads(n_head, x.shape[-1])  # the error", "    pass  # the error"),
     # caught by tests/test_explain_page.py (a page of 300 tokens, whose map pixels cover 2 x 2 weights)
     ("explain page: a map pixel shows the last weight it covers, not the largest", "gpt2_numpy/interpret/page.html",
      "cells[cell] = Math.max(cells[cell], values[s] / DATA.scale);", "cells[cell] = values[s] / DATA.scale;"),
