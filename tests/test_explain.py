@@ -591,6 +591,15 @@ def test_each_stage_shows_a_progress_bar_on_stderr(byte_model, tmp_path, monkeyp
         assert re.search(rf"\r{stage}: +0%.* 0/{total} ", err), (stage, err)  # a quick stage shows only its start
 
 
+def test_a_model_folder_whose_name_is_not_utf_8_is_named_on_the_page_with_a_replacement(tmp_path):
+    folder = byte_model_dir(tmp_path / os.fsdecode(b"tiny\xff"), BYTES, random_params(BYTES, 4))
+    target = tmp_path / "a.html"
+    assert run([PROMPT, "--model", str(folder), "--html", str(target)]) == 0
+    data = re.search(r'\{"title": .*\}', target.read_text(encoding="utf-8"))[0]
+    n_bytes = len(PROMPT.encode())  # a byte-level vocabulary without merges: one token per byte
+    assert json.loads(data)["title"] == f"tiny\ufffd (2 layers of 4 heads, 32 wide) on {n_bytes} tokens"
+
+
 class FullStream:  # stderr on a full disk
     def write(self, text):
         raise OSError(28, "No space left on device")
