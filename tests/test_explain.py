@@ -29,6 +29,7 @@ from gpt2_numpy.model import block, gpt2
 from gpt2_numpy.params import random_params
 from gpt2_numpy.tokenizer import load_tokenizer
 from tests.conftest import FIXTURES, assert_one_error_line, byte_model_dir, run_explain, tiny_models_dir
+from tests.test_tokenizer_command import read_only_file_system
 
 CONFIGS = json.loads((FIXTURES / "configs.json").read_text())
 HF_TOLERANCE = 1e-5  # max |weights - HF's| in float32; measured 1.3e-6 (tiny) and 1.1e-6 (odd_heads)
@@ -598,6 +599,18 @@ def test_a_model_folder_whose_name_is_not_utf_8_is_named_on_the_page_with_a_repl
     data = re.search(r'\{"title": .*\}', target.read_text(encoding="utf-8"))[0]
     n_bytes = len(PROMPT.encode())  # a byte-level vocabulary without merges: one token per byte
     assert json.loads(data)["title"] == f"tiny\ufffd (2 layers of 4 heads, 32 wide) on {n_bytes} tokens"
+
+
+@pytest.mark.parametrize("flag, name", [("--html", "a.html"), ("--plot", "a.png")])
+def test_a_read_only_file_system_is_named_as_such(byte_model, tmp_path, monkeypatch, capsys, flag, name):
+    # it was "permission denied: fix its permissions"
+    folder = tmp_path / "mounted"
+    folder.mkdir()
+    read_only_file_system(monkeypatch, folder)
+    with pytest.raises(UsageError) as caught:
+        run([PROMPT, "--model", str(byte_model), flag, str(folder / name)])
+    assert str(caught.value) == (f"{flag} {folder / name}: cannot write into the folder {folder} (read-only file "
+                                 "system): its file system is read-only: remount it writable or choose another file")
 
 
 class FullStream:  # stderr on a full disk
