@@ -62,6 +62,26 @@ def test_a_text_too_small_says_how_large_a_vocabulary_it_makes(tmp_path, data):
     assert not (tmp_path / "tok").exists()
 
 
+def test_at_the_lowest_min_frequency_a_text_too_small_is_told_to_grow_not_to_lower_it(tmp_path, data):
+    # it said "seen at least 1 times ... lower --min-frequency", which 1 already is
+    possible = 257 + len(train_bpe_textbook(TEXT, 10_000, min_frequency=1))
+    result = run_cli("gpt2_numpy", "tokenizer", "--data", data, "--vocab-size", 10_000, "--min-frequency", 1, "--out",
+                     tmp_path / "tok")
+    assert_one_error_line(result, f"has only {possible - 257} pairs to merge, which make a vocabulary of {possible} "
+                          f"tokens: ask for --vocab-size {possible} or less, or give more text")
+    assert "min-frequency" not in result.stderr
+
+
+def test_the_help_says_which_hugging_face_default_min_frequency_follows(capsys):
+    # Hugging Face's BpeTrainer().min_frequency is 0, ByteLevelBPETokenizer.train's min_frequency 2 (tokenizers 0.22,
+    # read from both); the help said "(2, as Hugging Face's BpeTrainer)"
+    with pytest.raises(SystemExit):
+        tokenizer_command.main(["--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    default = tokenizer_command.parse_args(["--data", "x", "--vocab-size", "300", "--out", "y"]).min_frequency
+    assert f"({default}, as Hugging Face's ByteLevelBPETokenizer.train; its BpeTrainer's own default, 0," in help_text
+
+
 @pytest.mark.parametrize("flags, fragment", [
     (["--vocab-size", "256"], "--vocab-size: must be at least 257, got 256"),
     (["--vocab-size", "300", "--min-frequency", "0"], "--min-frequency: must be at least 1"),

@@ -34,7 +34,9 @@ def parse_args(argv):  # -> argparse.Namespace
     parser.add_argument("--out", required=True, type=path_argument, metavar="DIR",
                         help="the folder to write vocab.json and merges.txt into (created if missing)")
     parser.add_argument("--min-frequency", type=whole_number(1), default=2, metavar="N",
-                        help="merge only pairs seen at least N times (2, as Hugging Face's BpeTrainer)")
+                        help="merge only pairs seen at least N times (2, as Hugging Face's "
+                        "ByteLevelBPETokenizer.train; its BpeTrainer's own default, 0, merges every pair seen, as 1 "
+                        "does here)")
     parser.add_argument("--json", action="store_true",
                         help='print {"folder", "vocab_size", "merges", "tokens", "bytes"} as one JSON object: the '
                         "vocabulary made, and how many tokens it splits the text into")
