@@ -55,8 +55,10 @@ def usage_hints(parser, message):  # -> argparse's message, with the hints that 
     if explicit:  # "-hello" was read as -h with "ello" attached
         message = f"unrecognized arguments: {explicit[1]}{explicit[2]}"
     given = parser.given or []
-    words = message.split(": ", 1)[1].split() if message.startswith("unrecognized arguments: ") else (
-        given[:given.index("--")] if "--" in given else given)
+    if message.startswith("unrecognized arguments: "):
+        words = message.split(": ", 1)[1].split()
+    else:  # a missing argument, say: the flags misspelt anywhere before "--" are named too
+        words = given[:given.index("--")] if "--" in given else given
     unknown = [word for word in words if word.startswith("-") and word != "-" and not
                parser._negative_number_matcher.match(word) and word.split("=")[0] not in parser._option_string_actions]
     missing = re.fullmatch(r"the following arguments are required: ([A-Z]+)", message)
