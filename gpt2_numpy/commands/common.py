@@ -38,12 +38,18 @@ class ArgumentParser(argparse.ArgumentParser):
         # dash_hint: how to pass text that begins with '-', which argparse takes for an unknown option
         super().__init__(*args, allow_abbrev=False, **kwargs)
         self.dash_hint = dash_hint
-        self.given = None  # the command line, once parsed: a missing argument's error names the flags misspelt in it
+        self.given = None  # the command line up to "--", once parsed: errors name the flags misspelt in it
         self.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
 
     def parse_known_args(self, args=None, namespace=None):
         if self.given is None:  # the first call sees the whole command line; intermixed parsing calls again with parts
-            self.given = sys.argv[1:] if args is None else list(args)
+            given = sys.argv[1:] if args is None else list(args)
+            self.given = given[:given.index("--")] if "--" in given else given
+            # argparse reads "-hello" (even "-hello world") as -h with "ello" attached: an error on Python 3.9, the
+            # help on 3.13. It is rather a prompt, or a typo
+            attached = [word for word in self.given if word.startswith("-h") and word != "-h"]
+            if attached:
+                self.error(f"unrecognized arguments: {attached[0]}")
         return super().parse_known_args(args, namespace)
 
     def error(self, message):
@@ -51,14 +57,8 @@ class ArgumentParser(argparse.ArgumentParser):
 
 
 def usage_hints(parser, message):  # -> argparse's message, with the hints that apply to it
-    explicit = re.fullmatch(r"argument (-\w)/\S+: ignored explicit argument '(.*)'", message)
-    if explicit:  # "-hello" was read as -h with "ello" attached
-        message = f"unrecognized arguments: {explicit[1]}{explicit[2]}"
-    given = parser.given or []
-    if message.startswith("unrecognized arguments: "):
-        words = message.split(": ", 1)[1].split()
-    else:  # a missing argument, say: the flags misspelt anywhere before "--" are named too
-        words = given[:given.index("--")] if "--" in given else given
+    # a missing argument, say: the flags misspelt anywhere before "--" are named too
+    words = message.split(": ", 1)[1].split() if message.startswith("unrecognized arguments: ") else parser.given or []
     unknown = [word for word in words if word.startswith("-") and word != "-" and not
                parser._negative_number_matcher.match(word) and word.split("=")[0] not in parser._option_string_actions]
     missing = re.fullmatch(r"the following arguments are required: ([A-Z]+)", message)
