@@ -13,6 +13,7 @@ import hashlib
 import os
 import re
 import time
+import urllib.parse
 
 import requests
 import urllib3
@@ -49,9 +50,12 @@ def fetch_all(folder, staging, size, source, missing):  # -> None: each missing 
         for name in missing:
             try:
                 fetch(session, file_url(size, source, name), staging / name)
-            except Unreachable as error:
+            except Unreachable as error:  # most often no network at all: what to do first, the URLs last
                 urls = " ".join(file_url(size, source, each) for each in missing)
-                raise DownloadError(f"{error}; to install by hand, download {urls} into {folder}/") from None
+                raise DownloadError(f"{error}: without a network, train a tiny model and pass --model my-gpt "
+                                    '(README.md, "A first run, offline"); to download from a mirror, set '
+                                    "GPT2_NUMPY_BASE_URL (docs/weights-and-formats.md); to install by hand, download "
+                                    f"{urls} into {folder}/") from None
             except KeyboardInterrupt:
                 raise stopped(staging, missing) from None
 
@@ -218,4 +222,4 @@ def gave_up(url, error):  # -> the DownloadError that ends the retries
     if isinstance(error, Retry):
         return DownloadError(f"{url} failed {RETRIES + 1} times in a row ({error}); try again later, or use a "
                              f"mirror via GPT2_NUMPY_BASE_URL")
-    return Unreachable(f"cannot download {url}: {describe(error)}")
+    return Unreachable(f"no network connection to {urllib.parse.urlsplit(url).netloc} ({describe(error)})")

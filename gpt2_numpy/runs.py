@@ -19,7 +19,6 @@ the lock, or on the spot: if the weights in OUT name its step, the rest of it mo
 and the save before it stays, whole. So the folder needs room for two saves at once: the one in place and the next.
 """
 import csv
-import errno
 import io
 import json
 import math
@@ -36,7 +35,7 @@ from gpt2_numpy.errors import Gpt2NumpyError, Interrupted, TrainingFailed, Usage
 from gpt2_numpy.formats import parse_json
 from gpt2_numpy.formats.safetensors import read_metadata
 from gpt2_numpy.params import flatten
-from gpt2_numpy.save import atomic_write, fsync_folder, save_model
+from gpt2_numpy.save import atomic_write, check_folder_path, disk_fix, fsync_folder, save_model
 from gpt2_numpy.formats.vocabulary import FILE_NAMES
 from gpt2_numpy.weights import release_lock, take_lock
 
@@ -49,9 +48,6 @@ LOCK = ".train.lock"
 # the order in which a save's files take their places: the weights first (their header names the step, so that rename
 # is the save), the state last (while .train.save/ holds it, the save has not all moved in)
 SAVE_ORDER = (MODEL, "config.json", *FILE_NAMES["Hugging Face"], STATE)
-DISK_FIXES = {errno.ENOSPC: "free some disk space", errno.EDQUOT: "free some disk space",
-              errno.EACCES: "fix its permissions", errno.EPERM: "fix its permissions",
-              errno.EROFS: "its file system is read-only: remount it writable"}
 
 
 def save_run(out, write_tokenizer, hparams, params, opt_state, batches, step, seconds, settings):  # -> None: out
@@ -113,8 +109,7 @@ def kept(out):  # -> (the step of out's last save, None if there is none; the wo
 def cannot_write(out, error):  # -> TrainingFailed for an OSError writing out: what to do, and which save stays
     saved, keeps = kept(out)
     then = "then continue with the same command and --resume" if saved else "or choose another --out"
-    fix = DISK_FIXES.get(error.errno, "fix that")
-    return TrainingFailed(f"cannot write to {out} ({error.strerror or error}): {fix}, {then}; {keeps}")
+    return TrainingFailed(f"cannot write to {out} ({error.strerror or error}): {disk_fix(error)}, {then}; {keeps}")
 
 
 def diverged(out, step, what):  # -> TrainingFailed for a run whose numbers are no longer finite at step
@@ -127,8 +122,7 @@ def check_out(out, resume):  # -> True when out holds a run of ours, to be claim
     # A run of ours is a folder holding train_state.npz: only a save writes it, beside the weights of its step. Any
     # other folder with files in it is someone else's (a model, an OpenAI checkpoint, notes), never written over. Our
     # lock file does not count, and a save cut off midway (.train.save/) makes the folder ours.
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out} is a file: pass a folder (it is created if missing)")
+    check_folder_path(out, "--out")
     try:
         names = sorted(path.name for path in out.iterdir() if path.name != LOCK) if out.is_dir() else []
     except OSError as error:

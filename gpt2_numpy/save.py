@@ -10,6 +10,7 @@ own loader (gpt2_numpy.checkpoint) both read:
 Every file is written under a temporary name and then renamed over the old one, so a crash or Ctrl-C midway leaves
 either the old file or the new one, never half of one.
 """
+import errno
 import json
 import os
 import stat
@@ -18,7 +19,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from gpt2_numpy.params import flatten
-from gpt2_numpy.errors import TokenizerError
+from gpt2_numpy.errors import TokenizerError, UsageError
 from gpt2_numpy.formats.safetensors import write_safetensors
 from gpt2_numpy.formats.vocabulary import EOT, FILE_NAMES, read_encoder
 
@@ -123,6 +124,45 @@ def made_folders(folder):  # -> the folders made for folder, innermost first; af
         for path in made:
             with suppress(OSError):
                 path.rmdir()  # only an empty folder goes
+
+
+# what to do about an OSError that writing a file met, by errno
+DISK_FIXES = {errno.ENOSPC: "free some disk space", errno.EDQUOT: "free some disk space",
+              errno.EACCES: "fix its permissions", errno.EPERM: "fix its permissions",
+              errno.EROFS: "its file system is read-only: remount it writable"}
+
+
+def disk_fix(error):  # -> what to do about an OSError met writing: "free some disk space", "fix its permissions", ...
+    return DISK_FIXES.get(error.errno, "fix that")
+
+
+def write_problem(folder):  # -> None when a file can be made in folder; else "(permission denied): fix its
+    # permissions", "(read-only file system): its file system is read-only: remount it writable", ...
+    # a real file, unnamed where the system allows: os.access cannot tell a read-only file system from permissions
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            return None
+    except OSError as error:
+        return f"({(error.strerror or str(error)).lower()}): {disk_fix(error)}"
+
+
+def check_folder_path(folder, flag):  # -> None; UsageError when folder is no folder and none can be made there: a
+    # file, a symbolic link to nothing, or a file on the way. Checked before any work, which would be lost
+    try:
+        for path in (folder, *folder.parents):
+            if path.is_dir():
+                return
+            if path == folder and path.exists():
+                raise UsageError(f"{flag} {folder} is a file: pass a folder (it is created if missing)")
+            if path.exists():
+                raise UsageError(f"{flag} {folder}: {path} is a file, so no folder can be made below it: choose "
+                                 "another folder")
+            if path.is_symlink():
+                raise UsageError(f"{flag} {folder}: {path} is a symbolic link to {os.readlink(path)}, which does "
+                                 "not exist: create that folder, or choose another one")
+    except OSError as error:  # a folder on the way that this user may not enter
+        raise UsageError(f"{flag} {folder}: cannot read the folders on its way ({error.strerror}): fix their "
+                         "permissions or choose another folder") from None
 
 
 def current_umask():  # -> the process's umask; reading it means setting it, so it is set straight back

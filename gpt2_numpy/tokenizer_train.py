@@ -130,9 +130,12 @@ def train_vocabulary(text, vocab_size, min_frequency=2, what="the text"):  # -> 
     min_frequency times), saying how large a vocabulary it can make."""
     merges = train_bpe(text, vocab_size, min_frequency)
     if len(merges) < merges_to_make(vocab_size):
-        raise UsageError(f"--vocab-size {vocab_size}: {what} has only {len(merges):,} pairs to merge seen at least "
-                         f"{min_frequency} times, which make a vocabulary of {257 + len(merges):,} tokens: ask for "
-                         f"--vocab-size {257 + len(merges)} or less, lower --min-frequency, or give more text")
+        # at --min-frequency 1 (the lowest), every pair seen is merged already: only more text makes more
+        seen, lower = (f" seen at least {min_frequency} times", " lower --min-frequency,") if min_frequency > 1 else (
+            "", "")
+        raise UsageError(f"--vocab-size {vocab_size}: {what} has only {len(merges):,} pairs to merge{seen}, which make "
+                         f"a vocabulary of {257 + len(merges):,} tokens: ask for --vocab-size {257 + len(merges)} or "
+                         f"less,{lower} or give more text")
     return merges
 
 

@@ -203,3 +203,50 @@ def test_model_that_is_neither_a_size_nor_a_folder_is_one_error_line(tmp_path):
     result = run("-m", "gpt2_numpy", "generate", "hi", "--model", str(tmp_path / "124"))
     assert_one_error_line(result, f"--model {tmp_path / '124'} does not exist: pass a model folder")
     assert "or an official size (124M, 355M, 774M, 1558M)" in result.stderr
+
+
+# --- Hints: each where it applies, and only there ---
+
+DASH_HINT = "goes last, after '--'"
+
+
+@pytest.mark.parametrize("argv, message, absent", [
+    (["generate", "--tokens", "20", "x"], "unrecognized arguments: --tokens; did you mean --n-tokens for --tokens?",
+     [DASH_HINT]),
+    (["generate", "x", "--temp=0.8"], "unrecognized arguments: --temp=0.8; did you mean --temperature for --temp?",
+     [DASH_HINT]),
+    (["generate", "--model", "my-gpt"], 'no prompt given: gpt2-numpy generate needs one, e.g. gpt2-numpy generate '
+     '"The cat" (see --help)', [DASH_HINT, "did you mean"]),
+    (["generate", "--model", "my-gpt", "-hello"], "unrecognized arguments: -hello; a prompt that begins with '-' goes "
+     "last, after '--': gpt2-numpy generate --n-tokens 5 -- \"-x\" (see --help)", ["ignored explicit", "did you mean"]),
+    (["explain", "-x"], "no prompt given: gpt2-numpy explain needs one, e.g. gpt2-numpy explain \"The cat\"; a prompt "
+     "that begins with '-' goes last, after '--'", ["did you mean"]),
+    (["explain", "--layer", "-1"], "no prompt given: gpt2-numpy explain needs one", [DASH_HINT]),  # -1 is a value
+    (["explain", "hi", "--lenss"], "unrecognized arguments: --lenss; did you mean --lens for --lenss?", [DASH_HINT]),
+    (["score", "-hello"], "unrecognized arguments: -hello; a text that begins with '-' goes last", ["did you mean"]),
+    (["train", "--data", "x", "--out", "y", "--step", "3"], "unrecognized arguments: --step 3; did you mean --steps "
+     "for --step?", []),
+    (["tokenizer", "--data", "x", "--vocab-size", "300", "--outt", "y"], "the following arguments are required: "
+     "--out; did you mean --out for --outt?", []),
+    (["download", "124M", "--modles-dir", "w"], "did you mean --models-dir for --modles-dir?", []),
+    (["generate", "--colour", "x"], "unrecognized arguments: --colour (see --help)", [DASH_HINT, "did you mean"]),
+])
+def test_a_usage_error_gets_the_hints_that_apply_to_it_and_no_other(argv, message, absent):
+    result = run("-m", "gpt2_numpy", *argv)
+    assert_one_error_line(result, message)
+    assert [text for text in absent if text in result.stderr] == []
+
+
+@pytest.mark.parametrize("argv", [["score", "I will go to the", "--model", "124m"],
+                                  ["score", "I will go to the", "--model-size", "124m"]])
+def test_a_size_in_the_wrong_case_is_that_size(models_dir, argv):
+    result = run("-m", "gpt2_numpy", *argv, "--no-bos", "--models-dir", str(models_dir), "--json")
+    assert result.returncode == 0, result.stderr
+    assert f"from {models_dir / '124M'}" in result.stderr
+
+
+def test_download_and_train_take_a_size_in_the_wrong_case():
+    from gpt2_numpy.commands import download, train
+
+    assert download.parse_args(["355m"]).size == download.parse_args(["--model", "355m"]).size == "355M"
+    assert train.parse_args(["--data", "x", "--out", "y", "--init", "1558m"]).init == "1558M"

@@ -7,6 +7,7 @@ runs its blocks in order in a folder of its own, with copies of README.md and my
 the package is this checkout; the models dir is empty and downloads go to a closed port on 127.0.0.1, so nothing is
 fetched. Each block must exit 0 within BLOCK_SECONDS.
 """
+import ast
 import importlib
 import inspect
 import os
@@ -116,6 +117,30 @@ def test_every_path_named_in_the_repo_exists(page):
     assert sorted(path for path in named if not list(REPO.glob(path))) == []
 
 
+# what an example needs beyond the core's dependencies -> the install command that the paragraph above it must give
+EXTRAS = {"--plot ": 'pip install -e ".[plot]"', "scripts.demo.plot_loss": 'pip install -e ".[plot]"',
+          "scripts.demo.screenshot_page": 'pip install -e ".[test]"'}
+
+
+def paragraph_above(lines, number):  # -> the lines of the paragraph that ends right above line `number` (from 1)
+    end = number - 1
+    while end > 0 and not lines[end - 1].strip():
+        end -= 1
+    start = end
+    while start > 0 and lines[start - 1].strip():
+        start -= 1
+    return "\n".join(lines[start:end])
+
+
+@pytest.mark.parametrize("page", PAGES, ids=page_name)
+def test_an_example_that_needs_an_extra_says_its_install_right_above_it(page):
+    text = page.read_text(encoding="utf-8")
+    missing = [f"{page_name(page)}:{number}: {install}" for number, _, code in blocks(text)
+               for needle, install in EXTRAS.items() if needle in code
+               and install not in paragraph_above(text.splitlines(), number)]
+    assert missing == []
+
+
 def test_the_link_checker_sees_broken_links_and_sections(tmp_path):
     (tmp_path / "other.md").write_text("# Other\n\n## Has `code`, and more!\n\n## Has `code`, and more!\n")
     text = ("[ok](other.md#has-code-and-more) [twice](other.md#has-code-and-more-1) [gone](missing.md) "
@@ -174,6 +199,20 @@ def test_the_readme_blocks_run_and_make_the_tiny_model(first_run):
     python_section = readme[readme.index("## Use it from Python") :].split("\n## ")[0]
     assert [language for _, language, _ in runnable(python_section)] == ["python"]  # it runs as pasted
     assert (first_run / "my-gpt" / "model.safetensors").is_file()  # the offline first run made the tiny model
+
+
+@pytest.mark.timeout(600)
+def test_the_readme_python_block_shows_text_on_the_tiny_model(first_run, tmp_path):
+    # greedy decoding of the 20-step model is 20 newlines, which reads as a failure: the block must print more
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    [(_, _, code)] = runnable(readme[readme.index("## Use it from Python") :].split("\n## ")[0])
+    recorder = ("import sys, gpt2_numpy\nreal = gpt2_numpy.complete\n"
+                "gpt2_numpy.complete = lambda *a, **k: print(repr(real(*a, **k)), file=sys.stderr) or real(*a, **k)\n")
+    result = subprocess.run([sys.executable, "-c", recorder + code], cwd=first_run, env=environment(tmp_path),
+                            capture_output=True, text=True, timeout=BLOCK_SECONDS)
+    assert result.returncode == 0, result.stderr
+    completions = [ast.literal_eval(line) for line in result.stderr.splitlines() if line.startswith(("'", '"'))]
+    assert completions and all(text.strip() for text in completions), completions
 
 
 @pytest.mark.timeout(600)

@@ -208,8 +208,13 @@ def test_connection_refused_says_what_to_fetch_by_hand(tmp_path, monkeypatch):
             ensure_model("124M", tmp_path)
     message = str(caught.value)
     assert "\n" not in message
-    assert message.startswith(f"cannot download {base}/124M/")
-    assert "Connection refused" in message
+    # what the user meets first offline: no network, and what to do about it, before the URLs
+    assert message.startswith(f"no network connection to 127.0.0.1:{base.rsplit(':', 1)[1]} (Connection refused): "
+                              "without a network, train a tiny model and pass --model my-gpt (README.md, \"A first "
+                              "run, offline\"); to download from a mirror, set GPT2_NUMPY_BASE_URL "
+                              "(docs/weights-and-formats.md); to install by hand, download "), message
+    assert "## A first run, offline\n" in (REPO / "README.md").read_text()  # the places it points to are there
+    assert "GPT2_NUMPY_BASE_URL=" in (REPO / "docs" / "weights-and-formats.md").read_text()
     assert all(f"{base}/124M/{name}" in message for name in OPENAI_FILES)
     assert f"into {tmp_path / '124M'}" in message
     assert names_in(tmp_path) == set()  # the folder it made goes again: no empty .download/, no lock file left behind
@@ -487,7 +492,7 @@ def test_a_failed_first_download_leaves_no_folder_it_made(tmp_path, monkeypatch)
     monkeypatch.setenv("GPT2_NUMPY_BASE_URL", UNREACHABLE)
     (tmp_path / "kept" / "124M").mkdir(parents=True)  # folders of the user's, made before: they stay
     for models_dir in (tmp_path / "typo" / "models", tmp_path / "kept"):
-        with pytest.raises(DownloadError, match="cannot download"):
+        with pytest.raises(DownloadError, match="no network connection to 127.0.0.1:9"):
             ensure_model("124M", models_dir)
     assert names_in(tmp_path) == {"kept"}
     assert names_in(tmp_path / "kept" / "124M") == {weights.LOCK}

@@ -29,6 +29,7 @@ from gpt2_numpy.model import block, gpt2
 from gpt2_numpy.params import random_params
 from gpt2_numpy.tokenizer import load_tokenizer
 from tests.conftest import FIXTURES, assert_one_error_line, byte_model_dir, run_explain, tiny_models_dir
+from tests.test_tokenizer_command import read_only_file_system
 
 CONFIGS = json.loads((FIXTURES / "configs.json").read_text())
 HF_TOLERANCE = 1e-5  # max |weights - HF's| in float32; measured 1.3e-6 (tiny) and 1.1e-6 (odd_heads)
@@ -589,6 +590,27 @@ def test_each_stage_shows_a_progress_bar_on_stderr(byte_model, tmp_path, monkeyp
     for stage, total in [("walkthrough", n_layer + 1), ("logit lens", n_layer + 1), ("head scores", n_layer),
                          ("page", n_layer)]:
         assert re.search(rf"\r{stage}: +0%.* 0/{total} ", err), (stage, err)  # a quick stage shows only its start
+
+
+def test_a_model_folder_whose_name_is_not_utf_8_is_named_on_the_page_with_a_replacement(tmp_path):
+    folder = byte_model_dir(tmp_path / os.fsdecode(b"tiny\xff"), BYTES, random_params(BYTES, 4))
+    target = tmp_path / "a.html"
+    assert run([PROMPT, "--model", str(folder), "--html", str(target)]) == 0
+    data = re.search(r'\{"title": .*\}', target.read_text(encoding="utf-8"))[0]
+    n_bytes = len(PROMPT.encode())  # a byte-level vocabulary without merges: one token per byte
+    assert json.loads(data)["title"] == f"tiny\ufffd (2 layers of 4 heads, 32 wide) on {n_bytes} tokens"
+
+
+@pytest.mark.parametrize("flag, name", [("--html", "a.html"), ("--plot", "a.png")])
+def test_a_read_only_file_system_is_named_as_such(byte_model, tmp_path, monkeypatch, capsys, flag, name):
+    # it was "permission denied: fix its permissions"
+    folder = tmp_path / "mounted"
+    folder.mkdir()
+    read_only_file_system(monkeypatch, folder)
+    with pytest.raises(UsageError) as caught:
+        run([PROMPT, "--model", str(byte_model), flag, str(folder / name)])
+    assert str(caught.value) == (f"{flag} {folder / name}: cannot write into the folder {folder} (read-only file "
+                                 "system): its file system is read-only: remount it writable or choose another file")
 
 
 class FullStream:  # stderr on a full disk

@@ -6,6 +6,7 @@ and the files to the format's definition: `#version: 0.2`, then one merge a line
 import errno
 import json
 import os
+import tempfile
 
 import pytest
 
@@ -59,6 +60,26 @@ def test_a_text_too_small_says_how_large_a_vocabulary_it_makes(tmp_path, data):
     result = run_cli("gpt2_numpy", "tokenizer", "--data", data, "--vocab-size", 10_000, "--out", tmp_path / "tok")
     assert_one_error_line(result, f"ask for --vocab-size {possible} or less")
     assert not (tmp_path / "tok").exists()
+
+
+def test_at_the_lowest_min_frequency_a_text_too_small_is_told_to_grow_not_to_lower_it(tmp_path, data):
+    # it said "seen at least 1 times ... lower --min-frequency", which 1 already is
+    possible = 257 + len(train_bpe_textbook(TEXT, 10_000, min_frequency=1))
+    result = run_cli("gpt2_numpy", "tokenizer", "--data", data, "--vocab-size", 10_000, "--min-frequency", 1, "--out",
+                     tmp_path / "tok")
+    assert_one_error_line(result, f"has only {possible - 257} pairs to merge, which make a vocabulary of {possible} "
+                          f"tokens: ask for --vocab-size {possible} or less, or give more text")
+    assert "min-frequency" not in result.stderr
+
+
+def test_the_help_says_which_hugging_face_default_min_frequency_follows(capsys):
+    # Hugging Face's BpeTrainer().min_frequency is 0, ByteLevelBPETokenizer.train's min_frequency 2 (tokenizers 0.22,
+    # read from both); the help said "(2, as Hugging Face's BpeTrainer)"
+    with pytest.raises(SystemExit):
+        tokenizer_command.main(["--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    default = tokenizer_command.parse_args(["--data", "x", "--vocab-size", "300", "--out", "y"]).min_frequency
+    assert f"({default}, as Hugging Face's ByteLevelBPETokenizer.train; its BpeTrainer's own default, 0," in help_text
 
 
 @pytest.mark.parametrize("flags, fragment", [
@@ -143,6 +164,42 @@ def test_a_dangling_link_in_out_is_refused_before_training(tmp_path, data):  # i
     assert_one_error_line(result, f"--out {tmp_path / 'tok'} already holds vocab.json")
 
 
+@pytest.mark.parametrize("out", ["link", "link/tok"])
+def test_an_out_through_a_link_to_nothing_is_refused_before_training(tmp_path, data, out):  # "File exists", after
+    (tmp_path / "link").symlink_to(tmp_path / "nowhere")
+    result = run_cli("gpt2_numpy", "tokenizer", "--data", data, "--vocab-size", 300, "--out", tmp_path / out)
+    assert_one_error_line(result, f"--out {tmp_path / out}: {tmp_path / 'link'} is a symbolic link to "
+                          f"{tmp_path / 'nowhere'}, which does not exist: create that folder, or choose another one")
+    assert "merges" not in result.stderr  # no progress bar: refused before the training ran
+    assert not os.path.lexists(tmp_path / "nowhere")
+
+
+def read_only_file_system(monkeypatch, folder):  # -> None: making a file in folder fails as on a read-only disk,
+    # where access(2) denies writing too (with EROFS, which os.access cannot report)
+    real_file, real_access = tempfile.TemporaryFile, os.access
+
+    def refused(*args, dir=None, **kwargs):
+        if dir is not None and os.path.samefile(dir, folder):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(dir))
+        return real_file(*args, dir=dir, **kwargs)
+
+    def access(path, mode, **kwargs):
+        return not (mode & os.W_OK and os.path.samefile(path, folder)) and real_access(path, mode, **kwargs)
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", refused)
+    monkeypatch.setattr(os, "access", access)
+
+
+def test_a_read_only_file_system_is_named_as_such(tmp_path, data, monkeypatch, capsys):  # "permission denied"
+    read_only_file_system(monkeypatch, tmp_path)
+    with pytest.raises(SystemExit) as stop:
+        tokenizer_command.main(["--data", str(data), "--vocab-size", "300", "--out", str(tmp_path / "tok")])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"error: --out {tmp_path / 'tok'}: cannot write into {tmp_path} (read-only file system): its file system is "
+        "read-only: remount it writable or choose another folder")
+
+
 def test_a_file_system_without_hard_links_gets_both_files(tmp_path, monkeypatch):
     def no_links(source, target):
         raise PermissionError(errno.EPERM, os.strerror(errno.EPERM))
@@ -171,7 +228,7 @@ def test_a_full_disk_leaves_neither_file_nor_the_folders_made(tmp_path, data, mo
         tokenizer_command.main(["--data", str(data), "--vocab-size", "300", "--out", str(tmp_path / out)])
     assert stop.value.code == 2
     assert capsys.readouterr().err.splitlines()[-1] == (
-        f"error: cannot write --out {tmp_path / out} (No space left on device): free some disk space, fix its "
-        "permissions, or choose another folder; nothing was written")
+        f"error: cannot write --out {tmp_path / out} (No space left on device): free some disk space or choose "
+        "another folder; nothing was written")
     assert sorted(path.name for path in tmp_path.iterdir()) == ["data.txt", "existing"]
     assert list((tmp_path / "existing").iterdir()) == []

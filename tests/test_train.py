@@ -268,6 +268,21 @@ def test_bad_input_is_one_error_line(tmp_path, data, models_dir, case, fragment)
     assert not out.exists() or out == data  # nothing written
 
 
+@pytest.mark.parametrize("out, in_the_way", [("link", "link"), ("link/run", "link"), ("a_file/run", "a_file")])
+@pytest.mark.parametrize("vocabulary", [[], ["--vocab-size", 300]], ids=["GPT-2's vocabulary", "its own"])
+def test_an_out_that_can_be_no_folder_is_refused_before_any_work(tmp_path, data, models_dir, out, in_the_way,
+                                                                   vocabulary):
+    # a link to nothing, or a file on the way: mkdir fails, which was found only at the first save, after the work
+    (tmp_path / "link").symlink_to(tmp_path / "nowhere")
+    (tmp_path / "a_file").write_text("")
+    result = train(data, tmp_path / out, models_dir, *SHAPE, *RUN, "--steps", 1, *vocabulary)
+    named = (f"{tmp_path / in_the_way} is a symbolic link to {tmp_path / 'nowhere'}, which does not exist"
+             if in_the_way == "link" else f"{tmp_path / 'a_file'} is a file, so no folder can be made below it")
+    assert_one_error_line(result, f"--out {tmp_path / out}: {named}")
+    assert "tokeniz" not in result.stderr  # neither a tokenizer trained nor the text tokenized
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["a_file", "link"]
+
+
 def test_model_flag_loads_openais_layout_too(tmp_path):
     folder = tiny_models_dir(tmp_path) / "124M"  # the tiny weights as a TF checkpoint, with OpenAI's vocabulary files
     reference = np.load(FIXTURES / "reference_tiny.npz")

@@ -14,6 +14,8 @@ import pytest
 
 from gpt2_numpy import model
 from gpt2_numpy.checkpoint import load_params
+from gpt2_numpy.commands import train as train_command
+from gpt2_numpy.errors import UsageError
 from gpt2_numpy.generate import generate
 from gpt2_numpy.params import random_params
 from gpt2_numpy.tokenizer import PACKAGED_VOCABULARY, load_tokenizer
@@ -123,6 +125,15 @@ def test_resume_keeps_the_vocabulary(trained, tmp_path):
     changed = run_cli("gpt2_numpy.train", "--data", data, "--out", folder, "--resume", "--vocab-size", 320, *FLAGS,
                       "--steps", 3)
     assert_one_error_line(changed, "--vocab-size 320 differs from the saved run's 300")
+
+
+@pytest.mark.parametrize("flags", [["--min-frequency", "2"], ["--vocab-size", "300"]])
+def test_resuming_a_run_of_gpt2_s_vocabulary_with_tokenizer_flags_says_it_had_none(flags):  # "the saved run's None"
+    args = train_command.parse_args(["--data", "x", "--out", "y", "--resume", *flags])
+    with pytest.raises(UsageError) as caught:
+        train_command.refuse_changes(args, {"init": None, "vocab_size": None, "min_frequency": None})
+    assert str(caught.value).startswith(f"{' '.join(flags)} differs from the saved run, which used GPT-2's vocabulary "
+                                        "(no --vocab-size, so no --min-frequency): a resumed run keeps")
 
 
 @pytest.mark.parametrize("swapped", ["GPT-2's", "smaller"])

@@ -3,11 +3,13 @@ stderr and an exit status), stdout, the flags that choose a model and loading it
 and reading the prompt. No command imports another; they all import this."""
 import argparse
 import contextlib
+import difflib
 import errno
 import importlib.metadata
 import json
 import math
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -27,20 +29,56 @@ DEFAULT_SIZE = "124M"
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse whose mistakes are UsageErrors, so run_cli prints them as one line instead of a usage block; every
-    command line gets --version from the installed package's metadata. An option is never taken from a prefix of its
-    name: --model must not be read as --models-dir, nor an old spelling as a new one."""
+    """argparse whose mistakes are UsageErrors, so run_cli prints them as one line instead of a usage block, with a
+    hint where one applies; every command line gets --version from the installed package's metadata. An option is
+    never taken from a prefix of its name: --model must not be read as --models-dir, nor an old spelling as a new
+    one."""
 
     def __init__(self, *args, dash_hint=None, **kwargs):
         # dash_hint: how to pass text that begins with '-', which argparse takes for an unknown option
         super().__init__(*args, allow_abbrev=False, **kwargs)
         self.dash_hint = dash_hint
+        self.given = None  # the command line up to "--", once parsed: errors name the flags misspelt in it
         self.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
 
+    def parse_known_args(self, args=None, namespace=None):
+        if self.given is None:  # the first call sees the whole command line; intermixed parsing calls again with parts
+            given = sys.argv[1:] if args is None else list(args)
+            self.given = given[:given.index("--")] if "--" in given else given
+            # argparse reads "-hello" (even "-hello world") as -h with "ello" attached: an error on Python 3.9, the
+            # help on 3.13. It is rather a prompt, or a typo
+            attached = [word for word in self.given if word.startswith("-h") and word != "-h"]
+            if attached:
+                self.error(f"unrecognized arguments: {attached[0]}")
+        return super().parse_known_args(args, namespace)
+
     def error(self, message):
-        if self.dash_hint and ("arguments are required" in message or "unrecognized arguments: -" in message):
-            message += f"; {self.dash_hint}"
-        raise UsageError(f"{message} (see --help)")
+        raise UsageError(f"{usage_hints(self, message)} (see --help)")
+
+
+def usage_hints(parser, message):  # -> argparse's message, with the hints that apply to it
+    # a missing argument, say: the flags misspelt anywhere before "--" are named too
+    words = message.split(": ", 1)[1].split() if message.startswith("unrecognized arguments: ") else parser.given or []
+    unknown = [word for word in words if word.startswith("-") and word != "-" and not
+               parser._negative_number_matcher.match(word) and word.split("=")[0] not in parser._option_string_actions]
+    missing = re.fullmatch(r"the following arguments are required: ([A-Z]+)", message)
+    if missing and parser.dash_hint:  # the text that a command works on, and nothing else, is missing
+        message = f"no {missing[1].lower()} given: {parser.prog} needs one, e.g. {parser.prog} \"The cat\""
+    hints = [flag_hint(parser, word) for word in unknown if FLAG.fullmatch(word)]
+    if parser.dash_hint and any(not FLAG.fullmatch(word) for word in unknown):  # text such as "-x", not a flag
+        hints.append(parser.dash_hint)
+    return "; ".join([message, *filter(None, hints)])
+
+
+def flag_hint(parser, word):  # -> "did you mean --n-tokens for --tokens?", or None when no flag is near
+    name = word.split("=")[0]
+    options = [option for option in parser._option_string_actions if option.startswith("--")]
+    near = [option for option in options if option.startswith(name)] or difflib.get_close_matches(name, options, n=1,
+                                                                                                   cutoff=0.7)
+    return f"did you mean {' or '.join(near)} for {name}?" if near else None
+
+
+FLAG = re.compile(r"--[A-Za-z][-\w]*(=.*)?")  # what is meant as a flag: "--tokens", not "-x" or "--5"
 
 
 def package_version():  # -> the installed gpt2_numpy's version, or a note when it runs from a source tree only
@@ -82,8 +120,13 @@ def path_argument(text):  # -> an argparse type: a Path, never of "" (Path("") w
     return Path(text)
 
 
+def size_name(text):  # -> an argparse type: an official size in any case as its name ("124m" -> "124M"), else text
+    return text.upper() if text.upper() in MODEL_SIZES else text
+
+
 def model_choice(text):  # -> an argparse type: an official size as its name, anything else as a folder's Path
-    return text if text in MODEL_SIZES else path_argument(text)  # a folder named like a size is written ./124M
+    size = size_name(text)
+    return size if size in MODEL_SIZES else path_argument(text)  # a folder named like a size is written ./124M
 
 
 model_choice.__name__ = "model"
@@ -171,10 +214,11 @@ def print_json(data):  # -> None; data as one line of JSON on stdout
 def add_model_args(parser):  # -> None; adds --model (and its old name --model-size), --models-dir and --source
     names = parser.add_mutually_exclusive_group()  # both write args.model: the last one given would win silently
     names.add_argument("--model", type=model_choice, metavar="MODEL",
-                        help=f"an official GPT-2 size ({', '.join(MODEL_SIZES)}; {DEFAULT_SIZE} by default), "
-                        "downloaded on first use, or a model folder (OpenAI's or Hugging Face's layout, e.g. one "
-                        "written by train; a folder named like a size is written ./124M)")
-    names.add_argument("--model-size", dest="model", choices=MODEL_SIZES, help="old name of --model SIZE")
+                        help=f"an official GPT-2 size ({', '.join(MODEL_SIZES)}, in any case: 124m is 124M; "
+                        f"{DEFAULT_SIZE} by default), downloaded on first use, or a model folder (OpenAI's or Hugging "
+                        "Face's layout, e.g. one written by train; a folder named like a size is written ./124M)")
+    names.add_argument("--model-size", dest="model", type=size_name, choices=MODEL_SIZES,
+                       help="old name of --model SIZE")
     add_models_dir(parser)
     parser.add_argument("--source", choices=SOURCES, default="openai",
                         help="whose files an official size comes from: openai (TF checkpoint in <size>/, default) or "

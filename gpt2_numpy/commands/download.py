@@ -5,7 +5,9 @@ its files); progress goes to stderr.
     gpt2-numpy download 124M [--models-dir DIR] [--source openai|huggingface] [--json]
 """
 from gpt2_numpy.catalog import MODEL_SIZES, SOURCES
-from gpt2_numpy.commands.common import ArgumentParser, add_models_dir, print_json, run_cli, writing_stdout
+from gpt2_numpy.commands.common import (
+    ArgumentParser, add_models_dir, print_json, run_cli, size_name, writing_stdout,
+)
 from gpt2_numpy.console import log
 from gpt2_numpy.errors import UsageError
 from gpt2_numpy.weights import MARKER, ensure_model, is_complete, model_files
@@ -15,8 +17,9 @@ from gpt2_numpy.weights import MARKER, ensure_model, is_complete, model_files
 def parse_args(argv):  # -> argparse.Namespace whose size is the one model to download
     parser = ArgumentParser(prog="gpt2-numpy download",
                             description="Download an official GPT-2 checkpoint, resuming and verifying it.")
-    parser.add_argument("size", nargs="?", metavar="MODEL", help=f"model size: {', '.join(MODEL_SIZES)}")
-    parser.add_argument("--model", metavar="SIZE", help="the model size, as the other commands name it")
+    parser.add_argument("size", nargs="?", type=size_name, metavar="MODEL",
+                        help=f"model size: {', '.join(MODEL_SIZES)} (in any case: 124m is 124M)")
+    parser.add_argument("--model", type=size_name, metavar="SIZE", help="the model size, as the other commands name it")
     add_models_dir(parser)
     parser.add_argument("--source", default="openai", choices=SOURCES,
                         help="openai (TensorFlow checkpoint, the default) or huggingface (safetensors)")

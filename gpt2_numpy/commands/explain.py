@@ -8,6 +8,7 @@ writes a file (--plot, --html) otherwise prints only, on stderr, where the file 
 on stderr."""
 import functools
 import json
+import os
 
 from gpt2_numpy.catalog import OFFICIAL_HPARAMS
 from gpt2_numpy.commands.common import (
@@ -166,7 +167,8 @@ def page_title(args, hparams, n_tokens):  # -> "GPT-2 124M on 6 tokens", or what
     shape = f"{plural(hparams['n_layer'], 'layer')} of {plural(hparams['n_head'], 'head')}, {hparams['n_embd']} wide"
     size = model_size(args)
     if size is None:
-        name = f"{args.model.resolve().name} ({shape})"
+        # a name that is not UTF-8 holds lone surrogates, which the page cannot carry: they show as U+FFFD
+        name = f"{os.fsencode(args.model.resolve().name).decode('utf-8', 'replace')} ({shape})"
     elif hparams == OFFICIAL_HPARAMS[size]:
         name = f"GPT-2 {size}"
     else:  # a folder of --models-dir holding another shape than its name says

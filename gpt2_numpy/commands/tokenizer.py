@@ -18,7 +18,7 @@ from gpt2_numpy.commands.common import (
 from gpt2_numpy.console import log
 from gpt2_numpy.errors import UsageError
 from gpt2_numpy.formats.vocabulary import FILE_NAMES
-from gpt2_numpy.save import fsync_folder, made_folders
+from gpt2_numpy.save import check_folder_path, disk_fix, fsync_folder, made_folders, write_problem
 from gpt2_numpy.tokenizer_train import save_tokenizer, trained_tokenizer, train_vocabulary
 
 
@@ -34,7 +34,9 @@ def parse_args(argv):  # -> argparse.Namespace
     parser.add_argument("--out", required=True, type=path_argument, metavar="DIR",
                         help="the folder to write vocab.json and merges.txt into (created if missing)")
     parser.add_argument("--min-frequency", type=whole_number(1), default=2, metavar="N",
-                        help="merge only pairs seen at least N times (2, as Hugging Face's BpeTrainer)")
+                        help="merge only pairs seen at least N times (2, as Hugging Face's "
+                        "ByteLevelBPETokenizer.train; its BpeTrainer's own default, 0, merges every pair seen, as 1 "
+                        "does here)")
     parser.add_argument("--json", action="store_true",
                         help='print {"folder", "vocab_size", "merges", "tokens", "bytes"} as one JSON object: the '
                         "vocabulary made, and how many tokens it splits the text into")
@@ -46,9 +48,8 @@ HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens
 
 
 def check_out(out):  # -> None, or UsageError for a folder that cannot take the new tokenizer, before any training
+    check_folder_path(out, "--out")
     try:
-        if out.exists() and not out.is_dir():
-            raise UsageError(f"--out {out} is a file: pass a folder (it is created if missing)")
         held = [name for names in FILE_NAMES.values() for name in names if os.path.lexists(out / name)]
         if held:
             raise UsageError(f"--out {out} already holds {', '.join(held)}: a model's tokenizer is not replaced under "
@@ -61,12 +62,9 @@ def check_out(out):  # -> None, or UsageError for a folder that cannot take the 
     except OSError as error:  # a folder on the way that this user may not enter
         raise UsageError(f"--out {out}: cannot read the folders on its way ({error.strerror}): fix their permissions "
                          "or choose another folder") from None
-    if not existing.is_dir():
-        raise UsageError(f"--out {out}: {existing} is a file, so no folder can be made below it: choose another "
-                         "folder")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise UsageError(f"--out {out}: cannot write into {existing} (permission denied): fix its permissions or "
-                         "choose another folder")
+    problem = write_problem(existing)
+    if problem:
+        raise UsageError(f"--out {out}: cannot write into {existing} {problem} or choose another folder")
 
 
 def write_out(out, merges):  # -> None: out holds both files, or neither, and no folder made for them
@@ -91,8 +89,8 @@ def write_out(out, merges):  # -> None: out holds both files, or neither, and no
             finally:
                 shutil.rmtree(staging, ignore_errors=True)
     except OSError as error:
-        raise UsageError(f"cannot write --out {out} ({error.strerror or error}): free some disk space, fix its "
-                         "permissions, or choose another folder; nothing was written") from None
+        raise UsageError(f"cannot write --out {out} ({error.strerror or error}): {disk_fix(error)} or choose another "
+                         "folder; nothing was written") from None
 
 
 def take_name(staged, path):  # -> None: path names staged's file; UsageError when a file took that name meanwhile

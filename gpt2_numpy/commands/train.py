@@ -115,10 +115,14 @@ def refuse_changes(args, saved):  # -> None, or UsageError for a flag given with
     for name, value in given.items():
         if value is not None and value != saved.get(name):
             flag = "--init" if name == "init" else "--" + name.replace("_", "-")
-            was = saved.get(name) if name != "init" or saved[name] else "none (it trained from scratch)"
-            raise UsageError(f"{flag} {getattr(args, name)} differs from the saved run's {was}: a resumed run keeps "
-                             "its model and settings (only --steps, --eval-every and --save-every may change); start "
-                             "a new run in another folder to change them")
+            was = f"the saved run's {saved.get(name)}"
+            if name == "init" and not saved[name]:
+                was = "the saved run's none (it trained from scratch)"
+            elif name in ("vocab_size", "min_frequency") and not saved.get("vocab_size"):
+                was = "the saved run, which used GPT-2's vocabulary (no --vocab-size, so no --min-frequency)"
+            raise UsageError(f"{flag} {getattr(args, name)} differs from {was}: a resumed run keeps its model and "
+                             "settings (only --steps, --eval-every and --save-every may change); start a new run in "
+                             "another folder to change them")
 
 
 def init_name(init):  # -> --init as the run records it: an official size, or the model folder's absolute path

@@ -4,7 +4,7 @@ import os
 from pathlib import Path
 
 from gpt2_numpy.errors import UsageError
-from gpt2_numpy.save import atomic_write
+from gpt2_numpy.save import atomic_write, disk_fix, write_problem
 
 
 def check_output_file(path, flag, suffixes):  # -> None, or UsageError saying what is wrong with the file name
@@ -26,13 +26,14 @@ def check_output_file(path, flag, suffixes):  # -> None, or UsageError saying wh
     except OSError as error:  # a folder on the way that this user may not enter
         raise UsageError(f"{flag} {path}: cannot read the folder {path.parent} ({error.strerror}): fix its "
                          "permissions or choose another file") from None
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise UsageError(f"{flag} {path}: cannot write into the folder {folder} (permission denied): fix its "
-                         "permissions or choose another file")
+    problem = write_problem(folder)
+    if problem:
+        raise UsageError(f"{flag} {path}: cannot write into the folder {folder} {problem} or choose another file")
 
 
 def write_atomically(path, write, what):  # write(binary file) -> None; save.atomic_write, saying what failed
     try:
         atomic_write(path, write)
     except OSError as error:
-        raise UsageError(f"cannot write {what} {path}: {error.strerror or error}") from None
+        raise UsageError(f"cannot write {what} {path}: {error.strerror or error}: {disk_fix(error)} or choose "
+                         "another file") from None
