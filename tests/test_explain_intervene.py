@@ -180,3 +180,58 @@ def test_patching_matches_transformer_lens(name, capsys):
     # a recovery is a difference of logit differences over another: relative to 1, the whole recovery
     close(out["heads"], tl["heads"], scale=1)
     close(out["resid"], tl["resid"], scale=1)
+
+
+# --- Tables, the picture, and bad input ---
+
+FOLDER = FIXTURES / "intervene_four_heads"  # a vocabulary with " the" and " a" as tokens, 3 layers of 4 heads
+PROMPT, CORRUPT = "the cat sat on the mat and the cat", "the dog sat on the mat and the cat"
+
+
+def test_the_tables_print_the_numbers_of_the_json(capsys):
+    common = [PROMPT, "--model", str(FOLDER)]
+    assert explain_cli.run([*common, "--ablate", "2.3", "--attribute", " the", " a", "--patch", CORRUPT,
+                            "--answer", " the", " a"]) == 0
+    printed = capsys.readouterr().out
+    ablated = explain_json(capsys, *common, "--ablate", "2.3")
+    attributed = explain_json(capsys, *common, "--attribute", " the", " a")
+    patched = explain_json(capsys, *common, "--patch", CORRUPT, "--answer", " the", " a")
+    loss = ablated["loss"]
+    assert f"{loss['before']:.4f} before, {loss['after']:.4f} after ({loss['after'] - loss['before']:+.4f})" in printed
+    rows = [line.split() for line in printed.splitlines() if line.startswith("  blocks.") or line.startswith("  embed")
+            or line.startswith("  ln_f.b")]
+    terms = sorted(attributed["terms"], key=lambda term: -abs(term["value"]))  # largest first
+    assert [(name, float(value)) for name, value in rows] == [(t["name"], round(t["value"], 4)) for t in terms]
+    for layer, recoveries in enumerate(patched["heads"]):
+        assert f"{layer:<7}" + "".join(f"{value:8.3f}" for value in recoveries) in printed
+
+
+def test_patch_plot_draws_a_png(tmp_path, capsys):
+    png = tmp_path / "patching.png"
+    assert explain_cli.run([PROMPT, "--model", str(FOLDER), "--patch", CORRUPT, "--answer", " the", " a", "--plot",
+                            str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "wrote" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--attribute", " cat", " a"], "--attribute: ' cat' encodes to 4 tokens: ' ' 'c' 'a' 't'"),
+    (["--attribute", "", " a"], "--attribute: '' encodes to 0 tokens"),
+    (["--patch", CORRUPT, "--answer", " the", "mat"], "--answer: 'mat' encodes to 3 tokens"),
+    (["--attribute", " a", " a"], "A and B are the same token"),
+    (["--patch", CORRUPT + " x", "--answer", " the", " a"], "the prompt is 26 tokens but the --patch prompt 28"),
+    (["--patch", PROMPT, "--answer", " the", " a"], "the two prompts give the same logit difference"),
+    (["--ablate", "3.0"], "--ablate 3.0: layer 3 is out of range: this model has 3 layers, numbered 0 to 2"),
+    (["--ablate", "0.1", "1.4"], "--ablate 1.4: head 4 is out of range: this model has 4 heads per layer"),
+    (["--ablate", "1"], "'1' is not L.H"),
+    (["--ablate", "1.x"], "'1.x' is not L.H"),
+    (["--ablate", "0.1.2"], "'0.1.2' is not L.H"),
+    (["--ablate", "-1.0"], "'-1.0' is not L.H"),
+    (["--patch", CORRUPT], "--patch needs --answer A B"),
+    (["--answer", " the", " a"], "--answer belongs to --patch"),
+    (["--ablation", "mean"], "--ablation belongs to --ablate"),
+    (["--ablation", "half", "--ablate", "0.0"], "invalid choice: 'half'"),
+    (["--ablate", "0.0", "--attribute", " the", " a", "--json"], "keep one of --ablate --attribute"),
+])
+def test_bad_input_is_one_error_line_with_exit_2(args, fragment, tmp_path):
+    assert_one_error_line(run_explain(PROMPT, "--model", str(FOLDER), *args, models_dir=tmp_path), fragment)
