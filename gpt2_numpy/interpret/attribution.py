@@ -70,8 +70,8 @@ def attribution_json(ids, answers, logit_diff, terms):  # -> the JSON-ready obje
 
 def attribution_table(answers, logit_diff, terms, label):  # -> the text --attribute prints; label(token_id) a token
     a, b = (label(answer) for answer in answers)
-    lines = [f"Direct logit attribution: logit({a}) - logit({b}) = {logit_diff:.4f} at the last position, split into "
-             "what each part wrote into the residual stream (through ln_f), largest first", ""]
+    lines = [f"Direct logit attribution: logit({a}) - logit({b}) = {logit_diff:.4f} at the last position,",
+             "split into what each part wrote into the residual stream (through ln_f), largest first", ""]
     lines += [f"  {name:<24}{value:>10.4f}" for name, value in sorted(terms, key=lambda term: -abs(term[1]))]
     lines += [f"  {'':<24}{'-' * 10}", f"  {'sum':<24}{sum(value for _, value in terms):>10.4f}"]
     return "\n".join(lines) + "\n"

@@ -37,7 +37,7 @@ def patching(clean_ids, corrupt_ids, params, n_head, answers, progress=no_progre
 
     def recovery(edit):  # -> the recovery of a corrupt run with this one edit
         patched = logit_diff(run_with_edits(corrupt_ids, params, n_head, [edit])["logits"], answers)
-        return (patched - m_corrupt) / (m_clean - m_corrupt)
+        return (patched - m_corrupt) / (m_clean - m_corrupt) + 0.0  # + 0.0: no -0.0 where nothing changed
 
     heads, resid = [], []
     for layer in progress(range(len(params["blocks"])), len(params["blocks"])):
