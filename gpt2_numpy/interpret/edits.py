@@ -58,7 +58,7 @@ def same_shape(new, old):  # -> new as an array of old's dtype; ValueError when 
 
 
 def replace_position(position, row):  # -> an edit function: its array [n_seq, ...] with row `position` set to `row`
-    def replace(array):
+    def replace(array):  # [n_seq, ...] -> a copy with the row replaced
         array = array.copy()
         array[position] = row
         return array
