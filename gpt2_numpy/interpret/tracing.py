@@ -36,11 +36,14 @@ from gpt2_numpy.model import (
 )
 
 
-def trace(inputs, params, n_head, edit=None):  # int [n_seq] -> {name: float32 array}, the module docstring's names
+def unedited(name, array):  # -> array: trace's default edit, which keeps every array as the model made it
+    return array
+
+
+def trace(inputs, params, n_head, edit=unedited):  # int [n_seq] -> {name: float32 array}, the module docstring's names
     """Every intermediate array of model.gpt2(inputs, **params, n_head=n_head), by name, in the order it runs them.
     edit(name, array) -> array, when given, replaces each array as it is made, and everything after is computed from
     the replacement (interpret/edits.py builds edits); without it the arrays are model.gpt2's own."""
-    edit = edit or unedited
     names = {"embed": edit("embed", embedding(inputs, params["wte"], params["wpe"]))}
     x = names["embed"]
     for i, steps in enumerate(block_traces(x, params["blocks"], n_head, edit)):
@@ -49,10 +52,6 @@ def trace(inputs, params, n_head, edit=None):  # int [n_seq] -> {name: float32 a
     names["ln_f"] = edit("ln_f", layer_norm(x, **params["ln_f"]))
     names["logits"] = edit("logits", unembedding(names["ln_f"], params["wte"]))
     return names
-
-
-def unedited(name, array):  # -> array: trace's default edit, which keeps every array as the model made it
-    return array
 
 
 def block_traces(x, blocks, n_head, edit=unedited):  # [n_seq, n_embd] -> iterator of n_layer {name: array}
