@@ -39,10 +39,10 @@ def run(script, *args, blocked=(), stubbed=(), cwd):  # -> CompletedProcess of `
     "script, blocked",
     [(TF_SCRIPT, ["numpy", "tensorflow", "regex"]), (SAFETENSORS_SCRIPT, ["numpy", "torch", "safetensors"]),
      (CHECK_HF_SCRIPT, ["numpy", "torch", "transformers"]),
+     (INTERVENE_SCRIPT, ["numpy", "torch", "transformers", "transformer_lens"]),
      # these three once ignored their arguments: under the reference venv, --help rewrote the committed fixtures
      *((f"scripts.fixtures.{name}", ["numpy", "torch", "transformers"])
-       for name in ("make_explain_reference", "make_heads_reference", "make_grad_reference")),
-     (INTERVENE_SCRIPT, ["numpy", "torch", "transformers", "transformer_lens"])],
+       for name in ("make_explain_reference", "make_heads_reference", "make_grad_reference"))],
 )
 def test_help_works_without_the_tools(script, blocked, tmp_path):
     result = run(script, "--help", blocked=blocked, cwd=tmp_path)
