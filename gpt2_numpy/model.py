@@ -44,6 +44,10 @@ def attention_scores(q, k):  # [..., n_head, n_q, d_head], [..., n_head, n_k, d_
 
 def attention(q, k, v, mask):  # [..., n_head, n_q, d_head], [..., n_head, n_k, d_head] x2, [n_q, n_k] -> like q
     weights = softmax(attention_scores(q, k) + mask)  # [..., n_head, n_q, n_k]: each row sums to 1
+    return weighted_sum(weights, v)
+
+
+def weighted_sum(weights, v):  # [..., n_head, n_q, n_k], [..., n_head, n_k, d_head] -> [..., n_head, n_q, d_head]
     return np.einsum("...qk,...kd->...qd", weights, v)  # each query's weighted sum of the values, every head at once
 
 

@@ -163,9 +163,9 @@ def test_the_context_caps_the_repeated_sequence(tmp_path):
 
 
 @pytest.mark.parametrize("args, fragment", [
-    (["--json"], "--json belongs to --heads or --lens: add one of them, or drop --json"),
+    (["--json"], "--json belongs to --heads, --lens, --ablate, --attribute, --patch: add one of them, or drop --json"),
     (["--seed", "3"], "--seed belongs to --heads: add --heads, or drop --seed"),
-    (["--heads", "--json", "--lens"], "or of the lens (--lens), and nothing else: keep one of them, or drop --json"),
+    (["--heads", "--json", "--lens"], "and nothing else: keep one of --heads --lens, or drop --json"),
     (["--lens", "--json", "--walkthrough"], "and nothing else: drop --walkthrough, or drop --json"),
     (["--heads", "--layer", "2"], "--layer 2 is out of range: this model has 2 layers"),
     (["--heads", "--seed", "-1"], "argument --seed: must be at least 0, got -1"),

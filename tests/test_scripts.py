@@ -26,6 +26,7 @@ TF_SCRIPT = "scripts.fixtures.make_tf_fixture"
 SAFETENSORS_SCRIPT = "scripts.fixtures.make_safetensors_fixture"
 CHECK_HF_SCRIPT = "scripts.dev.check_train_hf"
 HF_INSTALL = "pip install torch==2.13.0 transformers safetensors"
+INTERVENE_SCRIPT = "scripts.fixtures.make_intervene_reference"
 
 
 def run(script, *args, blocked=(), stubbed=(), cwd):  # -> CompletedProcess of `python -m script` under this Python
@@ -38,6 +39,7 @@ def run(script, *args, blocked=(), stubbed=(), cwd):  # -> CompletedProcess of `
     "script, blocked",
     [(TF_SCRIPT, ["numpy", "tensorflow", "regex"]), (SAFETENSORS_SCRIPT, ["numpy", "torch", "safetensors"]),
      (CHECK_HF_SCRIPT, ["numpy", "torch", "transformers"]),
+     (INTERVENE_SCRIPT, ["numpy", "torch", "transformers", "transformer_lens"]),
      # these three once ignored their arguments: under the reference venv, --help rewrote the committed fixtures
      *((f"scripts.fixtures.{name}", ["numpy", "torch", "transformers"])
        for name in ("make_explain_reference", "make_heads_reference", "make_grad_reference", "make_config_options")),
@@ -73,6 +75,8 @@ def test_the_tf_fixture_maker_checks_its_arguments_before_writing(args, fragment
         (SAFETENSORS_SCRIPT, ["safetensors"], ["torch"], "safetensors", "pip install torch safetensors"),
         (CHECK_HF_SCRIPT, ["torch"], [], "torch", HF_INSTALL),
         (CHECK_HF_SCRIPT, ["transformers"], ["torch"], "transformers", HF_INSTALL),
+        (INTERVENE_SCRIPT, ["transformer_lens"], ["torch", "transformers"], "transformer_lens",
+         "pip install torch==2.13.0 transformer-lens transformers safetensors"),
     ],
 )
 def test_a_missing_tool_is_one_line_saying_what_to_install_where(script, blocked, stubbed, missing, install, tmp_path):

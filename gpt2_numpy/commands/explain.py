@@ -1,11 +1,14 @@
-"""`gpt2-numpy explain PROMPT [--layer L] [--head H] [--lens [--json]] [--heads [--json]] [--plot FILE] [--html FILE]
-[--walkthrough]`: look inside GPT-2 on a prompt (gpt2_numpy/interpret/ computes what it shows).
+"""`gpt2-numpy explain PROMPT [--layer L] [--head H] [--lens] [--heads] [--ablate L.H ... [--ablation zero|mean]]
+[--attribute A B] [--patch CORRUPT --answer A B] [--json] [--plot FILE] [--html FILE] [--walkthrough]`: look inside
+GPT-2 on a prompt (gpt2_numpy/interpret/ computes what it shows).
 
-stdout gets what is asked for: the logit lens's table (--lens), the head scores (--heads), each one JSON object with
---json, and the walkthrough (the prompt's tokens, the shape of every step, one head's attention step by step, the
+stdout gets what is asked for: the logit lens's table (--lens), the head scores (--heads), an ablation (--ablate), a
+direct logit attribution (--attribute), activation patching (--patch), each one JSON object with --json, and the
+walkthrough (the prompt's tokens, the shape of every step, one head's attention step by step, the
 next-token prediction). The walkthrough prints when nothing else is asked for, or with --walkthrough; a command that
 writes a file (--plot, --html) otherwise prints only, on stderr, where the file went. Long stages show a progress bar
 on stderr."""
+import argparse
 import functools
 import json
 import os
@@ -18,12 +21,15 @@ from gpt2_numpy.commands.common import (
 from gpt2_numpy.console import log, plural, progress_bar
 from gpt2_numpy.errors import UsageError
 from gpt2_numpy.loading import prompt_ids
+from gpt2_numpy.interpret.ablation import ABLATIONS, ablation, ablation_json, ablation_table
+from gpt2_numpy.interpret.attribution import attribution, attribution_json, attribution_table
 from gpt2_numpy.interpret.heads import (
     head_scores, heads_json, heads_table, repeat_length, repeated_tokens, repetition_problem,
 )
 from gpt2_numpy.interpret.lens import LENS_COLUMNS, lens_json, lens_table
 from gpt2_numpy.interpret.page import check_page_file, page_html, write_page
-from gpt2_numpy.interpret.plot import PLOT_INSTALL, attention_figure, check_plot_file, save_figure
+from gpt2_numpy.interpret.patching import patching, patching_json, patching_table
+from gpt2_numpy.interpret.plot import PLOT_INSTALL, attention_figure, check_plot_file, patching_figure, save_figure
 from gpt2_numpy.interpret.stepwise import check_index, report, token_label, walkthrough
 from gpt2_numpy.weights import is_complete, model_files
 
@@ -36,6 +42,16 @@ def head_number(text):  # -> int, or "all"; argparse reports a ValueError as "in
 
 
 head_number.__name__ = "head number or 'all'"
+
+
+def layer_head(text):  # -> (layer, head) from "L.H"; argparse turns the error into one line
+    layer, dot, head = text.partition(".")
+    if not (dot and layer.isdigit() and head.isdigit()):
+        raise argparse.ArgumentTypeError(f"{text!r} is not L.H, a layer and a head numbered from 0, such as 0.3")
+    return int(layer), int(head)
+
+
+OUTPUTS = ("heads", "lens", "ablate", "attribute", "patch")  # each prints a table, or with --json one JSON object
 
 
 def parse_args(argv):  # -> argparse.Namespace, checked
@@ -58,8 +74,8 @@ def parse_args(argv):  # -> argparse.Namespace, checked
                         help="print the walkthrough also when another output is asked for (--lens, --heads, --plot, "
                         "--html); it prints by itself only when none is")
     parser.add_argument("--plot", type=path_argument, metavar="FILE",
-                        help=f"draw the attention weights as a heatmap into FILE (.png or .svg); needs matplotlib: "
-                        f"{PLOT_INSTALL}")
+                        help=f"draw the attention weights as a heatmap into FILE (.png or .svg); with --patch, the "
+                        f"recoveries as two heatmaps instead; needs matplotlib: {PLOT_INSTALL}")
     parser.add_argument("--lens", action="store_true",
                         help="print the logit lens: the top next token after each layer, at each of the last "
                         f"{LENS_COLUMNS} positions (at every position with --json)")
@@ -67,10 +83,27 @@ def parse_args(argv):  # -> argparse.Namespace, checked
                         help="print a score per layer and head for five attention patterns: previous token, first "
                         "token and self on the prompt; duplicate token and induction on <|endoftext|> and random "
                         "tokens fed twice")
+    parser.add_argument("--ablate", nargs="+", type=layer_head, metavar="L.H",
+                        help="switch off head H of layer L (each one given) at every position, and print the mean "
+                        "next-token loss over the prompt and the top 5 next tokens before and after")
+    parser.add_argument("--ablation", choices=sorted(ABLATIONS),
+                        help="with --ablate: set the heads' outputs (attn.z) to zero, or to their mean over the "
+                        "prompt's positions (zero)")
+    parser.add_argument("--attribute", nargs=2, metavar=("A", "B"),
+                        help="split logit(A) - logit(B) at the last position into what each head, each MLP, the "
+                        "embeddings and the biases wrote into the residual stream; A and B are texts of one token "
+                        "each")
+    parser.add_argument("--patch", metavar="CORRUPT",
+                        help="activation patching: run the CORRUPT prompt (as many tokens as PROMPT) with each head's "
+                        "output, and the residual stream at each layer and position, copied in from PROMPT's run; "
+                        "print how much of logit(A) - logit(B) (--answer) each recovers")
+    parser.add_argument("--answer", nargs=2, metavar=("A", "B"),
+                        help="with --patch: the two answers, texts of one token each, whose logit difference is "
+                        "measured")
     parser.add_argument("--json", action="store_true",
-                        help="with --heads: print the scores and the token ids they come from as one JSON object; "
-                        "with --lens: the top next token's id, text and probability after each layer at every "
-                        "position")
+                        help="print one JSON object instead of a table: with --heads, the scores and the token ids "
+                        "they come from; with --lens, the top next token's id, text and probability after each layer "
+                        "at every position; with --ablate, --attribute or --patch, their numbers")
     parser.add_argument("--seed", type=whole_number(0), metavar="S",
                         help=f"with --heads: the seed of the random tokens ({HEADS_SEED})")
     parser.add_argument("--html", type=path_argument, metavar="FILE",
@@ -80,12 +113,23 @@ def parse_args(argv):  # -> argparse.Namespace, checked
     args = parser.parse_args(argv)
     if args.seed is not None and not args.heads:
         raise UsageError("--seed belongs to --heads: add --heads, or drop --seed")
-    if args.json and not (args.heads or args.lens):
-        raise UsageError("--json belongs to --heads or --lens: add one of them, or drop --json")
-    if args.json and (args.heads and args.lens or args.walkthrough):
-        fixes = ["keep one of them"] * bool(args.heads and args.lens) + ["drop --walkthrough"] * args.walkthrough
-        raise UsageError(f"--json prints one JSON object, of head scores (--heads) or of the lens (--lens), and "
-                         f"nothing else: {' and '.join(fixes)}, or drop --json")
+    if args.ablation is not None and args.ablate is None:
+        raise UsageError("--ablation belongs to --ablate: add --ablate L.H, or drop --ablation")
+    if args.patch is not None and args.answer is None:
+        raise UsageError("--patch needs --answer A B: the two one-token answers whose logit difference it measures")
+    if args.answer is not None and args.patch is None:
+        raise UsageError("--answer belongs to --patch: add --patch CORRUPT, or drop --answer")
+    if args.patch == "-" and args.prompt == "-":
+        raise UsageError('"-" reads stdin once: give the prompt or the --patch prompt as an argument')
+    asked = [f"--{name}" for name in OUTPUTS if getattr(args, name) not in (None, False)]
+    if args.json and not asked:
+        raise UsageError(f"--json belongs to {', '.join('--' + name for name in OUTPUTS)}: add one of them, or drop "
+                         "--json")
+    if args.json and (len(asked) > 1 or args.walkthrough):
+        fixes = [f"keep one of {' '.join(asked)}"] * (len(asked) > 1) + ["drop --walkthrough"] * args.walkthrough
+        raise UsageError(f"--json prints one JSON object, of one output, and nothing else: {' and '.join(fixes)}, "
+                         "or drop --json")
+    args.ablation = args.ablation or "zero"
     args.seed = HEADS_SEED if args.seed is None else args.seed
     return args
 
@@ -94,6 +138,7 @@ def run(argv=None):  # -> exit status
     args = parse_args(argv)
     open_stdout()  # a closed stdout is refused before the model loads
     text = read_prompt(args.prompt)
+    corrupt = None if args.patch is None else read_prompt(args.patch, "the --patch prompt")
     # the output files first: a typo in a file name should not cost a model load
     if args.plot is not None:
         check_plot_file(args.plot)
@@ -104,18 +149,21 @@ def run(argv=None):  # -> exit status
         layer_and_heads(args, OFFICIAL_HPARAMS[size])  # known before the download: a typo in --layer costs none
     hparams, params, tokenizer = load_model(args)
     ids, layer, heads = check_request(args, hparams, tokenizer, text)
+    corrupt_ids = None if corrupt is None else check_corrupt(ids, tokenizer, corrupt, hparams["n_vocab"])
+    attribute, answers = (None if given is None else answer_ids(tokenizer, given, flag, hparams["n_vocab"])
+                          for given, flag in ((args.attribute, "--attribute"), (args.answer, "--answer")))
     n_head, n_layer = hparams["n_head"], hparams["n_layer"]
-    label = functools.partial(token_label, tokenizer)
+    label, text_of = functools.partial(token_label, tokenizer), functools.partial(token_text, tokenizer)
     # every output is computed before any is written: a model that fails one (NaN weights) leaves nothing behind
     printed, steps, repeated, page = [], None, None, None
-    show_walkthrough = args.walkthrough or not (args.lens or args.heads or args.plot or args.html)
-    if show_walkthrough or args.plot is not None:
+    show_walkthrough = args.walkthrough or not (any(getattr(args, name) for name in OUTPUTS) or args.plot
+                                                or args.html)
+    if show_walkthrough or (args.plot is not None and args.patch is None):
         steps = walkthrough(ids, params, n_head, layer, progress=stage_bar("walkthrough"))
     if show_walkthrough:
         printed.append(report(text, ids, label, steps, hparams, layer, heads[0]))
     if args.lens and args.json:
-        text = functools.partial(token_text, tokenizer)
-        printed.append(json.dumps(lens_json(ids, params, n_head, text, progress=stage_bar("logit lens"))) + "\n")
+        printed.append(json.dumps(lens_json(ids, params, n_head, text_of, progress=stage_bar("logit lens"))) + "\n")
     elif args.lens:
         printed.append(lens_table(ids, params, n_head, label, progress=stage_bar("logit lens")))
     eot_id = tokenizer.eot_id
@@ -127,10 +175,25 @@ def run(argv=None):  # -> exit status
         layers = range(n_layer) if args.layer is None else [args.layer]
         printed.append(json.dumps(heads_json(ids, repeated, scores, layers)) + "\n" if args.json
                        else heads_table(ids, repeated, scores, layers, args.seed))
+    if args.ablate:
+        result = ablation(ids, params, n_head, args.ablate, args.ablation)
+        printed.append(json.dumps(ablation_json(ids, args.ablate, args.ablation, result, text_of)) + "\n" if args.json
+                       else ablation_table(ids, args.ablate, args.ablation, result, label))
+    if attribute:
+        logit_diff, terms = attribution(ids, params, n_head, attribute)
+        printed.append(json.dumps(attribution_json(ids, attribute, logit_diff, terms)) + "\n" if args.json
+                       else attribution_table(attribute, logit_diff, terms, label))
+    if answers:
+        patched = patching(ids, corrupt_ids, params, n_head, answers, progress=stage_bar("patching"))
+        printed.append(json.dumps(patching_json(ids, corrupt_ids, answers, patched)) + "\n" if args.json
+                       else patching_table(ids, corrupt_ids, answers, patched, label))
     if args.html is not None:
-        page = page_html(ids, params, n_head, functools.partial(token_text, tokenizer),
+        page = page_html(ids, params, n_head, text_of,
                          page_title(args, hparams, len(ids)), repeated, stage_bar("page"))
-    if args.plot is not None:
+    if args.plot is not None and answers:
+        save_figure(patching_figure(patched, list(map(label, ids)), list(map(label, corrupt_ids))), args.plot)
+        log(f"wrote {args.plot} ({file_size(args.plot)})")
+    elif args.plot is not None:
         title = f"GPT-2 attention weights, layer {layer}" + (f", head {heads[0]}" if len(heads) == 1 else "")
         save_figure(attention_figure(steps["attn.weights"][heads], heads, list(map(label, ids)), title), args.plot)
         log(f"wrote {args.plot} ({file_size(args.plot)})")
@@ -155,7 +218,34 @@ def check_request(args, hparams, tokenizer, text):  # -> prompt ids, layer, head
     return ids, layer, heads
 
 
+def check_corrupt(ids, tokenizer, corrupt, n_vocab):  # -> the --patch prompt's ids, as many as the prompt's
+    corrupt_ids = prompt_ids(tokenizer, corrupt, n_vocab, "the --patch prompt")
+    if len(corrupt_ids) != len(ids):
+        raise UsageError(f"the prompt is {plural(len(ids), 'token')} but the --patch prompt "
+                         f"{plural(len(corrupt_ids), 'token')}: patching copies position by position, so give "
+                         "prompts of the same number of tokens")
+    return corrupt_ids
+
+
+def answer_ids(tokenizer, texts, flag, n_vocab):  # -> (A, B) token ids; UsageError unless each text is one token
+    answers = []
+    for text in texts:
+        encoded = tokenizer.encode(text, allowed_special="all")
+        if len(encoded) != 1:
+            pieces = f": {' '.join(repr(token_text(tokenizer, token_id)) for token_id in encoded)}" if encoded else ""
+            raise UsageError(f"{flag}: {text!r} encodes to {plural(len(encoded), 'token')}{pieces}; each answer must "
+                             "be exactly one token (a word usually takes its leading space: ' Paris')")
+        answers += prompt_ids(tokenizer, text, n_vocab, f"{flag} {text!r}")
+    if answers[0] == answers[1]:
+        raise UsageError(f"{flag}: A and B are the same token, whose logit difference is always 0: give two answers")
+    return tuple(answers)
+
+
 def layer_and_heads(args, hparams):  # -> the layer and the heads that --layer and --head choose; UsageError if none
+    for ablated_layer, ablated_head in args.ablate or ():
+        check_index(ablated_layer, hparams["n_layer"], f"--ablate {ablated_layer}.{ablated_head}: layer", "layer")
+        check_index(ablated_head, hparams["n_head"], f"--ablate {ablated_layer}.{ablated_head}: head", "head",
+                    " per layer")
     layer = 0 if args.layer is None else args.layer
     check_index(layer, hparams["n_layer"], "--layer", "layer")
     heads = list(range(hparams["n_head"])) if args.head == "all" else [args.head]

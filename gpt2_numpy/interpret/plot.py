@@ -46,6 +46,34 @@ def attention_figure(weights, heads, labels, title):  # [n_shown, n_seq, n_seq] 
     return figure
 
 
+def patching_figure(result, clean_labels, corrupt_labels):  # patching()'s result -> matplotlib Figure
+    """--patch --plot: the recoveries as two heatmaps, per layer and head, and per layer and position (ticks: the clean
+    token over the corrupt one), on one colour scale centred on 0 (white: nothing recovered; red: the clean answer)."""
+    from matplotlib.figure import Figure
+
+    heads, resid = result["heads"], result["resid"]
+    n_layer, n_head = heads.shape
+    n_seq = resid.shape[1]
+    limit = max(1.0, float(np.max(np.abs(np.concatenate([heads.ravel(), resid.ravel()])))))
+    figure = Figure(figsize=(min(4 + 0.5 * (n_head + n_seq), 18), 1.8 + 0.45 * n_layer), layout="constrained")
+    axes = figure.subplots(1, 2, width_ratios=[max(n_head, 2), max(n_seq, 2)])
+    ticks = np.arange(0, n_seq, math.ceil(n_seq / MAX_TICKS))
+    for ax, values, title in ((axes[0], heads, "each head's attn.z"), (axes[1], resid, "resid_pre at one position")):
+        image = ax.imshow(values, cmap="RdBu_r", vmin=-limit, vmax=limit, aspect="auto")
+        ax.set_title(title, fontsize=10)
+        ax.set_yticks(range(n_layer))
+        ax.set_ylabel("layer")
+    axes[0].set_xticks(range(n_head))
+    axes[0].set_xlabel("head")
+    axes[1].set_xticks(ticks, [plain_text(f"{clean_labels[i]}\n{corrupt_labels[i]}") for i in ticks], rotation=90,
+                       fontsize=7)
+    axes[1].set_xlabel("position: clean token over corrupt token")
+    figure.colorbar(image, ax=axes.tolist(), shrink=0.9, label="recovery")
+    figure.suptitle(f"Activation patching, clean into corrupt: logit difference {result['clean']:.3g} clean, "
+                    f"{result['corrupt']:.3g} corrupt")
+    return figure
+
+
 def plain_text(label):  # -> label as matplotlib shows it literally: a pair of "$" would start its mathtext
     return label.replace("$", r"\$")
 

@@ -7,7 +7,7 @@ formulas. float32 throughout, as the model is. The names (docs/look-inside.md ma
     blocks.{i}.attn.q / .k / .v            [n_head, n_seq, d_head]
     blocks.{i}.attn.scores                 [n_head, n_seq, n_seq]  attention_scores(q, k): q kᵀ / √d_head, unmasked
     blocks.{i}.attn.weights                [n_head, n_seq, n_seq]  softmax(scores + causal_mask): rows sum to 1
-    blocks.{i}.attn.z                      [n_head, n_seq, d_head]  attention(q, k, v, mask): each head's output
+    blocks.{i}.attn.z                      [n_head, n_seq, d_head]  weighted_sum(weights, v): each head's output
     blocks.{i}.attn.out                    [n_seq, n_embd]      linear(merge_heads(z), **c_proj): mha's output
     blocks.{i}.mid                         [n_seq, n_embd]      x + attn.out, the stream after attention
     blocks.{i}.ln_2                        [n_seq, n_embd]      layer_norm(mid, **ln_2)
@@ -17,11 +17,12 @@ formulas. float32 throughout, as the model is. The names (docs/look-inside.md ma
     ln_f                                   [n_seq, n_embd]      layer_norm(last out, **ln_f)
     logits                                 [n_seq, n_vocab]     ln_f · wteᵀ
 """
+import functools
+
 import numpy as np
 
 from gpt2_numpy.fast import check_heads, check_inputs
 from gpt2_numpy.model import (
-    attention,
     attention_scores,
     block,
     causal_mask,
@@ -31,45 +32,59 @@ from gpt2_numpy.model import (
     merge_heads,
     softmax,
     split_heads,
+    weighted_sum,
 )
 
 
-def trace(inputs, params, n_head):  # int [n_seq] -> {name: float32 array}, the names in the module's docstring
-    """Every intermediate array of model.gpt2(inputs, **params, n_head=n_head), by name, in the order it runs them."""
-    names = {"embed": embedding(inputs, params["wte"], params["wpe"])}
+def unedited(name, array):  # -> array: trace's default edit, which keeps every array as the model made it
+    return array
+
+
+def trace(inputs, params, n_head, edit=unedited):  # int [n_seq] -> {name: float32 array}, the module docstring's names
+    """Every intermediate array of model.gpt2(inputs, **params, n_head=n_head), by name, in the order it runs them.
+    edit(name, array) -> array, when given, replaces each array as it is made, and everything after is computed from
+    the replacement (interpret/edits.py builds edits); without it the arrays are model.gpt2's own."""
+    names = {"embed": edit("embed", embedding(inputs, params["wte"], params["wpe"]))}
     x = names["embed"]
-    for i, steps in enumerate(block_traces(x, params["blocks"], n_head)):
+    for i, steps in enumerate(block_traces(x, params["blocks"], n_head, edit)):
         names.update({f"blocks.{i}.{name}": array for name, array in steps.items()})
         x = steps["out"]
-    names["ln_f"] = layer_norm(x, **params["ln_f"])
-    names["logits"] = unembedding(names["ln_f"], params["wte"])
+    names["ln_f"] = edit("ln_f", layer_norm(x, **params["ln_f"]))
+    names["logits"] = edit("logits", unembedding(names["ln_f"], params["wte"]))
     return names
 
 
-def block_traces(x, blocks, n_head):  # [n_seq, n_embd] -> iterator of n_layer {name: array}, one block after another
+def block_traces(x, blocks, n_head, edit=unedited):  # [n_seq, n_embd] -> iterator of n_layer {name: array}
     check_heads(n_head, x.shape[-1])  # the error gpt2 and generate give, not NumPy's from split_heads
-    for block_params in blocks:
-        steps = block_trace(x, **block_params, n_head=n_head)
+    for i, block_params in enumerate(blocks):
+        steps = block_trace(x, **block_params, n_head=n_head, edit=functools.partial(in_block, edit, i))
         yield steps
         x = steps["out"]  # the next block's input, as model.gpt2's loop carries it
 
 
-def block_trace(x, ln_1, attn, ln_2, mlp, n_head):  # [n_seq, n_embd] -> {name: array}, as model.block runs them
-    """model.block on x, one named array per step: mha's and ffn's bodies composed of the same model.py functions."""
-    steps = {"ln_1": layer_norm(x, **ln_1)}
-    mask = causal_mask(x.shape[-2])
-    q, k, v = np.split(linear(steps["ln_1"], **attn["c_attn"]), 3, axis=-1)  # mha's first line
-    steps["attn.q"], steps["attn.k"], steps["attn.v"] = q, k, v = [split_heads(part, n_head) for part in (q, k, v)]
-    steps["attn.scores"] = attention_scores(q, k)
-    steps["attn.weights"] = softmax(steps["attn.scores"] + mask)  # what attention computes first
-    steps["attn.z"] = attention(q, k, v, mask)
-    steps["attn.out"] = linear(merge_heads(steps["attn.z"]), **attn["c_proj"])
-    steps["mid"] = x + steps["attn.out"]  # block's first residual
-    steps["ln_2"] = layer_norm(steps["mid"], **ln_2)
-    steps["mlp.pre"] = linear(steps["ln_2"], **mlp["c_fc"])  # ffn, step by step
-    steps["mlp.hidden"] = gelu(steps["mlp.pre"])
-    steps["mlp.out"] = linear(steps["mlp.hidden"], **mlp["c_proj"])
-    steps["out"] = steps["mid"] + steps["mlp.out"]  # block's second residual
+def in_block(edit, i, name, array):  # -> edit's array for block i's step `name`, named as trace names it
+    return edit(f"blocks.{i}.{name}", array)
+
+
+def block_trace(x, ln_1, attn, ln_2, mlp, n_head, edit=unedited):  # [n_seq, n_embd] -> {name: array}, model.block's
+    """model.block on x, one named array per step: mha's and ffn's bodies composed of the same model.py functions;
+    each step reads the arrays before it as edit(name, array) left them."""
+    steps = {}
+
+    def step(name, array):  # -> the array as edited, recorded under its name
+        steps[name] = edit(name, array)
+        return steps[name]
+
+    normed = step("ln_1", layer_norm(x, **ln_1))
+    q, k, v = np.split(linear(normed, **attn["c_attn"]), 3, axis=-1)  # mha's first line
+    q, k, v = [step(f"attn.{name}", split_heads(part, n_head)) for name, part in zip("qkv", (q, k, v))]
+    scores = step("attn.scores", attention_scores(q, k))
+    weights = step("attn.weights", softmax(scores + causal_mask(x.shape[-2])))  # model.attention's first line
+    z = step("attn.z", weighted_sum(weights, v))  # and its second
+    mid = step("mid", x + step("attn.out", linear(merge_heads(z), **attn["c_proj"])))  # block's first residual
+    normed = step("ln_2", layer_norm(mid, **ln_2))
+    hidden = step("mlp.hidden", gelu(step("mlp.pre", linear(normed, **mlp["c_fc"]))))  # ffn, step by step
+    step("out", mid + step("mlp.out", linear(hidden, **mlp["c_proj"])))  # block's second residual
     return steps
 
 

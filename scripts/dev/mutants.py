@@ -8,6 +8,7 @@ Every mutant must be caught. The test files that catch each part (the word befor
     model,fast,cores (default)  tests/test_model.py tests/test_fast.py tests/test_cores.py
     backward                    tests/test_backward.py
     train,commands,optim,save   tests/test_train_resume.py tests/test_train_vocab.py tests/test_optim.py
+    intervene                   tests/test_explain_intervene.py
     download                    tests/test_download.py
     sampling,decode,tokenizer   tests/test_sampling.py tests/test_generate.py tests/test_tokenizer_command.py
     vocabulary,score,checkpoint,explain  tests/test_tokenizer.py tests/test_checkpoint.py tests/test_explain_trace.py
@@ -128,6 +129,18 @@ MUTANTS = [  # (what, file, text, replacement)
      "    if args.init is not None:  # a model folder", "    if False:  # a model folder"),
     ("commands: abbreviated flags accepted", "gpt2_numpy/commands/common.py",
      "super().__init__(*args, allow_abbrev=False, **", "super().__init__(*args, **"),
+    # caught by tests/test_explain_intervene.py (the math, and TransformerLens's numbers)
+    ("intervene: an attribution term not centred as ln_f centres the stream", "gpt2_numpy/interpret/attribution.py",
+     "return g * (part - part.mean()) / sigma", "return g * part / sigma"),
+    ("intervene: a mean ablation averages over d_head, not over the positions", "gpt2_numpy/interpret/ablation.py",
+     "np.broadcast_to(z.mean(axis=0), z.shape)", "np.broadcast_to(z.mean(axis=-1, keepdims=True), z.shape)"),
+    ("intervene: the recovery measured from the clean run", "gpt2_numpy/interpret/patching.py",
+     "return (patched - m_corrupt) / (m_clean - m_corrupt)", "return (patched - m_clean) / (m_clean - m_corrupt)"),
+    ("intervene: an edited weights array does not feed z", "gpt2_numpy/interpret/tracing.py",
+     'step("attn.z", weighted_sum(weights, v))',
+     'step("attn.z", weighted_sum(softmax(scores + causal_mask(len(x))), v))'),
+    ("intervene: a patched resid_pre one layer late", "gpt2_numpy/interpret/edits.py",
+     'return "embed" if layer == 0 else f"blocks.{layer - 1}.out"', 'return f"blocks.{layer}.out"'),
     # caught by tests/test_backward.py and tests/test_optim.py
     ("backward: GELU's slope at x = 0 taken as 0", "gpt2_numpy/backward.py", "    out.fill(0.5)\n",
      "    out.fill(0.0)\n"),

@@ -1,0 +1,237 @@
+"""explain --ablate, --attribute and --patch: edits in a forward pass (interpret/edits.py) against the model's own
+functions and against math, and the three techniques on the command line against TransformerLens's hooks
+(scripts/fixtures/make_intervene_reference.py: random GPT-2 folders of their own, loaded by TransformerLens's
+TransformerBridge); the tables, the picture and every bad input."""
+import json
+
+import numpy as np
+import pytest
+
+from gpt2_numpy.commands import explain as explain_cli
+from gpt2_numpy.interpret.ablation import next_token_loss
+from gpt2_numpy.interpret.attribution import attribution
+from gpt2_numpy.interpret.edits import Edit, run_with_edits
+from gpt2_numpy.interpret.patching import patching
+from gpt2_numpy.interpret.tracing import trace
+from gpt2_numpy.model import gpt2, layer_norm, softmax
+from gpt2_numpy.params import random_params
+from tests.conftest import FIXTURES, assert_one_error_line, run_explain
+
+RTOL = 1e-4  # relative to TransformerLens's number, as the issue asks
+CONFIGS = ["three_heads", "four_heads", "one_layer"]
+HPARAMS = {"n_vocab": 300, "n_ctx": 24, "n_embd": 24, "n_head": 3, "n_layer": 2}
+
+
+def reference(name):  # -> the model folder, the texts, TransformerLens's arrays
+    arrays = np.load(FIXTURES / f"reference_intervene_{name}.npz")
+    return FIXTURES / f"intervene_{name}", json.loads(str(arrays["texts"])), arrays
+
+
+def explain_json(capsys, *argv):  # -> the JSON object `explain ARGV --json` prints, run in this process
+    assert explain_cli.run([*map(str, argv), "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def close(ours, theirs, scale=None):  # within RTOL of TransformerLens's numbers, relative to `scale` (each's own)
+    ours, theirs = np.asarray(ours, np.float64), np.asarray(theirs, np.float64)
+    tolerance = RTOL * (np.abs(theirs) if scale is None else scale)
+    assert ours.shape == theirs.shape and np.all(np.abs(ours - theirs) <= tolerance), (ours - theirs, theirs)
+
+
+@pytest.fixture
+def model():  # -> params, token ids: a random model and prompt
+    return random_params(HPARAMS, 5), np.random.default_rng(5).integers(0, HPARAMS["n_vocab"], 17)
+
+
+# --- Edits in a forward pass ---
+
+
+def test_no_edit_is_trace_and_model_gpt2_bit_for_bit(model):
+    params, ids = model
+    names = trace(ids, params, 3)
+    for edits in ([], [Edit("blocks.1.attn.weights", lambda weights: weights)]):
+        edited = run_with_edits(ids, params, 3, edits)
+        assert edited.keys() == names.keys()
+        assert all(np.array_equal(edited[name], names[name]) for name in names)
+    assert np.array_equal(names["logits"], gpt2(ids, **params, n_head=3))
+
+
+def test_an_edit_of_the_embedding_is_a_model_with_other_position_embeddings(model):
+    # everything downstream comes from the edited array: the run equals the model on edited weights
+    params, ids = model
+    shift = np.random.default_rng(1).standard_normal((len(ids), HPARAMS["n_embd"])).astype(np.float32)
+    edited = run_with_edits(ids, params, 3, [Edit("embed", lambda x: x + shift)])
+    wpe = params["wpe"].copy()
+    wpe[: len(ids)] += shift
+    np.testing.assert_allclose(edited["logits"], gpt2(ids, **{**params, "wpe": wpe}, n_head=3), atol=1e-4)
+
+
+def test_zeroing_every_head_of_a_layer_is_a_model_without_its_attention_weights(model):
+    params, ids = model
+    edits = [Edit("blocks.0.attn.z", np.zeros_like, head) for head in range(3)]
+    blocks = [dict(block) for block in params["blocks"]]
+    c_proj = blocks[0]["attn"]["c_proj"]
+    blocks[0]["attn"] = {**blocks[0]["attn"], "c_proj": {**c_proj, "w": np.zeros_like(c_proj["w"])}}
+    np.testing.assert_allclose(run_with_edits(ids, params, 3, edits)["logits"],
+                               gpt2(ids, **{**params, "blocks": blocks}, n_head=3), atol=1e-4)
+
+
+def test_an_edited_head_s_weights_feed_its_z_and_leave_the_other_heads(model):
+    params, ids = model
+    uniform = np.tril(np.ones((len(ids), len(ids)), np.float32)) / np.arange(1, len(ids) + 1)[:, None]
+    names = trace(ids, params, 3)
+    edited = run_with_edits(ids, params, 3, [Edit("blocks.1.attn.weights", lambda weights: uniform, head=2)])
+    np.testing.assert_allclose(edited["blocks.1.attn.z"][2], uniform @ names["blocks.1.attn.v"][2], atol=1e-6)
+    assert np.array_equal(edited["blocks.1.attn.z"][:2], names["blocks.1.attn.z"][:2])
+    assert np.array_equal(edited["blocks.0.out"], names["blocks.0.out"])  # upstream untouched
+    assert not np.allclose(edited["logits"], names["logits"])
+
+
+def test_an_edit_of_no_array_or_of_another_shape_is_refused(model):
+    params, ids = model
+    with pytest.raises(ValueError, match="blocks.9.attn.z"):
+        run_with_edits(ids, params, 3, [Edit("blocks.9.attn.z", np.zeros_like)])
+    with pytest.raises(ValueError, match="shape"):
+        run_with_edits(ids, params, 3, [Edit("blocks.0.attn.z", lambda z: z[:, :-1], head=0)])
+
+
+# --- The three techniques, from the math ---
+
+
+def test_the_attribution_terms_add_up_to_the_logit_difference(model):
+    params, ids = model
+    for answers in ((3, 7), (250, 1), (0, 299)):
+        logits = gpt2(ids, **params, n_head=3)[-1].astype(np.float64)
+        logit_diff, terms = attribution(ids, params, 3, answers)
+        assert abs(sum(value for _, value in terms) - (logits[answers[0]] - logits[answers[1]])) < 1e-5
+        assert abs(logit_diff - (logits[answers[0]] - logits[answers[1]])) < 1e-5
+
+
+def test_the_attribution_terms_are_each_part_through_the_final_layer_norm(model):
+    # one term from its definition: the embedding alone, centred, over the final stream's σ, times g, dotted with d
+    params, ids = model
+    names = trace(ids, params, 3)
+    x = names["blocks.1.out"][-1].astype(np.float64)
+    sigma = np.sqrt(x.var() + 1e-5)
+    direction = params["wte"][3].astype(np.float64) - params["wte"][7]
+    embed = names["embed"][-1].astype(np.float64)
+    terms = dict(attribution(ids, params, 3, (3, 7))[1])
+    assert terms["embed"] == pytest.approx(params["ln_f"]["g"] * (embed - embed.mean()) / sigma @ direction, rel=1e-6)
+    # and the head terms of a layer with the bias term are its attention output, so layer_norm of the sum checks σ
+    whole = layer_norm(names["blocks.1.out"][-1], **params["ln_f"]).astype(np.float64) @ direction
+    assert sum(terms.values()) == pytest.approx(whole, rel=1e-5)
+
+
+def test_patching_everything_recovers_one_and_nothing_zero(model):
+    params, ids = model
+    corrupt = ids.copy()
+    corrupt[5] = (corrupt[5] + 1) % HPARAMS["n_vocab"]
+    result = patching(ids, corrupt, params, 3, (3, 7))
+    # at layer 0 the stream is the embedding: only the changed position matters, and it is everything
+    np.testing.assert_allclose(result["resid"][0], np.eye(len(ids))[5], atol=1e-4)
+    assert np.all(result["heads"][:, :] != 0)
+
+
+def test_the_loss_is_the_mean_next_token_cross_entropy(model):
+    params, ids = model
+    logits = gpt2(ids, **params, n_head=3).astype(np.float64)
+    expected = np.mean([-np.log(softmax(logits[i])[ids[i + 1]]) for i in range(len(ids) - 1)])
+    assert next_token_loss(logits.astype(np.float32), ids) == pytest.approx(expected, rel=1e-5)
+    assert np.isnan(next_token_loss(logits[:1], ids[:1]))
+
+
+# --- On the command line, against TransformerLens ---
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_ablation_matches_transformer_lens(name, capsys):
+    folder, texts, tl = reference(name)
+    for number, (how, heads) in enumerate(texts["ablations"]):
+        ablate = [f"{layer}.{head}" for layer, head in heads]
+        out = explain_json(capsys, texts["clean"], "--model", folder, "--ablate", *ablate, "--ablation", how)
+        assert out["prompt_ids"] == tl["clean_ids"].tolist()
+        assert out["ablated"] == heads and out["ablation"] == how
+        close(out["loss"]["before"], tl["loss_before"])
+        close(out["loss"]["after"], tl[f"ablation{number}_loss"])
+        for when, key in (("before", "top_{}_before"), ("after", f"ablation{number}_top_{{}}")):
+            assert [row["id"] for row in out["next_token"][when]] == tl[key.format("ids")].tolist()
+            close([row["prob"] for row in out["next_token"][when]], tl[key.format("probs")])
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_attribution_matches_transformer_lens(name, capsys):
+    folder, texts, tl = reference(name)
+    out = explain_json(capsys, texts["clean"], "--model", folder, "--attribute", *texts["answers"])
+    assert out["prompt_ids"] == tl["clean_ids"].tolist() and out["answer_ids"] == tl["answer_ids"].tolist()
+    close(out["logit_diff"], tl["logit_diff"])
+    assert [term["name"] for term in out["terms"]] == tl["term_names"].tolist()
+    # a term near zero is compared relative to the largest: float32's error is relative to what is summed
+    close([term["value"] for term in out["terms"]], tl["terms"], scale=np.abs(tl["terms"]).max())
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_patching_matches_transformer_lens(name, capsys):
+    folder, texts, tl = reference(name)
+    out = explain_json(capsys, texts["clean"], "--model", folder, "--patch", texts["corrupt"], "--answer",
+                       *texts["answers"])
+    assert out["clean_ids"] == tl["clean_ids"].tolist() and out["corrupt_ids"] == tl["corrupt_ids"].tolist()
+    close(out["clean_logit_diff"], tl["clean_logit_diff"])
+    close(out["corrupt_logit_diff"], tl["corrupt_logit_diff"])
+    # a recovery is a difference of logit differences over another: relative to 1, the whole recovery
+    close(out["heads"], tl["heads"], scale=1)
+    close(out["resid"], tl["resid"], scale=1)
+
+
+# --- Tables, the picture, and bad input ---
+
+FOLDER = FIXTURES / "intervene_four_heads"  # a vocabulary with " the" and " a" as tokens, 3 layers of 4 heads
+PROMPT, CORRUPT = "the cat sat on the mat and the cat", "the dog sat on the mat and the cat"
+
+
+def test_the_tables_print_the_numbers_of_the_json(capsys):
+    common = [PROMPT, "--model", str(FOLDER)]
+    assert explain_cli.run([*common, "--ablate", "2.3", "--attribute", " the", " a", "--patch", CORRUPT,
+                            "--answer", " the", " a"]) == 0
+    printed = capsys.readouterr().out
+    ablated = explain_json(capsys, *common, "--ablate", "2.3")
+    attributed = explain_json(capsys, *common, "--attribute", " the", " a")
+    patched = explain_json(capsys, *common, "--patch", CORRUPT, "--answer", " the", " a")
+    loss = ablated["loss"]
+    assert f"{loss['before']:.4f} before, {loss['after']:.4f} after ({loss['after'] - loss['before']:+.4f})" in printed
+    rows = [line.split() for line in printed.splitlines() if line.startswith("  blocks.") or line.startswith("  embed")
+            or line.startswith("  ln_f.b")]
+    terms = sorted(attributed["terms"], key=lambda term: -abs(term["value"]))  # largest first
+    assert [(name, float(value)) for name, value in rows] == [(t["name"], round(t["value"], 4)) for t in terms]
+    for layer, recoveries in enumerate(patched["heads"]):
+        assert f"{layer:<7}" + "".join(f"{value:8.3f}" for value in recoveries) in printed
+
+
+def test_patch_plot_draws_a_png(tmp_path, capsys):
+    png = tmp_path / "patching.png"
+    assert explain_cli.run([PROMPT, "--model", str(FOLDER), "--patch", CORRUPT, "--answer", " the", " a", "--plot",
+                            str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "wrote" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--attribute", " cat", " a"], "--attribute: ' cat' encodes to 4 tokens: ' ' 'c' 'a' 't'"),
+    (["--attribute", "", " a"], "--attribute: '' encodes to 0 tokens"),
+    (["--patch", CORRUPT, "--answer", " the", "mat"], "--answer: 'mat' encodes to 3 tokens"),
+    (["--attribute", " a", " a"], "A and B are the same token"),
+    (["--patch", CORRUPT + " x", "--answer", " the", " a"], "the prompt is 26 tokens but the --patch prompt 28"),
+    (["--patch", PROMPT, "--answer", " the", " a"], "the two prompts give the same logit difference"),
+    (["--ablate", "3.0"], "--ablate 3.0: layer 3 is out of range: this model has 3 layers, numbered 0 to 2"),
+    (["--ablate", "0.1", "1.4"], "--ablate 1.4: head 4 is out of range: this model has 4 heads per layer"),
+    (["--ablate", "1"], "'1' is not L.H"),
+    (["--ablate", "1.x"], "'1.x' is not L.H"),
+    (["--ablate", "0.1.2"], "'0.1.2' is not L.H"),
+    (["--ablate", "-1.0"], "'-1.0' is not L.H"),
+    (["--patch", CORRUPT], "--patch needs --answer A B"),
+    (["--answer", " the", " a"], "--answer belongs to --patch"),
+    (["--ablation", "mean"], "--ablation belongs to --ablate"),
+    (["--ablation", "half", "--ablate", "0.0"], "invalid choice: 'half'"),
+    (["--ablate", "0.0", "--attribute", " the", " a", "--json"], "keep one of --ablate --attribute"),
+])
+def test_bad_input_is_one_error_line_with_exit_2(args, fragment, tmp_path):
+    assert_one_error_line(run_explain(PROMPT, "--model", str(FOLDER), *args, models_dir=tmp_path), fragment)
