@@ -60,6 +60,15 @@ class NonFiniteError(CheckpointError):
                          "overflows; use another checkpoint")
 
 
+class NothingToRecover(Gpt2NumpyError, ValueError):
+    """Activation patching's two prompts give the same logit difference, so every recovery would be 0 / 0."""
+
+    def __init__(self, logit_diff):
+        super().__init__(f"the two prompts give the same logit difference ({logit_diff:.4g}), so there is nothing to "
+                         "recover: choose a corrupt prompt that changes the answer")
+        self.logit_diff = logit_diff
+
+
 class Interrupted(Gpt2NumpyError):
     """Ctrl-C, raised from KeyboardInterrupt by code that can say what was kept and how to go on."""
 

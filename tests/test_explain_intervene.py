@@ -10,7 +10,8 @@ import pytest
 from gpt2_numpy.commands import explain as explain_cli
 from gpt2_numpy.interpret.ablation import next_token_loss
 from gpt2_numpy.interpret.attribution import attribution
-from gpt2_numpy.interpret.edits import Edit, run_with_edits
+from gpt2_numpy.interpret import patching as patching_module
+from gpt2_numpy.interpret.edits import Edit, resid_pre, run_with_edits
 from gpt2_numpy.interpret.patching import patching
 from gpt2_numpy.interpret.tracing import trace
 from gpt2_numpy.model import gpt2, layer_norm, softmax
@@ -130,6 +131,37 @@ def test_patching_everything_recovers_one_and_nothing_zero(model):
     # at layer 0 the stream is the embedding: only the changed position matters, and it is everything
     np.testing.assert_allclose(result["resid"][0], np.eye(len(ids))[5], atol=1e-4)
     assert np.all(result["heads"][:, :] != 0)
+
+
+@pytest.mark.parametrize("batch_positions", [1024, 2 * 17, 1])  # every run of a layer at once, in twos, one by one
+def test_patching_from_the_patched_layer_equals_whole_patched_runs(model, monkeypatch, batch_positions):
+    # the plain way: each patch a whole run of the corrupt prompt with the edit, every position unembedded
+    monkeypatch.setattr(patching_module, "BATCH_POSITIONS", batch_positions)
+    params, ids = model
+    corrupt = np.random.default_rng(6).integers(0, HPARAMS["n_vocab"], len(ids))
+    clean = trace(ids, params, 3)
+
+    def metric(edits):  # -> logit(3) - logit(7) at the last position of the corrupt run with these edits
+        logits = run_with_edits(corrupt, params, 3, edits)["logits"]
+        return float(logits[-1, 3] - logits[-1, 7])
+
+    def with_row(position, rows):  # -> an edit function: the array with one row from rows
+        def replace(array):
+            array = array.copy()
+            array[position] = rows[position]
+            return array
+        return replace
+
+    m_clean, m_corrupt = float(clean["logits"][-1, 3] - clean["logits"][-1, 7]), metric([])
+    heads = [[metric([Edit(f"blocks.{layer}.attn.z", lambda z, clean_z=clean[f"blocks.{layer}.attn.z"][head]: clean_z,
+                           head)]) for head in range(3)] for layer in range(2)]
+    resid = [[metric([Edit(resid_pre(layer), with_row(position, clean[resid_pre(layer)]))])
+              for position in range(len(ids))] for layer in range(2)]
+    result = patching(ids, corrupt, params, 3, (3, 7))
+    assert (result["clean"], result["corrupt"]) == pytest.approx((m_clean, m_corrupt), abs=1e-5)
+    assert abs(m_clean - m_corrupt) > 0.1  # recoveries not blown up by a small denominator: 1e-5 means something
+    for ours, whole in ((result["heads"], heads), (result["resid"], resid)):
+        np.testing.assert_allclose(ours, (np.array(whole) - m_corrupt) / (m_clean - m_corrupt), atol=1e-5)
 
 
 def test_the_loss_is_the_mean_next_token_cross_entropy(model):

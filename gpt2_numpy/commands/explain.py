@@ -19,7 +19,7 @@ from gpt2_numpy.commands.common import (
     whole_number, write_stdout,
 )
 from gpt2_numpy.console import log, plural, progress_bar
-from gpt2_numpy.errors import UsageError
+from gpt2_numpy.errors import NothingToRecover, UsageError
 from gpt2_numpy.loading import prompt_ids
 from gpt2_numpy.interpret.ablation import ABLATIONS, ablation, ablation_json, ablation_table
 from gpt2_numpy.interpret.attribution import attribution, attribution_json, attribution_table
@@ -184,7 +184,11 @@ def run(argv=None):  # -> exit status
         printed.append(json.dumps(attribution_json(ids, attribute, logit_diff, terms)) + "\n" if args.json
                        else attribution_table(attribute, logit_diff, terms, label))
     if answers:
-        patched = patching(ids, corrupt_ids, params, n_head, answers, progress=stage_bar("patching"))
+        try:
+            patched = patching(ids, corrupt_ids, params, n_head, answers, progress=stage_bar("patching"))
+        except NothingToRecover as error:  # the library's words name no flag
+            raise UsageError(f"the two prompts give the same logit difference ({error.logit_diff:.4g}), so there is "
+                             "nothing to recover: give a --patch prompt that changes the answer") from None
         printed.append(json.dumps(patching_json(ids, corrupt_ids, answers, patched)) + "\n" if args.json
                        else patching_table(ids, corrupt_ids, answers, patched, label))
     if args.html is not None:

@@ -57,18 +57,5 @@ def same_shape(new, old):  # -> new as an array of old's dtype; ValueError when 
     return new
 
 
-def replace_position(position, row):  # -> an edit function: its array [n_seq, ...] with row `position` set to `row`
-    def replace(array):  # [n_seq, ...] -> a copy with the row replaced
-        array = array.copy()
-        array[position] = row
-        return array
-
-    return replace
-
-
-def constant(value):  # -> an edit function that returns `value` (a copy of another run's array), whatever it gets
-    return lambda array: value
-
-
 def resid_pre(layer):  # -> the name of the residual stream entering block `layer` (TransformerLens's resid_pre)
     return "embed" if layer == 0 else f"blocks.{layer - 1}.out"

@@ -54,9 +54,11 @@ def trace(inputs, params, n_head, edit=unedited):  # int [n_seq] -> {name: float
     return names
 
 
-def block_traces(x, blocks, n_head, edit=unedited):  # [n_seq, n_embd] -> iterator of n_layer {name: array}
+def block_traces(x, blocks, n_head, edit=unedited, first=0):  # [..., n_seq, n_embd] -> iterator of {name: array}
+    # x enters block `first`, and the blocks from there run: activation patching starts a run at the patched layer,
+    # from the corrupt run's stream, since everything before it is the corrupt run's own
     check_heads(n_head, x.shape[-1])  # the error gpt2 and generate give, not NumPy's from split_heads
-    for i, block_params in enumerate(blocks):
+    for i, block_params in enumerate(blocks[first:], first):
         steps = block_trace(x, **block_params, n_head=n_head, edit=functools.partial(in_block, edit, i))
         yield steps
         x = steps["out"]  # the next block's input, as model.gpt2's loop carries it
@@ -66,7 +68,7 @@ def in_block(edit, i, name, array):  # -> edit's array for block i's step `name`
     return edit(f"blocks.{i}.{name}", array)
 
 
-def block_trace(x, ln_1, attn, ln_2, mlp, n_head, edit=unedited):  # [n_seq, n_embd] -> {name: array}, model.block's
+def block_trace(x, ln_1, attn, ln_2, mlp, n_head, edit=unedited):  # [..., n_seq, n_embd] -> {name: array}, block's
     """model.block on x, one named array per step: mha's and ffn's bodies composed of the same model.py functions;
     each step reads the arrays before it as edit(name, array) left them."""
     steps = {}
