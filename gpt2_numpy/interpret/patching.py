@@ -10,8 +10,8 @@ for two kinds of patch, each in a run of its own, everything after it computed f
 The two prompts have the same number of tokens, so positions correspond.
 
 A patched run is the corrupt run up to its layer L, so it starts there, from the corrupt run's stream entering block L
-(tracing.block_traces with first=L), and ends at the last position's two logits. The runs of one layer go as one
-batch: run i of the batch patches head i (or position i), the others' arrays being the corrupt run's.
+(tracing.block_traces with first=L), and ends at the last position's two logits. The runs of one layer go in batches
+along a leading axis (model.py's "..."): run i of a batch patches its own head (or position) and no other.
 """
 import functools
 
