@@ -131,6 +131,8 @@ def test_patching_everything_recovers_one_and_nothing_zero(model):
     # at layer 0 the stream is the embedding: only the changed position matters, and it is everything
     np.testing.assert_allclose(result["resid"][0], np.eye(len(ids))[5], atol=1e-4)
     assert np.all(result["heads"][:, :] != 0)
+    with pytest.raises(ValueError, match="nothing to recover"):  # a library error, not the command line's
+        patching(ids, ids, params, 3, (3, 7))
 
 
 @pytest.mark.parametrize("batch_positions", [1024, 2 * 17, 1])  # every run of a layer at once, in twos, one by one
