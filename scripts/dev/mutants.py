@@ -136,6 +136,8 @@ MUTANTS = [  # (what, file, text, replacement)
      "np.broadcast_to(z.mean(axis=0), z.shape)", "np.broadcast_to(z.mean(axis=-1, keepdims=True), z.shape)"),
     ("intervene: the recovery measured from the clean run", "gpt2_numpy/interpret/patching.py",
      "return (patched - m_corrupt) / (m_clean - m_corrupt)", "return (patched - m_clean) / (m_clean - m_corrupt)"),
+    ("intervene: a patched head's run starts from the clean stream", "gpt2_numpy/interpret/patching.py",
+     "return copies(corrupt[stream], len(runs)), functools", "return copies(clean[stream], len(runs)), functools"),
     ("intervene: an edited weights array does not feed z", "gpt2_numpy/interpret/tracing.py",
      'step("attn.z", weighted_sum(weights, v))',
      'step("attn.z", weighted_sum(softmax(scores + causal_mask(len(x))), v))'),
