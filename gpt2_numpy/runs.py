@@ -8,6 +8,8 @@ A run's folder is a model folder in Hugging Face's layout (gpt2_numpy/save.py), 
     log.csv           one row per step: step, train_loss, val_loss and val_bits_per_byte (at evaluations), lr,
                       grad_norm (before clipping), tokens, seconds; written as the run goes, so --resume drops the
                       rows after its save
+    heads.csv         at each evaluation, a row per head: step, layer, head and the five scores of `explain --heads`
+                      (gpt2_numpy/interpret/heads.py) on a fixed repeated probe; kept as log.csv is
     .train.lock       locked for the whole run, as downloads lock their folder: a second run into it stops at once
 
 A save is one unit, so that whatever cuts it off (a full disk, a second Ctrl-C, a kill) the folder holds one whole
@@ -35,6 +37,7 @@ from gpt2_numpy.formats.checkpoint import load_params
 from gpt2_numpy.errors import Gpt2NumpyError, Interrupted, TrainingFailed, UsageError
 from gpt2_numpy.formats import parse_json
 from gpt2_numpy.formats.safetensors import read_metadata
+from gpt2_numpy.interpret.heads import PATTERNS
 from gpt2_numpy.params import flatten
 from gpt2_numpy.save import atomic_write, fsync_folder, save_model
 from gpt2_numpy.formats.vocabulary import FILE_NAMES
@@ -42,7 +45,10 @@ from gpt2_numpy.weights import release_lock, take_lock
 
 STATE = "train_state.npz"
 LOG = "log.csv"
-LOG_FIELDS = ("step", "train_loss", "val_loss", "val_bits_per_byte", "lr", "grad_norm", "tokens", "seconds")
+HEADS = "heads.csv"
+# each log's columns
+LOGS = {LOG: ("step", "train_loss", "val_loss", "val_bits_per_byte", "lr", "grad_norm", "tokens", "seconds"),
+        HEADS: ("step", "layer", "head", *PATTERNS)}
 MODEL = "model.safetensors"
 STAGING = ".train.save"  # the next save, written whole here before its files take their places in --out
 LOCK = ".train.lock"
@@ -201,7 +207,8 @@ def load_run(out):  # -> (hparams, params, state arrays) of the run saved in out
     if model_step != str(int(state["step"])):
         raise UsageError(f"--resume: {out}'s weights are from step {model_step} but its {STATE} from step "
                          f"{int(state['step'])} (a save was cut off): start a new run in another folder")
-    read_log(out / LOG)  # its rows' steps, checked now; open_log keeps the rows up to the saved step
+    for name in LOGS:  # their rows' steps, checked now; open_log keeps the rows up to the saved step
+        read_log(out / name)
     return hparams, params, state
 
 
@@ -268,13 +275,14 @@ def restore_moments(template, state):  # -> optimizer state shaped like template
     return fill(template, ())
 
 
-def read_log(path):  # -> log.csv's rows, none if it is missing; UsageError for a row open_log could not write back
+def read_log(path):  # -> the rows of a log (log.csv, heads.csv), none if it is missing; UsageError for a row open_log
+    # could not write back
     if not path.is_file():
         return []
     try:
         with path.open(newline="", encoding="utf-8") as file:
             reader, rows = csv.DictReader(file), []
-            unknown = [name for name in reader.fieldnames or () if name not in LOG_FIELDS]
+            unknown = [name for name in reader.fieldnames or () if name not in LOGS[path.name]]
             if unknown:
                 raise UsageError(f"--resume: the header of {path} has the column {unknown[0]!r}, which a run does "
                                  f"not write: remove that column (or delete the file: the run resumes, its earlier "
@@ -293,13 +301,14 @@ def read_log(path):  # -> log.csv's rows, none if it is missing; UsageError for 
     return rows
 
 
-def open_log(out, step):  # -> csv writer appending to out/log.csv, which keeps only the rows up to step
-    path = out / LOG
+def open_log(out, step, name=LOG):  # -> file, csv writer appending to out/name (a log of LOGS), which keeps only
+    # the rows up to step
+    path, fields = out / name, LOGS[name]
     rows = [row for row in read_log(path) if int(row["step"]) <= step] if step else []
     text = io.StringIO()
-    writer = csv.DictWriter(text, LOG_FIELDS)
+    writer = csv.DictWriter(text, fields)
     writer.writeheader()
     writer.writerows(rows)
     atomic_write(path, lambda file: file.write(text.getvalue().encode()))
     file = path.open("a", newline="")
-    return file, csv.DictWriter(file, LOG_FIELDS)
+    return file, csv.DictWriter(file, fields)

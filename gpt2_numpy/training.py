@@ -18,9 +18,10 @@ from gpt2_numpy.backward import loss_and_grads
 from gpt2_numpy.console import log, plural, progress_bar
 from gpt2_numpy.errors import Interrupted, UsageError
 from gpt2_numpy.fast import lm_head, log_softmax_at, transformer
+from gpt2_numpy.interpret.heads import PATTERNS, head_scores, repeat_length, repeated_tokens, repetition_problem
 from gpt2_numpy.optim import adamw_state, adamw_step, clip_grads, learning_rate
 from gpt2_numpy.params import flatten
-from gpt2_numpy.runs import diverged, open_log, restore_moments, save_run
+from gpt2_numpy.runs import HEADS, diverged, open_log, restore_moments, save_run
 from gpt2_numpy.tokenizer import check_in_vocabulary
 
 
@@ -43,6 +44,25 @@ def eval_loss(windows, params, n_head, token_lengths):  # int [n_windows, seq_le
 def validation_row(windows, params, n_head, token_lengths):  # -> log.csv's validation columns
     nats, bits_per_byte = eval_loss(windows, params, n_head, token_lengths)
     return {"val_loss": f"{nats:.6f}", "val_bits_per_byte": f"{bits_per_byte:.6f}"}
+
+
+PROBE_SEED = 0  # explain --heads's default seed: a run's last rows in heads.csv are the table it prints
+
+
+def heads_probe(hparams, eot_id):  # -> int [2 L + 1]: <|endoftext|> R R, the probe heads.csv scores; None for a model
+    # that cannot take it (<|endoftext|> outside its vocabulary, or a context under 3 tokens)
+    if repetition_problem(hparams["n_vocab"], hparams["n_ctx"], eot_id):
+        return None
+    return repeated_tokens(hparams["n_vocab"], eot_id, repeat_length(hparams["n_ctx"]), PROBE_SEED)
+
+
+def head_rows(step, probe, params, n_head):  # -> heads.csv's rows at step: every head's scores on the probe
+    # the probe is both explain's prompt and its repetition: a random text said twice has a previous token to score
+    scores = head_scores(probe, probe, params, n_head)
+    n_layer, n_heads = scores["induction"].shape
+    return [{"step": step, "layer": layer, "head": head,
+             **{pattern: f"{scores[pattern][layer, head]:.6f}" for pattern in PATTERNS}}
+            for layer in range(n_layer) for head in range(n_heads)]
 
 
 # --- The data ---
@@ -150,8 +170,9 @@ def val_windows(val, seq_len, n_windows):  # -> int [n, seq_len + 1]: the first 
 
 # a diverging run overflows float32: the checks after each step say so in one line, instead of NumPy's warnings
 @np.errstate(over="ignore", invalid="ignore", divide="ignore")
-def train(out, write_tokenizer, hparams, params, state, step, settings, train_ids, val_ids,
-          token_lengths):  # -> exit status; write_tokenizer(folder) puts the run's tokenizer files in a save
+def train(out, write_tokenizer, hparams, params, state, step, settings, train_ids, val_ids, token_lengths,
+          probe):  # -> exit status; write_tokenizer(folder) puts the run's tokenizer files in a save; probe: the
+    # tokens heads.csv scores the heads on (heads_probe), None for none
     batches = Batches(train_ids, settings["seq_len"], settings["batch_size"], settings["seed"])
     opt_state = adamw_state(params)
     if state is not None:
@@ -166,15 +187,30 @@ def train(out, write_tokenizer, hparams, params, state, step, settings, train_id
             f"{out} holds the initial model (--steps 0)")
         return 0
     log_file, log_writer = open_log(out, step)
+    heads_file, heads_writer = open_log(out, step, HEADS)
     tokens_per_step = settings["batch_size"] * settings["seq_len"]
+
+    def evaluate(row):  # -> the heads' best induction score (None without a probe); row gains the validation
+        # loss, heads.csv the heads' rows
+        row.update(validation_row(validation, params, n_head, token_lengths))
+        if not math.isfinite(float(row["val_loss"])):
+            raise diverged(out, row["step"], f"the validation loss is {row['val_loss']}")
+        if probe is None:
+            return None
+        rows = head_rows(row["step"], probe, params, n_head)
+        heads_writer.writerows(rows)
+        heads_file.flush()
+        return max(float(head["induction"]) for head in rows)
+
     if step == 0:
-        log_writer.writerow({"step": 0, **validation_row(validation, params, n_head, token_lengths), "tokens": 0,
-                             "seconds": 0})
+        first = {"step": 0, "tokens": 0, "seconds": 0}
+        evaluate(first)
+        log_writer.writerow(first)
 
     # the seconds column counts this run's time on from the saved run's
     started = time.perf_counter() - (0.0 if state is None else float(state["seconds"]))
     train_seconds = 0.0
-    with log_file, ctrl_c_stops() as stop, progress_bar(total=steps, initial=step, unit="step") as bar:
+    with log_file, heads_file, ctrl_c_stops() as stop, progress_bar(total=steps, initial=step, unit="step") as bar:
         while step < steps and not stop.requested:
             step_start = time.perf_counter()
             inputs, targets = batches.next()
@@ -189,15 +225,14 @@ def train(out, write_tokenizer, hparams, params, state, step, settings, train_id
             row = {"step": step, "train_loss": f"{loss:.6f}", "lr": f"{lr:.6g}", "grad_norm": f"{grad_norm:.4f}",
                    "tokens": step * tokens_per_step,
                    "seconds": f"{time.perf_counter() - started:.1f}"}
-            if step % settings["eval_every"] == 0 or step == steps:
-                row.update(validation_row(validation, params, n_head, token_lengths))
-                if not math.isfinite(float(row["val_loss"])):
-                    raise diverged(out, step, f"the validation loss is {row['val_loss']}")
+            evaluated = step % settings["eval_every"] == 0 or step == steps
+            induction = evaluate(row) if evaluated else None
             log_writer.writerow(row)
             log_file.flush()
             bar.set_postfix_str(f"loss {loss:.3f}" + (f", val {float(row['val_loss']):.3f} "
                                                       f"({float(row['val_bits_per_byte']):.3f} bits/byte)"
                                                       if "val_loss" in row else "") +
+                                (f", induction {induction:.2f}" if induction is not None else "") +
                                 f", {(step - bar.initial) * tokens_per_step / train_seconds:,.0f} tokens/s")
             bar.update()
             if step % settings["save_every"] == 0 or step == steps or stop.requested:

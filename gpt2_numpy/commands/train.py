@@ -29,7 +29,7 @@ from gpt2_numpy.runs import check_out, claimed, load_run, settled_if_cut
 from gpt2_numpy.save import copy_tokenizer
 from gpt2_numpy.tokenizer import PACKAGED_VOCABULARY, load_tokenizer
 from gpt2_numpy.tokenizer_train import save_tokenizer, train_vocabulary, trained_tokenizer
-from gpt2_numpy.training import data_tokens, split_text, train
+from gpt2_numpy.training import data_tokens, heads_probe, split_text, train
 from gpt2_numpy.weights import ensure_model
 
 GPT2_VOCAB = 50257  # a model trained from scratch without --vocab-size uses GPT-2's tokenizer, so its vocabulary
@@ -213,7 +213,8 @@ def run_holding(argv, lock):  # -> exit status; lock: the ExitStack that holds o
     # replace a mapped file)
     params = map_leaves(np.array, params)
     with settled_if_cut(out):
-        return train(out, write_tokenizer, hparams, params, state, step, settings, train_ids, val_ids, token_lengths)
+        return train(out, write_tokenizer, hparams, params, state, step, settings, train_ids, val_ids, token_lengths,
+                     heads_probe(hparams, tokenizer.eot_id))
 
 
 def main(argv=None):  # -> never returns; errors become one line on stderr and an exit status
