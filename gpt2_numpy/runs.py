@@ -30,6 +30,8 @@ import shutil
 import zipfile
 import zlib
 from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import Callable, NamedTuple, Optional
 
 import numpy as np
 
@@ -60,16 +62,50 @@ DISK_FIXES = {errno.ENOSPC: "free some disk space", errno.EDQUOT: "free some dis
               errno.EROFS: "its file system is read-only: remount it writable"}
 
 
-def save_run(out, write_tokenizer, hparams, params, opt_state, batches, step, seconds, settings):  # -> None: out
-    # holds the run at step, resumable (see the module docstring); cut off, it is settled by settle().
-    # write_tokenizer(folder) puts the run's tokenizer files in folder
+class Settings(NamedTuple):
+    """A run's settings, saved in train_state.npz as JSON. A resumed run keeps them all but steps, eval_every and
+    save_every."""
+    batch_size: int
+    seq_len: int
+    lr: float
+    warmup: int
+    schedule: str  # "cosine" or "constant"
+    val_fraction: float
+    seed: int
+    eval_batches: int
+    steps: int  # these three may change when the run resumes
+    eval_every: int
+    save_every: int
+    data_sha256: str  # of the text trained on
+    init: Optional[str]  # the official size or model folder fine-tuned; None from scratch
+    vocab_size: Optional[int] = None  # the run's own tokenizer's size (--vocab-size); None for its model's
+    min_frequency: Optional[int] = None
+
+    @classmethod
+    def saved(cls, values, **changes):  # -> Settings from a saved run's JSON object (load_run checked it), changed
+        # an older run saved no vocab_size or min_frequency: they stay None
+        return cls(**{**{name: values[name] for name in cls._fields if name in values}, **changes})
+
+
+class Run(NamedTuple):
+    """A training run: its folder, its model's shape, its settings, and write_tokenizer(folder), which puts the run's
+    tokenizer files in a save."""
+    out: Path
+    hparams: dict
+    settings: Settings
+    write_tokenizer: Callable[[Path], None]
+
+
+def save_run(run, params, opt_state, batches, step, seconds):  # -> None: run.out holds the run at step, resumable
+    # (see the module docstring); cut off, it is settled by settle()
+    out = run.out
     staging = out / STAGING
     staging.mkdir()  # none is left: settle() ran when the run took the lock, and a failed save ends the run
-    write_tokenizer(staging)
-    save_model(staging, hparams, params, None, metadata={"step": str(step)})
+    run.write_tokenizer(staging)
+    save_model(staging, run.hparams, params, None, metadata={"step": str(step)})
     arrays = {f"opt/{'/'.join(map(str, key))}": np.asarray(leaf) for key, leaf in flatten(opt_state)}
     arrays.update(batches.state(), step=np.array(step), seconds=np.array(seconds),
-                  settings=np.array(json.dumps(settings)))
+                  settings=np.array(json.dumps(run.settings._asdict())))
     atomic_write(staging / STATE, lambda file: np.savez(file, **arrays))  # last: with it, the save is whole
     fsync_folder(staging)
     move_in(out)
