@@ -1,5 +1,6 @@
 """Plot a training run's loss curve from the log.csv that `python -m gpt2_numpy.train` writes in its --out folder;
-with --induction, against the step, with the best induction score of each evaluation from the heads.csv beside it.
+with --induction, against the step, with the best previous-token and induction scores of each evaluation, from the
+heads.csv beside it.
 
     python -m scripts.demo.plot_loss OUT/log.csv loss.png
     python -m scripts.demo.plot_loss OUT/log.csv induction.png --induction
@@ -33,22 +34,23 @@ def main(log_path, png_path, induction=False):
     axes.set_title(f"{len(train)} steps; final held-out loss {val[-1][1]:.2f}")
     axes.grid(alpha=0.3)
     if induction:
-        scores = best_induction(Path(log_path).with_name("heads.csv"))
-        right = axes.twinx()
-        lines += right.plot(*zip(*scores), "s-", color="C3", ms=3, label="best induction score (right)")
+        heads_path, right = Path(log_path).with_name("heads.csv"), axes.twinx()
+        for pattern, color in (("previous_token", "C2"), ("induction", "C3")):
+            lines += right.plot(*zip(*best_scores(heads_path, pattern)), "s-", color=color, ms=3,
+                                label=f"best {pattern.replace('_', '-')} score (right)")
         right.set_ylim(0, 1)
-        right.set_ylabel("best head's induction score")
+        right.set_ylabel("the best head's score (explain --heads)")
     axes.legend(lines, [line.get_label() for line in lines], loc="center right")
     figure.tight_layout()
     save_figure(figure, Path(png_path))  # the whole picture, or the old file as it was
     print(f"wrote {png_path}", file=sys.stderr)
 
 
-def best_induction(heads_path):  # -> [(step, the highest induction score of any head at that step)]
+def best_scores(heads_path, pattern):  # -> [(step, the highest score of any head for pattern at that step)]
     best = {}
     with open(heads_path, newline="") as file:
         for row in csv.DictReader(file):
-            best[int(row["step"])] = max(best.get(int(row["step"]), 0.0), float(row["induction"]))
+            best[int(row["step"])] = max(best.get(int(row["step"]), 0.0), float(row[pattern]))
     return sorted(best.items())
 
 
@@ -56,8 +58,8 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("log", help="the log.csv of a training run")
     parser.add_argument("png", help="the picture to write, a .png or .svg file")
-    parser.add_argument("--induction", action="store_true", help="against the step, with the best induction score "
-                        "of each evaluation, from the run's heads.csv")
+    parser.add_argument("--induction", action="store_true", help="against the step, with the best previous-token and "
+                        "induction scores of each evaluation, from the run's heads.csv")
     args = parser.parse_args()
     try:  # the picture's name and folder first, as explain --plot checks them: a typo costs no plotting
         check_output_file(Path(args.png), "the picture", PLOT_SUFFIXES)
