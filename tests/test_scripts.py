@@ -266,6 +266,23 @@ def test_the_induction_demo_trains_plots_scores_and_ablates_in_a_few_steps(tmp_p
                                                      f"zero-ablating {induction} {previous}"]
 
 
+def test_the_induction_plot_takes_each_evaluations_best_head(tmp_path):
+    from scripts.demo.plot_loss import best_scores
+
+    heads = tmp_path / "heads.csv"
+    heads.write_text("step,layer,head,previous_token,first_token,self,duplicate_token,induction\n"
+                     "0,0,0,0.9,0,0,0,0.1\n0,1,0,0.2,0,0,0,0.3\n100,0,0,0.4,0,0,0,0.5\n100,1,0,0.6,0,0,0,0.2\n")
+    assert best_scores(heads, "induction") == [(0, 0.3), (100, 0.5)]
+    assert best_scores(heads, "previous_token") == [(0, 0.9), (100, 0.6)]
+    log = tmp_path / "log.csv"
+    log.write_text("step,train_loss,val_loss,tokens\n0,,5.5,0\n50,5.0,,64\n100,4.0,4.1,128\n")
+    result = subprocess.run([sys.executable, "-m", "scripts.demo.plot_loss", str(log), str(tmp_path / "i.png"),
+                             "--induction"], cwd=REPO, capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "i.png").read_bytes().startswith(b"\x89PNG")
+
+
 def test_a_loss_plot_that_cannot_be_written_leaves_the_old_picture(tmp_path):  # savefig wrote it in place
     import resource
     import signal
