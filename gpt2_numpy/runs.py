@@ -8,6 +8,8 @@ A run's folder is a model folder in Hugging Face's layout (gpt2_numpy/save.py), 
     log.csv           one row per step: step, train_loss, val_loss and val_bits_per_byte (at evaluations), lr,
                       grad_norm (before clipping), tokens, seconds; written as the run goes, so --resume drops the
                       rows after its save
+    heads.csv         at each evaluation, a row per head: step, layer, head and the five scores of `explain --heads`
+                      (gpt2_numpy/interpret/heads.py) on a fixed repeated probe; kept as log.csv is
     .train.lock       locked for the whole run, as downloads lock their folder: a second run into it stops at once
 
 A save is one unit, so that whatever cuts it off (a full disk, a second Ctrl-C, a kill) the folder holds one whole
@@ -27,6 +29,8 @@ import shutil
 import zipfile
 import zlib
 from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import Callable, NamedTuple, Optional
 
 import numpy as np
 
@@ -34,6 +38,7 @@ from gpt2_numpy.formats.checkpoint import load_params
 from gpt2_numpy.errors import Gpt2NumpyError, Interrupted, TrainingFailed, UsageError
 from gpt2_numpy.formats import parse_json
 from gpt2_numpy.formats.safetensors import read_metadata
+from gpt2_numpy.interpret.heads import PATTERNS
 from gpt2_numpy.params import flatten
 from gpt2_numpy.save import atomic_write, check_folder_path, disk_fix, fsync_folder, save_model
 from gpt2_numpy.formats.vocabulary import FILE_NAMES
@@ -41,7 +46,10 @@ from gpt2_numpy.weights import release_lock, take_lock
 
 STATE = "train_state.npz"
 LOG = "log.csv"
-LOG_FIELDS = ("step", "train_loss", "val_loss", "val_bits_per_byte", "lr", "grad_norm", "tokens", "seconds")
+HEADS = "heads.csv"
+# each log's columns
+LOGS = {LOG: ("step", "train_loss", "val_loss", "val_bits_per_byte", "lr", "grad_norm", "tokens", "seconds"),
+        HEADS: ("step", "layer", "head", *PATTERNS)}
 MODEL = "model.safetensors"
 STAGING = ".train.save"  # the next save, written whole here before its files take their places in --out
 LOCK = ".train.lock"
@@ -50,16 +58,50 @@ LOCK = ".train.lock"
 SAVE_ORDER = (MODEL, "config.json", *FILE_NAMES["Hugging Face"], STATE)
 
 
-def save_run(out, write_tokenizer, hparams, params, opt_state, batches, step, seconds, settings):  # -> None: out
-    # holds the run at step, resumable (see the module docstring); cut off, it is settled by settle().
-    # write_tokenizer(folder) puts the run's tokenizer files in folder
+class Settings(NamedTuple):
+    """A run's settings, saved in train_state.npz as JSON. A resumed run keeps them all but steps, eval_every and
+    save_every."""
+    batch_size: int
+    seq_len: int
+    lr: float
+    warmup: int
+    schedule: str  # "cosine" or "constant"
+    val_fraction: float
+    seed: int
+    eval_batches: int
+    steps: int  # these three may change when the run resumes
+    eval_every: int
+    save_every: int
+    data_sha256: str  # of the text trained on
+    init: Optional[str]  # the official size or model folder fine-tuned; None from scratch
+    vocab_size: Optional[int] = None  # the run's own tokenizer's size (--vocab-size); None for its model's
+    min_frequency: Optional[int] = None
+
+    @classmethod
+    def saved(cls, values, **changes):  # -> Settings from a saved run's JSON object (load_run checked it), changed
+        # an older run saved no vocab_size or min_frequency: they stay None
+        return cls(**{**{name: values[name] for name in cls._fields if name in values}, **changes})
+
+
+class Run(NamedTuple):
+    """A training run: its folder, its model's shape, its settings, and write_tokenizer(folder), which puts the run's
+    tokenizer files in a save."""
+    out: Path
+    hparams: dict
+    settings: Settings
+    write_tokenizer: Callable[[Path], None]
+
+
+def save_run(run, params, opt_state, batches, step, seconds):  # -> None: run.out holds the run at step, resumable
+    # (see the module docstring); cut off, it is settled by settle()
+    out = run.out
     staging = out / STAGING
     staging.mkdir()  # none is left: settle() ran when the run took the lock, and a failed save ends the run
-    write_tokenizer(staging)
-    save_model(staging, hparams, params, None, metadata={"step": str(step)})
+    run.write_tokenizer(staging)
+    save_model(staging, run.hparams, params, None, metadata={"step": str(step)})
     arrays = {f"opt/{'/'.join(map(str, key))}": np.asarray(leaf) for key, leaf in flatten(opt_state)}
     arrays.update(batches.state(), step=np.array(step), seconds=np.array(seconds),
-                  settings=np.array(json.dumps(settings)))
+                  settings=np.array(json.dumps(run.settings._asdict())))
     atomic_write(staging / STATE, lambda file: np.savez(file, **arrays))  # last: with it, the save is whole
     fsync_folder(staging)
     move_in(out)
@@ -195,7 +237,8 @@ def load_run(out):  # -> (hparams, params, state arrays) of the run saved in out
     if model_step != str(int(state["step"])):
         raise UsageError(f"--resume: {out}'s weights are from step {model_step} but its {STATE} from step "
                          f"{int(state['step'])} (a save was cut off): start a new run in another folder")
-    read_log(out / LOG)  # its rows' steps, checked now; open_log keeps the rows up to the saved step
+    for name in LOGS:  # their rows' steps, checked now; open_log keeps the rows up to the saved step
+        read_log(out / name)
     return hparams, params, state
 
 
@@ -262,13 +305,14 @@ def restore_moments(template, state):  # -> optimizer state shaped like template
     return fill(template, ())
 
 
-def read_log(path):  # -> log.csv's rows, none if it is missing; UsageError for a row open_log could not write back
+def read_log(path):  # -> the rows of a log (log.csv, heads.csv), none if it is missing; UsageError for a row open_log
+    # could not write back
     if not path.is_file():
         return []
     try:
         with path.open(newline="", encoding="utf-8") as file:
             reader, rows = csv.DictReader(file), []
-            unknown = [name for name in reader.fieldnames or () if name not in LOG_FIELDS]
+            unknown = [name for name in reader.fieldnames or () if name not in LOGS[path.name]]
             if unknown:
                 raise UsageError(f"--resume: the header of {path} has the column {unknown[0]!r}, which a run does "
                                  f"not write: remove that column (or delete the file: the run resumes, its earlier "
@@ -287,13 +331,14 @@ def read_log(path):  # -> log.csv's rows, none if it is missing; UsageError for 
     return rows
 
 
-def open_log(out, step):  # -> csv writer appending to out/log.csv, which keeps only the rows up to step
-    path = out / LOG
+def open_log(out, step, name=LOG):  # -> file, csv writer appending to out/name (a log of LOGS), which keeps only
+    # the rows up to step
+    path, fields = out / name, LOGS[name]
     rows = [row for row in read_log(path) if int(row["step"]) <= step] if step else []
     text = io.StringIO()
-    writer = csv.DictWriter(text, LOG_FIELDS)
+    writer = csv.DictWriter(text, fields)
     writer.writeheader()
     writer.writerows(rows)
     atomic_write(path, lambda file: file.write(text.getvalue().encode()))
     file = path.open("a", newline="")
-    return file, csv.DictWriter(file, LOG_FIELDS)
+    return file, csv.DictWriter(file, fields)

@@ -11,6 +11,7 @@ import math
 import signal
 import time
 from contextlib import contextmanager
+from typing import NamedTuple, Optional
 
 import numpy as np
 
@@ -18,9 +19,10 @@ from gpt2_numpy.backward import loss_and_grads
 from gpt2_numpy.console import log, plural, progress_bar
 from gpt2_numpy.errors import Interrupted, UsageError
 from gpt2_numpy.fast import lm_head, log_softmax_at, transformer
+from gpt2_numpy.interpret.heads import PATTERNS, head_scores, repeat_length, repeated_tokens, repetition_problem
 from gpt2_numpy.optim import adamw_state, adamw_step, clip_grads, learning_rate
 from gpt2_numpy.params import flatten
-from gpt2_numpy.runs import diverged, open_log, restore_moments, save_run
+from gpt2_numpy.runs import HEADS, diverged, open_log, restore_moments, save_run
 from gpt2_numpy.tokenizer import check_in_vocabulary
 
 
@@ -43,6 +45,25 @@ def eval_loss(windows, params, n_head, token_lengths):  # int [n_windows, seq_le
 def validation_row(windows, params, n_head, token_lengths):  # -> log.csv's validation columns
     nats, bits_per_byte = eval_loss(windows, params, n_head, token_lengths)
     return {"val_loss": f"{nats:.6f}", "val_bits_per_byte": f"{bits_per_byte:.6f}"}
+
+
+PROBE_SEED = 0  # explain --heads's default seed: a run's last rows in heads.csv are the table it prints
+
+
+def heads_probe(hparams, eot_id):  # -> int [2 L + 1]: <|endoftext|> R R, the probe heads.csv scores; None for a model
+    # that cannot take it (<|endoftext|> outside its vocabulary, or a context under 3 tokens)
+    if repetition_problem(hparams["n_vocab"], hparams["n_ctx"], eot_id):
+        return None
+    return repeated_tokens(hparams["n_vocab"], eot_id, repeat_length(hparams["n_ctx"]), PROBE_SEED)
+
+
+def head_rows(step, probe, params, n_head):  # -> heads.csv's rows at step: every head's scores on the probe
+    # the probe is both explain's prompt and its repetition: a random text said twice has a previous token to score
+    scores = head_scores(probe, probe, params, n_head)
+    n_layer, n_heads = scores["induction"].shape
+    return [{"step": step, "layer": layer, "head": head,
+             **{pattern: f"{scores[pattern][layer, head]:.6f}" for pattern in PATTERNS}}
+            for layer in range(n_layer) for head in range(n_heads)]
 
 
 # --- The data ---
@@ -84,16 +105,16 @@ class Batches:
 
 def split_text(text, val_fraction):  # -> (training text, held-out text): the tail of the characters held out
     # a tokenizer trained for the run learns from the training part alone, so the parts are split before tokenizing
-    n_val = round(len(text) * val_fraction)
-    return text[: len(text) - n_val], text[len(text) - n_val :]
+    n_train, _ = split_sizes(len(text), val_fraction)
+    return text[:n_train], text[n_train:]
 
 
-def check_parts(train, val, seq_len):  # -> None, or UsageError when a part holds no window of seq_len + 1 tokens
+def check_parts(train, val, seq_len, says, fix):  # -> None, or UsageError when a part holds no window of seq_len + 1
+    # tokens; says(name, part): what the part holds, fix: what to give instead
     for name, part in (("training", train), ("validation", val)):
         if len(part) < seq_len + 1:
-            raise UsageError(f"the data is too short: its {name} part has {plural(len(part), 'token')} in the run's "
-                             f"own vocabulary, fewer than one sequence of {seq_len + 1} (--seq-len + 1); give a longer "
-                             "text, or a smaller --seq-len")
+            raise UsageError(f"the data is too short: {says(name, part)}, fewer than one sequence of {seq_len + 1} "
+                             f"(--seq-len + 1); give {fix}, or a smaller --seq-len")
 
 
 def data_tokens(text, tokenizer, n_vocab, val_fraction, seq_len, own_vocabulary):  # -> train, val: int32 arrays
@@ -103,7 +124,8 @@ def data_tokens(text, tokenizer, n_vocab, val_fraction, seq_len, own_vocabulary)
     if own_vocabulary:
         train, val = (np.array(tokenizer.encode(part, allowed_special="all"), dtype=np.int32)
                       for part in split_text(text, val_fraction))
-        check_parts(train, val, seq_len)
+        check_parts(train, val, seq_len, lambda name, part: f"its {name} part has {plural(len(part), 'token')} in "
+                    "the run's own vocabulary", "a longer text")
         return train, val
     ids = check_in_vocabulary(tokenizer, tokenizer.encode(text, allowed_special="all"), n_vocab, "the data",
                               "train a model with GPT-2's full vocabulary")
@@ -116,15 +138,12 @@ def split_tokens(ids, val_fraction, seq_len):  # -> train, val: int32 arrays; Us
     ids = np.asarray(ids, dtype=np.int32)
     n_train, _ = split_sizes(len(ids), val_fraction)
     train, val = ids[:n_train], ids[n_train:]
-    for name, part in (("training", train), ("validation", val)):
-        if len(part) < seq_len + 1:
-            raise UsageError(f"the data is too short: its {plural(len(ids), 'token')} leave {len(part):,} for "
-                             f"{name}, fewer than one sequence of {seq_len + 1} (--seq-len + 1); give at least "
-                             f"{fewest_tokens(val_fraction, seq_len):,} tokens of text, or a smaller --seq-len")
+    check_parts(train, val, seq_len, lambda name, part: f"its {plural(len(ids), 'token')} leave {len(part):,} for "
+                f"{name}", f"at least {fewest_tokens(val_fraction, seq_len):,} tokens of text")
     return train, val
 
 
-def split_sizes(n_tokens, val_fraction):  # -> (training tokens, held-out tokens)
+def split_sizes(n_tokens, val_fraction):  # -> (training tokens, held-out tokens), or characters
     n_val = round(n_tokens * val_fraction)
     return n_tokens - n_val, n_val
 
@@ -148,38 +167,64 @@ def val_windows(val, seq_len, n_windows):  # -> int [n, seq_len + 1]: the first 
 # --- The loop ---
 
 
+class TrainingData(NamedTuple):
+    """What a run reads: its tokens, the bytes each token id spells (for bits per byte), and the probe heads.csv
+    scores the heads on (heads_probe; None for none)."""
+    train_ids: np.ndarray  # int32 [n]
+    val_ids: np.ndarray  # int32 [n_val]
+    token_lengths: np.ndarray  # int [n_vocab]
+    probe: Optional[np.ndarray]  # int [2 L + 1]
+
+
 # a diverging run overflows float32: the checks after each step say so in one line, instead of NumPy's warnings
 @np.errstate(over="ignore", invalid="ignore", divide="ignore")
-def train(out, write_tokenizer, hparams, params, state, step, settings, train_ids, val_ids,
-          token_lengths):  # -> exit status; write_tokenizer(folder) puts the run's tokenizer files in a save
-    batches = Batches(train_ids, settings["seq_len"], settings["batch_size"], settings["seed"])
+def train(run, params, state, data):  # -> exit status: run (runs.Run) trained from params, or from the saved state of
+    # a resumed run (None for a new one), on data (TrainingData)
+    out, settings, n_head = run.out, run.settings, run.hparams["n_head"]
+    batches = Batches(data.train_ids, settings.seq_len, settings.batch_size, settings.seed)
     opt_state = adamw_state(params)
+    step = 0 if state is None else int(state["step"])
     if state is not None:
         batches.restore(state)
         opt_state = restore_moments(opt_state, state)
     else:  # the first save, at step 0: from here on out holds a run that --resume continues
-        save_run(out, write_tokenizer, hparams, params, opt_state, batches, step, 0.0, settings)
-    validation = val_windows(val_ids, settings["seq_len"], settings["eval_batches"] * settings["batch_size"])
-    steps, n_head = settings["steps"], hparams["n_head"]
+        save_run(run, params, opt_state, batches, step, 0.0)
+    validation = val_windows(data.val_ids, settings.seq_len, settings.eval_batches * settings.batch_size)
+    steps = settings.steps
     if step >= steps:
         log(f"{out} holds the model at step {step}; --steps {steps} asks for no more" if step else
             f"{out} holds the initial model (--steps 0)")
         return 0
     log_file, log_writer = open_log(out, step)
-    tokens_per_step = settings["batch_size"] * settings["seq_len"]
+    heads_file, heads_writer = open_log(out, step, HEADS)
+    tokens_per_step = settings.batch_size * settings.seq_len
+
+    def evaluate(row):  # -> the heads' best induction score (None without a probe); row gains the validation
+        # loss, heads.csv the heads' rows
+        row.update(validation_row(validation, params, n_head, data.token_lengths))
+        if not math.isfinite(float(row["val_loss"])):
+            raise diverged(out, row["step"], f"the validation loss is {row['val_loss']}")
+        if data.probe is None:
+            return None
+        rows = head_rows(row["step"], data.probe, params, n_head)
+        heads_writer.writerows(rows)
+        heads_file.flush()
+        return max(float(head["induction"]) for head in rows)
+
     if step == 0:
-        log_writer.writerow({"step": 0, **validation_row(validation, params, n_head, token_lengths), "tokens": 0,
-                             "seconds": 0})
+        first = {"step": 0, "tokens": 0, "seconds": 0}
+        evaluate(first)
+        log_writer.writerow(first)
 
     # the seconds column counts this run's time on from the saved run's
     started = time.perf_counter() - (0.0 if state is None else float(state["seconds"]))
     train_seconds = 0.0
-    with log_file, ctrl_c_stops() as stop, progress_bar(total=steps, initial=step, unit="step") as bar:
+    with log_file, heads_file, ctrl_c_stops() as stop, progress_bar(total=steps, initial=step, unit="step") as bar:
         while step < steps and not stop.requested:
             step_start = time.perf_counter()
             inputs, targets = batches.next()
             loss, grads = loss_and_grads(inputs, targets, params, n_head)
-            lr = learning_rate(step, settings["lr"], settings["warmup"], steps, settings["schedule"])
+            lr = learning_rate(step, settings.lr, settings.warmup, steps, settings.schedule)
             grad_norm = clip_grads(grads)
             if not (math.isfinite(loss) and math.isfinite(grad_norm)):  # before the update: the weights stay finite
                 raise diverged(out, step + 1, f"the loss is {loss:.4g} and the gradient norm {grad_norm:.4g}")
@@ -189,22 +234,20 @@ def train(out, write_tokenizer, hparams, params, state, step, settings, train_id
             row = {"step": step, "train_loss": f"{loss:.6f}", "lr": f"{lr:.6g}", "grad_norm": f"{grad_norm:.4f}",
                    "tokens": step * tokens_per_step,
                    "seconds": f"{time.perf_counter() - started:.1f}"}
-            if step % settings["eval_every"] == 0 or step == steps:
-                row.update(validation_row(validation, params, n_head, token_lengths))
-                if not math.isfinite(float(row["val_loss"])):
-                    raise diverged(out, step, f"the validation loss is {row['val_loss']}")
+            evaluated = step % settings.eval_every == 0 or step == steps
+            induction = evaluate(row) if evaluated else None
             log_writer.writerow(row)
             log_file.flush()
             bar.set_postfix_str(f"loss {loss:.3f}" + (f", val {float(row['val_loss']):.3f} "
                                                       f"({float(row['val_bits_per_byte']):.3f} bits/byte)"
                                                       if "val_loss" in row else "") +
+                                (f", induction {induction:.2f}" if induction is not None else "") +
                                 f", {(step - bar.initial) * tokens_per_step / train_seconds:,.0f} tokens/s")
             bar.update()
-            if step % settings["save_every"] == 0 or step == steps or stop.requested:
+            if step % settings.save_every == 0 or step == steps or stop.requested:
                 if not all(np.isfinite(leaf).all() for _, leaf in flatten(params)):  # an update that overflowed
                     raise diverged(out, step, "the weights hold NaN or infinite values")
-                save_run(out, write_tokenizer, hparams, params, opt_state, batches, step,
-                         time.perf_counter() - started, settings)
+                save_run(run, params, opt_state, batches, step, time.perf_counter() - started)
     if stop.requested and step < steps:  # a Ctrl-C during the last step or save: the run is complete
         raise Interrupted(f"saved step {step} to {out}; continue with the same command and --resume")
     log(f"step {step}: saved the model to {out}; load it with --model {out}")

@@ -217,6 +217,7 @@ def test_a_script_given_a_bad_argument_says_so_in_one_line(args, fragment, tmp_p
 @pytest.mark.parametrize("script, theirs", [
     ("train_shakespeare.sh", "-init"),  # the second folder it makes, OUT-init
     ("compare_vocabularies.sh", ""),
+    ("induction.sh", ""),
 ])
 def test_a_demo_deletes_no_folder(script, theirs, tmp_path):  # each began with rm -rf of OUT
     users = tmp_path / f"out{theirs}"
@@ -235,6 +236,56 @@ def test_a_demo_deletes_no_folder(script, theirs, tmp_path):  # each began with 
     assert result.returncode == 2, result.stderr
     assert result.stderr == f"error: {users} exists: pass an OUT that does not exist yet\n"
     assert (users / "train_state.npz").read_text() == "a run of the user's own"
+
+
+def run_induction_demo(tmp_path, *args):  # -> CompletedProcess of scripts/demo/induction.sh args, run from tmp_path
+    # with this Python as its `python`
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    return subprocess.run(["bash", str(REPO / "scripts" / "demo" / "induction.sh"), *args], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=110)
+
+
+@pytest.mark.parametrize("steps", ["x", "0", "-3", "1e3"])
+def test_the_induction_demo_refuses_steps_that_are_not_a_count(tmp_path, steps):
+    result = run_induction_demo(tmp_path, "out", steps)
+    assert result.returncode == 2
+    assert result.stderr == f"error: STEPS {steps} is not a whole number of steps above 0\n"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_induction_demo_trains_plots_scores_and_ablates_in_a_few_steps(tmp_path):
+    result = run_induction_demo(tmp_path, "out", "2")
+    assert result.returncode == 0, result.stderr
+    out = tmp_path / "out"
+    assert {"model.safetensors", "log.csv", "heads.csv", "induction.png", "texts"} <= {p.name for p in out.iterdir()}
+    assert (out / "texts" / "unseen.txt").read_text(encoding="utf-8") != ""
+    with (out / "heads.csv").open() as file:
+        steps = {line.split(",")[0] for line in list(file)[1:]}
+    assert steps == {"0", "2"}  # the evaluations: step 0 and the last step
+    # the heads found, then three ablations on the unseen text: each head alone, then both
+    found = next(line for line in result.stderr.splitlines() if line.startswith("induction head "))
+    induction, previous = found.split()[2].rstrip(","), found.split()[-1]
+    assert induction.startswith("1.") and previous.startswith("0.")  # a layer-0 head feeds a layer-1 head
+    lines = result.stdout.splitlines()
+    assert [line.split(":")[0] for line in lines] == [f"zero-ablating {induction}", f"zero-ablating {previous}",
+                                                     f"zero-ablating {induction} {previous}"]
+
+
+def test_the_induction_plot_takes_each_evaluations_best_head(tmp_path):
+    from scripts.demo.plot_loss import best_scores
+
+    heads = tmp_path / "heads.csv"
+    heads.write_text("step,layer,head,previous_token,first_token,self,duplicate_token,induction\n"
+                     "0,0,0,0.9,0,0,0,0.1\n0,1,0,0.2,0,0,0,0.3\n100,0,0,0.4,0,0,0,0.5\n100,1,0,0.6,0,0,0,0.2\n")
+    assert best_scores(heads, "induction") == [(0, 0.3), (100, 0.5)]
+    assert best_scores(heads, "previous_token") == [(0, 0.9), (100, 0.6)]
+    log = tmp_path / "log.csv"
+    log.write_text("step,train_loss,val_loss,tokens\n0,,5.5,0\n50,5.0,,64\n100,4.0,4.1,128\n")
+    result = subprocess.run([sys.executable, "-m", "scripts.demo.plot_loss", str(log), str(tmp_path / "i.png"),
+                             "--induction"], cwd=REPO, capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "i.png").read_bytes().startswith(b"\x89PNG")
 
 
 def test_a_loss_plot_that_cannot_be_written_leaves_the_old_picture(tmp_path):  # savefig wrote it in place

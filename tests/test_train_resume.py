@@ -5,6 +5,7 @@ definitions, an uninterrupted run for an interrupted one, GPT-2's published laye
 logits for a folder written by save_model (tests/fixtures/reference_epsilon.npz:
 scripts/fixtures/make_epsilon_reference.py).
 """
+import csv
 import inspect
 import json
 import math
@@ -18,6 +19,7 @@ import pytest
 
 from gpt2_numpy import backward, fast, model
 from gpt2_numpy.checkpoint import load_params
+from gpt2_numpy.interpret import repeated_tokens, trace
 from gpt2_numpy.params import gpt2_init, random_params
 from gpt2_numpy.save import save_model
 from gpt2_numpy.tokenizer import PACKAGED_VOCABULARY
@@ -250,6 +252,79 @@ def test_validation_bits_per_byte_counts_the_bytes_of_the_predicted_tokens():
     nats, bits_per_byte = eval_loss(windows, params, 2, token_lengths=np.arange(1, 11))
     assert nats == pytest.approx(nll / 8, rel=1e-5)
     assert bits_per_byte == pytest.approx(nll / math.log(2) / 48, rel=1e-5)
+
+
+# --- heads.csv: every head scored at each evaluation ---
+
+
+def csv_rows(path):  # -> the rows of a CSV file, as dicts
+    with path.open(newline="") as file:
+        return list(csv.DictReader(file))
+
+
+def pattern_scores(weights, length):  # [n_head, 2 L + 1, 2 L + 1] -> {pattern: [n_head]}, from their definitions
+    # (explain --heads's docstring): w[i, j] the weight query i gives key j; the second copy of R is i = L+1 .. 2L
+    every, second = np.arange(weights.shape[-1]), np.arange(length + 1, 2 * length + 1)
+    return {"previous_token": weights[:, every[1:], every[1:] - 1].mean(-1),
+            "first_token": weights[:, :, 0].mean(-1), "self": weights[:, every, every].mean(-1),
+            "duplicate_token": weights[:, second, second - length].mean(-1),
+            "induction": weights[:, second, second - length + 1].mean(-1)}
+
+
+def test_heads_csv_scores_every_head_on_the_repeated_probe_at_each_evaluation(tmp_path, short_text):
+    out = tmp_path / "run"
+    result = train(short_text, out, *FLAGS, "--n-layer", 2, "--steps", 3, "--eval-every", 2)
+    assert result.returncode == 0, result.stderr
+    rows = csv_rows(out / "heads.csv")
+    assert [(row["step"], row["layer"], row["head"]) for row in rows] == [
+        (str(step), str(layer), str(head)) for step in (0, 2, 3) for layer in range(2) for head in range(2)]
+    # the probe as explain --heads builds it by default: <|endoftext|> (50256), then 15 random ids (the most that a
+    # context of 32 holds twice) from seed 0, twice; every pattern scored on it
+    probe = repeated_tokens(50257, 50256, 15, 0)
+    hparams, trained = load_params(out)
+    for step, params in ((0, gpt2_init(hparams, 0)), (3, trained)):  # seed 0's init; the last save
+        activations = trace(probe, params, hparams["n_head"])
+        for layer in range(2):
+            expected = pattern_scores(activations[f"blocks.{layer}.attn.weights"], 15)
+            for head in range(2):
+                row = next(row for row in rows if row["step"] == str(step) and row["layer"] == str(layer)
+                           and row["head"] == str(head))
+                for pattern, scores in expected.items():
+                    assert float(row[pattern]) == pytest.approx(scores[head], abs=1e-6), (step, layer, head, pattern)
+    assert "induction 0." in result.stderr  # the progress bar's best induction score
+
+
+KILLED_TRAIN = """
+import os, sys
+import gpt2_numpy.training as training
+from gpt2_numpy.commands.train import main
+at_step, next_batch, taken = int(sys.argv[1]), training.Batches.next, []
+
+def next_or_killed(batches):  # killed as step at_step begins: its log rows are written up to the step before
+    taken.append(1)
+    if len(taken) == at_step:
+        os._exit(9)
+    return next_batch(batches)
+
+training.Batches.next = next_or_killed
+main(sys.argv[2:])
+"""
+
+
+def test_a_run_killed_after_its_last_save_resumes_to_the_heads_csv_of_an_uninterrupted_run(tmp_path, short_text):
+    # saves at 4 and 8, an evaluation every step: killed as step 7 begins, heads.csv holds steps 0 .. 6, and --resume
+    # goes on from the save at step 4, so rows 5 and 6 come again
+    command = ["--data", short_text, "--out", tmp_path / "killed", *FLAGS, "--steps", 8, "--eval-every", 1,
+               "--save-every", 4]
+    killed = subprocess.run([sys.executable, "-c", KILLED_TRAIN, "7", *map(str, command)], capture_output=True,
+                            text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert killed.returncode == 9, killed.stderr
+    assert {row["step"] for row in csv_rows(tmp_path / "killed" / "heads.csv")} == set(map(str, range(7)))
+    resumed = run_cli("gpt2_numpy.train", *command, "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    whole = train(short_text, tmp_path / "whole", *FLAGS, "--steps", 8, "--eval-every", 1, "--save-every", 4)
+    assert whole.returncode == 0, whole.stderr
+    assert (tmp_path / "killed" / "heads.csv").read_bytes() == (tmp_path / "whole" / "heads.csv").read_bytes()
 
 
 # --- Fine-tuning a model folder: --init DIR, alias --model DIR ---

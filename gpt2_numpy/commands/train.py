@@ -25,11 +25,11 @@ from gpt2_numpy.console import log
 from gpt2_numpy.errors import UsageError
 from gpt2_numpy.loading import load_folder
 from gpt2_numpy.params import gpt2_init, map_leaves
-from gpt2_numpy.runs import check_out, claimed, load_run, settled_if_cut
+from gpt2_numpy.runs import Run, Settings, check_out, claimed, load_run, settled_if_cut
 from gpt2_numpy.save import copy_tokenizer
 from gpt2_numpy.tokenizer import PACKAGED_VOCABULARY, load_tokenizer
 from gpt2_numpy.tokenizer_train import save_tokenizer, train_vocabulary, trained_tokenizer
-from gpt2_numpy.training import data_tokens, split_text, train
+from gpt2_numpy.training import TrainingData, data_tokens, heads_probe, split_text, train
 from gpt2_numpy.weights import ensure_model
 
 GPT2_VOCAB = 50257  # a model trained from scratch without --vocab-size uses GPT-2's tokenizer, so its vocabulary
@@ -91,20 +91,23 @@ def parse_args(argv):  # -> argparse.Namespace
     return parser.parse_args(argv)
 
 
-def settings_of(args, init, saved=None, shape=None, step=0):  # -> the run's settings: the flags given, else the saved
-    # run's, else defaults. saved, shape, step: a resumed run's settings, hparams (which flags given again must repeat)
-    # and step
-    defaults = {"batch_size": 8, "seq_len": 128, "lr": 3e-5 if init else 6e-4, "warmup": 100, "schedule": "cosine",
-                "val_fraction": 0.1, "seed": 0, "eval_batches": 4}
-    settings = dict(saved or defaults)
-    if saved is not None:
-        refuse_changes(args, {**saved, **shape})
-    settings.update({name: getattr(args, name) for name in KEPT if getattr(args, name) is not None})
-    if saved is not None and saved["schedule"] == "cosine" and args.steps != saved["steps"] and args.steps > step:
+def new_settings(args, digest):  # -> the Settings of a new run: the flags given, else defaults; digest: the text's
+    defaults = {"batch_size": 8, "seq_len": 128, "lr": 3e-5 if args.init else 6e-4, "warmup": 100,
+                "schedule": "cosine", "val_fraction": 0.1, "seed": 0, "eval_batches": 4}
+    given = {name: getattr(args, name) for name in KEPT if getattr(args, name) is not None}
+    return Settings(**{**defaults, **given}, steps=args.steps, eval_every=args.eval_every, save_every=args.save_every,
+                    data_sha256=digest, init=None if args.init is None else init_name(args.init),
+                    vocab_size=args.vocab_size, min_frequency=(args.min_frequency or 2) if args.vocab_size else None)
+
+
+def resumed_settings(args, saved, shape, step):  # -> the Settings of a resumed run: the saved ones, with the --steps,
+    # --eval-every and --save-every given now. saved: its settings (JSON), shape: its hparams (which flags given again
+    # must repeat), step: its step
+    refuse_changes(args, {**saved, **shape})
+    if saved["schedule"] == "cosine" and args.steps != saved["steps"] and args.steps > step:
         log(f"note: the cosine schedule changes: it now decays over {args.steps} steps instead of {saved['steps']}, "
             "so the learning rate from here on differs from the first run's plan")
-    settings.update(steps=args.steps, eval_every=args.eval_every, save_every=args.save_every)
-    return settings
+    return Settings.saved(saved, steps=args.steps, eval_every=args.eval_every, save_every=args.save_every)
 
 
 def refuse_changes(args, saved):  # -> None, or UsageError for a flag given with another value than the saved run's
@@ -157,6 +160,38 @@ def run(argv=None):  # -> exit status
 
 def run_holding(argv, lock):  # -> exit status; lock: the ExitStack that holds out's lock, once claimed, to the end
     args = parse_args(argv)
+    check_flags(args)
+    out = args.out
+    ours = check_out(out, args.resume)
+    if ours:  # locked before anything is read, so that a run still going there is named as such
+        lock.enter_context(claimed(out, args.resume))
+    text = read_data(args.data)
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()  # the file's bytes: UTF-8 decodes and encodes exactly
+    hparams, params, state, settings, folder = resume(args, digest) if args.resume else start(args, digest)
+    if settings.seq_len > hparams["n_ctx"]:
+        raise UsageError(f"--seq-len {settings.seq_len} is over the model's context of {hparams['n_ctx']} tokens: "
+                         "pass a smaller --seq-len")
+    tokenizer, write_tokenizer = run_tokenizer(args.data, text, settings, state is None, folder)
+    # a resumed run's own vocabulary files must still be the ones it trained (its model has exactly their ids)
+    check_model_vocabulary(tokenizer.n_vocab, hparams["n_vocab"], folder, exact=bool(settings.vocab_size))
+    log(f"tokenizing {args.data} ({len(text):,} characters)" + (
+        f" with the run's {tokenizer.n_vocab:,}-token vocabulary" if settings.vocab_size else ""))
+    train_ids, val_ids = data_tokens(text, tokenizer, hparams["n_vocab"], settings.val_fraction, settings.seq_len,
+                                     own_vocabulary=bool(settings.vocab_size))
+    log(f"{len(train_ids):,} training tokens, {len(val_ids):,} held out")
+    if not ours:
+        lock.enter_context(claimed(out, resume=False))  # only now, the input known to be good, is out made
+    token_lengths = np.array([len(tokenizer.token_bytes(token_id)) for token_id in range(tokenizer.n_vocab)])
+    # loaded arrays are read-only views of memory-mapped files: training updates copies of its own, and dropping the
+    # views closes the mapping of a resumed run's model.safetensors, which every save replaces (Windows refuses to
+    # replace a mapped file)
+    params = map_leaves(np.array, params)
+    data = TrainingData(train_ids, val_ids, token_lengths, heads_probe(hparams, tokenizer.eot_id))
+    with settled_if_cut(out):
+        return train(Run(out, hparams, settings, write_tokenizer), params, state, data)
+
+
+def check_flags(args):  # -> None, or UsageError for flags that contradict each other
     shape_flags = ["--" + name.replace("_", "-") for name in SHAPE_DEFAULTS if getattr(args, name) is not None]
     if args.init is not None and shape_flags:
         raise UsageError(f"--init {args.init} fine-tunes a model of its own shape: drop {shape_flags[0]}, or drop "
@@ -166,58 +201,37 @@ def run_holding(argv, lock):  # -> exit status; lock: the ExitStack that holds o
                          f"{args.init} keeps its model's own vocabulary: drop --vocab-size, or drop --init")
     if args.min_frequency and not args.vocab_size and not args.resume:
         raise UsageError("--min-frequency sets how --vocab-size trains the tokenizer: add --vocab-size N, or drop it")
-    out = args.out
-    ours = check_out(out, args.resume)
-    if ours:  # locked before anything is read, so that a run still going there is named as such
-        lock.enter_context(claimed(out, args.resume))
-    text = read_data(args.data)
-    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()  # the file's bytes: UTF-8 decodes and encodes exactly
-    if args.resume:
-        hparams, params, state = load_run(out)
-        saved = json.loads(str(state["settings"]))
-        if saved["data_sha256"] != digest:
-            raise UsageError(f"{args.data} is not the text the run in {out} trained on: pass the same --data to "
-                             "--resume")
-        step = int(state["step"])
-        settings, tokenizer_dir = settings_of(args, saved["init"], saved, hparams, step), out
-    else:
-        hparams, params, tokenizer_dir = start_model(args)
-        settings, state, step = settings_of(args, args.init), None, 0
-        settings.update(data_sha256=digest, init=None if args.init is None else init_name(args.init),
-                        vocab_size=args.vocab_size,
-                        min_frequency=(args.min_frequency or 2) if args.vocab_size else None)
-        params = params or gpt2_init(hparams, settings["seed"])
-    if settings["seq_len"] > hparams["n_ctx"]:
-        raise UsageError(f"--seq-len {settings['seq_len']} is over the model's context of {hparams['n_ctx']} tokens: "
-                         "pass a smaller --seq-len")
+
+
+def start(args, digest):  # -> hparams, params, state (None), Settings and the folder of its tokenizer files, of a new
+    # run
+    hparams, params, folder = start_model(args)
+    settings = new_settings(args, digest)
+    return hparams, params or gpt2_init(hparams, settings.seed), None, settings, folder
+
+
+def resume(args, digest):  # -> hparams, params, state, Settings and the folder of the tokenizer files (its own) of the
+    # run saved in --out
+    hparams, params, state = load_run(args.out)
+    saved = json.loads(str(state["settings"]))
+    if saved["data_sha256"] != digest:
+        raise UsageError(f"{args.data} is not the text the run in {args.out} trained on: pass the same --data to "
+                         "--resume")
+    return hparams, params, state, resumed_settings(args, saved, hparams, int(state["step"])), args.out
+
+
+def run_tokenizer(data, text, settings, new, folder):  # -> the run's tokenizer, and write_tokenizer(folder), which
+    # puts its files in a save. A new run with --vocab-size trains its own on the training part of text (never the
+    # held-out tail); other runs load the files in folder: their model's, or a resumed run's own
     merges = None
-    if settings.get("vocab_size") and state is None:  # the run's own tokenizer, which never sees the held-out tail
-        train_text = split_text(text, settings["val_fraction"])[0]
-        log(f"training a {settings['vocab_size']:,}-token tokenizer on the training part of {args.data}")
-        merges = train_vocabulary(train_text, settings["vocab_size"], settings["min_frequency"],
-                                  f"the training part of {args.data}")
-    own = merges is not None  # a vocabulary trained just now; none when --vocab-size 257 asks for no merge at all
-    tokenizer = trained_tokenizer(merges) if own else load_tokenizer(out if settings.get("vocab_size") else
-                                                                     tokenizer_dir)
-    # a resumed run's own vocabulary files must still be the ones it trained (its model has exactly their ids)
-    check_model_vocabulary(tokenizer.n_vocab, hparams["n_vocab"], out if args.resume else tokenizer_dir,
-                           exact=bool(settings.get("vocab_size")))
-    log(f"tokenizing {args.data} ({len(text):,} characters)" + (
-        f" with the run's {tokenizer.n_vocab:,}-token vocabulary" if settings.get("vocab_size") else ""))
-    train_ids, val_ids = data_tokens(text, tokenizer, hparams["n_vocab"], settings["val_fraction"],
-                                     settings["seq_len"], own_vocabulary=bool(settings.get("vocab_size")))
-    log(f"{len(train_ids):,} training tokens, {len(val_ids):,} held out")
-    if not ours:
-        lock.enter_context(claimed(out, resume=False))  # only now, the input known to be good, is out made
-    # the tokenizer files every save holds: those of the run's own vocabulary, else of its model's folder
-    write_tokenizer = partial(save_tokenizer, merges=merges) if own else partial(copy_tokenizer, tokenizer_dir)
-    token_lengths = np.array([len(tokenizer.token_bytes(token_id)) for token_id in range(tokenizer.n_vocab)])
-    # loaded arrays are read-only views of memory-mapped files: training updates copies of its own, and dropping the
-    # views closes the mapping of a resumed run's model.safetensors, which every save replaces (Windows refuses to
-    # replace a mapped file)
-    params = map_leaves(np.array, params)
-    with settled_if_cut(out):
-        return train(out, write_tokenizer, hparams, params, state, step, settings, train_ids, val_ids, token_lengths)
+    if settings.vocab_size and new:
+        log(f"training a {settings.vocab_size:,}-token tokenizer on the training part of {data}")
+        merges = train_vocabulary(split_text(text, settings.val_fraction)[0], settings.vocab_size,
+                                  settings.min_frequency, f"the training part of {data}")
+    own = merges is not None  # a vocabulary trained just now; no merge at all for --vocab-size 257
+    if own:
+        return trained_tokenizer(merges), partial(save_tokenizer, merges=merges)
+    return load_tokenizer(folder), partial(copy_tokenizer, folder)
 
 
 def main(argv=None):  # -> never returns; errors become one line on stderr and an exit status

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Watch an induction head form: a 2-layer GPT-2 (layer norms, MLPs, learned positions: the model as it is) trained
+# from scratch on a text in which only content-based induction predicts anything (scripts/demo/induction_text.py), its
+# loss and best induction score against the step, and the loss on a repeated text it never saw, before and after
+# zero-ablating the induction head and the previous-token head that feeds it.
+#
+#   scripts/demo/induction.sh OUT [STEPS]  (OUT: a new folder; STEPS: train this many steps instead of 5,000)
+# Writes OUT (the model folder, with log.csv and heads.csv), OUT/induction.png, and the two texts in OUT/texts/.
+# Needs matplotlib for the picture.
+set -euo pipefail
+OUT=${1:?usage: scripts/demo/induction.sh OUT [STEPS]}
+STEPS=${2:-5000}
+[ "${OUT#/}" != "$OUT" ] || OUT="$PWD/$OUT"  # the caller's OUT, from the caller's folder
+cd "$(dirname "$0")/../.."  # the repo root
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+
+[ ! -e "$OUT" ] || { echo "error: $OUT exists: pass an OUT that does not exist yet" >&2; exit 2; }
+case $STEPS in
+  '' | *[!0-9]* | 0*) echo "error: STEPS $STEPS is not a whole number of steps above 0" >&2; exit 2 ;;
+esac
+TEXTS=$(mktemp -d)  # until OUT holds the run: train writes only into an empty or new folder
+trap 'rm -rf "$TEXTS"' EXIT
+# sequences of 3 to 8 characters (5 to 14 bytes) said twice, 0 to 3 characters apart: a pair fits the context of 32
+python -m scripts.demo.induction_text "$TEXTS/train.txt" --seed 0  # 1.75 MB
+# another seed: a text never trained on, 7 characters said twice (26 bytes, within the context)
+python -m scripts.demo.induction_text "$TEXTS/unseen.txt" --seed 1 --chars 1 --lengths 7 7 --gaps 0 0
+python -m gpt2_numpy.train --data "$TEXTS/train.txt" --out "$OUT" --vocab-size 257 \
+  --n-layer 2 --n-head 4 --n-embd 128 --n-ctx 32 --seq-len 32 --batch-size 32 --lr 3e-3 --warmup 100 \
+  --steps "$STEPS" --eval-every 100 --eval-batches 4 --save-every 500 --seed 0
+mkdir "$OUT/texts"
+mv "$TEXTS/train.txt" "$TEXTS/unseen.txt" "$OUT/texts/"
+python -m scripts.demo.plot_loss "$OUT/log.csv" "$OUT/induction.png" --induction
+
+# the heads, scored by explain --heads on the unseen text (its repeated probe: seeded random bytes said twice); the
+# text goes in on stdin ("-"), as it holds characters that no command-line argument may (U+0000)
+UNSEEN=$OUT/texts/unseen.txt
+python -m gpt2_numpy.explain --model "$OUT" - --heads < "$UNSEEN" >&2
+# the best induction head (in layer 1 or later: it reads what a head before it wrote), and the best previous-token
+# head in a layer before it
+read -r INDUCTION PREVIOUS < <(python -m gpt2_numpy.explain --model "$OUT" - --heads --json < "$UNSEEN" | python -c '
+import json, sys
+heads = json.load(sys.stdin)["heads"]
+induction = max((row for row in heads if row["layer"] >= 1), key=lambda row: row["induction"])
+previous = max((row for row in heads if row["layer"] < induction["layer"]), key=lambda row: row["previous_token"])
+print("%d.%d %d.%d" % (induction["layer"], induction["head"], previous["layer"], previous["head"]))')
+echo "induction head $INDUCTION, previous-token head $PREVIOUS" >&2
+for heads in "$INDUCTION" "$PREVIOUS" "$INDUCTION $PREVIOUS"; do
+  # shellcheck disable=SC2086  # $heads: one or two L.H words
+  python -m gpt2_numpy.explain --model "$OUT" - --ablate $heads --ablation zero --json < "$UNSEEN" | python -c '
+import json, sys
+result = json.load(sys.stdin)
+before, after = result["loss"]["before"], result["loss"]["after"]
+heads = " ".join(f"{layer}.{head}" for layer, head in result["ablated"])
+print(f"zero-ablating {heads}: the loss on the unseen text goes from {before:.3f} to {after:.3f} nats per token "
+      f"({after - before:+.3f})")'
+done
