@@ -489,6 +489,7 @@ AS_NOBODY = """
 import os, sys
 import matplotlib  # nobody may not be allowed to read its files
 from gpt2_numpy.commands import explain
+from gpt2_numpy.commands.common import package_version
 package_version()  # so is the metadata reader every parser's --version uses (importlib.metadata's email.parser)
 if os.geteuid() == 0:
     os.setgroups([])
