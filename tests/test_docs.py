@@ -12,6 +12,7 @@ import importlib
 import inspect
 import os
 import re
+import shlex
 import shutil
 import socket
 import subprocess
@@ -163,7 +164,10 @@ def closed_port():  # -> a port on 127.0.0.1 that nothing listens on: connecting
 def environment(tmp_path):  # -> os.environ for the blocks: this interpreter and checkout, no network, no user weights
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "python").symlink_to(sys.executable)
+    # `python` runs this interpreter by its own path: a link or a copy of it elsewhere would start without the
+    # virtualenv's packages, as a venv's interpreter finds its pyvenv.cfg beside the path it was started by
+    (bin_dir / "python").write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} "$@"\n', encoding="utf-8")
+    (bin_dir / "python").chmod(0o755)
     return {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", "PYTHONPATH": str(REPO),
             "GPT2_NUMPY_BASE_URL": f"http://127.0.0.1:{closed_port()}", "GPT2_NUMPY_WEIGHTS": str(tmp_path / "weights"),
             "NO_COLOR": "1", "MPLBACKEND": "Agg"}
@@ -223,6 +227,13 @@ def test_the_runnable_blocks_of_each_page_run(page, first_run, tmp_path):
     shutil.copy(REPO / "README.md", folder)
     shutil.copytree(first_run / "my-gpt", folder / "my-gpt")  # a copy: a page may train it further
     run_blocks(page_name(page), page.read_text(encoding="utf-8"), folder, environment(tmp_path))
+
+
+def test_a_block_runs_this_interpreter_in_its_environment(tmp_path):  # a virtualenv's, with its packages
+    code = "python -c 'import sys, pytest; print(sys.prefix); print(pytest.__file__)'"
+    result = subprocess.run([*RUNNERS["bash"], code], env=environment(tmp_path), capture_output=True, text=True,
+                            timeout=BLOCK_SECONDS)
+    assert result.stdout.splitlines() == [sys.prefix, pytest.__file__], result.stderr
 
 
 def test_a_failing_block_fails_and_only_marked_blocks_run(tmp_path):

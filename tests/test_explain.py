@@ -10,7 +10,6 @@ import struct
 import subprocess
 import sys
 import tempfile
-import traceback
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
@@ -21,14 +20,13 @@ from gpt2_numpy import model
 from gpt2_numpy.errors import UsageError
 from gpt2_numpy.explain import attention_weights, report, token_label, walkthrough
 from gpt2_numpy.commands import explain as explain_cli
-from gpt2_numpy.commands.common import package_version
 from gpt2_numpy.interpret import plot, stepwise as explain
 from gpt2_numpy.commands.explain import run
 from gpt2_numpy.interpret.plot import attention_figure
 from gpt2_numpy.model import block, gpt2
 from gpt2_numpy.params import random_params
 from gpt2_numpy.tokenizer import load_tokenizer
-from tests.conftest import FIXTURES, assert_one_error_line, byte_model_dir, run_explain, tiny_models_dir
+from tests.conftest import FIXTURES, REPO, assert_one_error_line, byte_model_dir, run_explain, tiny_models_dir
 from tests.test_tokenizer_command import read_only_file_system
 
 CONFIGS = json.loads((FIXTURES / "configs.json").read_text())
@@ -485,37 +483,27 @@ def public_dir():  # -> a folder every user may enter (pytest's tmp_path is root
     shutil.rmtree(folder)
 
 
+# explain's main as an unprivileged user: CI runs as root, whom permissions do not stop, so the child drops to nobody
+# (65534) first, as setpriv does. It starts as this user and loads what it needs before the drop: nobody cannot read
+# packages installed under /root, as here. A new Python, not a fork of pytest's, which has threads (OpenBLAS's).
+AS_NOBODY = """
+import os, sys
+import matplotlib  # nobody may not be allowed to read its files
+from gpt2_numpy.commands import explain
+from gpt2_numpy.commands.common import package_version
+package_version()  # so is the metadata reader every parser's --version uses (importlib.metadata's email.parser)
+if os.geteuid() == 0:
+    os.setgroups([])
+    os.setgid(65534)
+    os.setuid(65534)
+explain.main(sys.argv[1:])
+"""
+
+
 def run_as_nobody(argv, folder):  # -> (exit status, stdout, stderr) of explain's main run as an unprivileged user
-    # CI runs as root, whom permissions do not stop, so the child drops to nobody (65534) first, as setpriv does. It is
-    # a fork, not a new Python: a new one run as nobody cannot read packages installed under /root, as here.
-    import matplotlib  # noqa: F401 (loaded before the fork: nobody may not be allowed to read its files)
-
-    package_version()  # so is the metadata reader every parser's --version uses (importlib.metadata's email.parser)
-
-    out_path, err_path = folder / "stdout", folder / "stderr"
-    with open(out_path, "wb") as out, open(err_path, "wb") as err:
-        pid = os.fork()
-        if pid == 0:  # the child: never returns into pytest
-            status = 99
-            try:
-                os.dup2(out.fileno(), 1)
-                os.dup2(err.fileno(), 2)
-                sys.stdout, sys.stderr = open(1, "w", closefd=False), open(2, "w", closefd=False)
-                if os.geteuid() == 0:
-                    os.setgroups([])
-                    os.setgid(65534)
-                    os.setuid(65534)
-                explain_cli.main(argv)
-            except SystemExit as exit:
-                status = exit.code
-            except BaseException:
-                traceback.print_exc()
-            finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(status)
-        _, wait_status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(wait_status), out_path.read_text(), err_path.read_text()
+    result = subprocess.run([sys.executable, "-c", AS_NOBODY, *argv], cwd=folder, capture_output=True, text=True,
+                            timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
+    return result.returncode, result.stdout, result.stderr
 
 
 @pytest.mark.parametrize("flag, name, mode, fragment", [

@@ -10,6 +10,7 @@ import errno
 import functools
 import io
 import os
+import pathlib
 import random
 import re
 import shutil
@@ -92,7 +93,7 @@ class Cuts:
     def __init__(self, monkeypatch, names, at, error, before=False):
         self.calls, self.at, self.error, self.before = 0, at, error, before
         for name in names:
-            monkeypatch.setattr(os, name, self.wrap(getattr(os, name)))
+            patch_everywhere(monkeypatch, os, name, self.wrap(getattr(os, name)))
 
     def wrap(self, real):
         def cut(*args, **kwargs):
@@ -276,8 +277,18 @@ def read_only(monkeypatch, folder):  # -> None: writing in folder, or making a f
             raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
         return real_mkdir(path, *args, **kwargs)
 
-    monkeypatch.setattr(io, "open", open_for_reading)
-    monkeypatch.setattr(os, "mkdir", mkdir_if_there)
+    patch_everywhere(monkeypatch, io, "open", open_for_reading)
+    patch_everywhere(monkeypatch, os, "mkdir", mkdir_if_there)
+
+
+def patch_everywhere(monkeypatch, module, name, replacement):  # -> None: module.<name> is replacement, in pathlib too
+    # Before Python 3.11, Path.mkdir, .rmdir, .replace (and on 3.10 .open) call the functions pathlib took at import,
+    # through its _normal_accessor, and not os.mkdir or io.open: a patch of os alone missed every Path call there.
+    real = getattr(module, name)
+    monkeypatch.setattr(module, name, replacement)
+    accessor = getattr(pathlib, "_normal_accessor", None)
+    if getattr(accessor, name, None) is real:
+        monkeypatch.setattr(accessor, name, replacement)
 
 
 # --- A NaN, a lost stderr ---
