@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from gpt2_numpy import fast, model
-from gpt2_numpy.backward import block_forward, ffn_forward, gelu_backward, loss_and_grads, mha_forward
+from gpt2_numpy.fast_backward import block_forward, ffn_forward, gelu_backward, loss_and_grads, mha_forward
 from gpt2_numpy.params import flatten, map_leaves
 from gpt2_numpy.params import random_params
 from tests.conftest import FIXTURES

@@ -16,7 +16,7 @@ import sys
 import numpy as np
 import pytest
 
-from gpt2_numpy import backward, fast, model
+from gpt2_numpy import fast, fast_backward, model
 from gpt2_numpy.checkpoint import load_params
 from gpt2_numpy.params import gpt2_init, random_params
 from gpt2_numpy.save import save_model
@@ -345,7 +345,7 @@ def test_resuming_a_damaged_run_is_one_error_line_and_writes_nothing(tmp_path, s
 
 def test_the_saved_config_carries_the_epsilon_the_model_uses(tmp_path, short_text):
     # GPT-2's layer norms use 1e-5 (OpenAI's model.py: norm(..., epsilon=1e-5); GPT2Config's layer_norm_epsilon)
-    for function in (model.layer_norm, fast.layer_norm, backward.layer_norm_forward):
+    for function in (model.layer_norm, fast.layer_norm, fast_backward.layer_norm_forward):
         assert inspect.signature(function).parameters["eps"].default == 1e-5, function
     out = tmp_path / "out"
     assert train(short_text, out, *FLAGS, "--seed", 4, "--steps", 0).returncode == 0
