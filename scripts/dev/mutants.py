@@ -6,7 +6,7 @@ tests that catch it.
 Every mutant must be caught. The test files that catch each part (the word before each mutant's colon):
 
     model,fast,cores (default)  tests/test_model.py tests/test_fast.py tests/test_cores.py
-    backward                    tests/test_backward.py
+    backward                    tests/test_fast_backward.py
     train,commands,optim,save   tests/test_train_resume.py tests/test_train_vocab.py tests/test_optim.py
     download                    tests/test_download.py
     sampling,decode,tokenizer   tests/test_sampling.py tests/test_generate.py tests/test_tokenizer_command.py
@@ -127,7 +127,7 @@ MUTANTS = [  # (what, file, text, replacement)
      "    if args.init is not None:  # a model folder", "    if False:  # a model folder"),
     ("commands: abbreviated flags accepted", "gpt2_numpy/commands/common.py",
      "super().__init__(*args, allow_abbrev=False, **", "super().__init__(*args, **"),
-    # caught by tests/test_backward.py and tests/test_optim.py
+    # caught by tests/test_fast_backward.py and tests/test_optim.py
     ("backward: GELU's slope at x = 0 taken as 0", "gpt2_numpy/fast_backward.py", "    out.fill(0.5)\n",
      "    out.fill(0.0)\n"),
     ("backward: each piece of the loss divided by its own rows, not by all", "gpt2_numpy/fast_backward.py",
