@@ -1,5 +1,6 @@
-"""GPT-2's backward pass, read beside model.py: each training forward directly above its backward, as llm.c lays
-them out.
+"""GPT-2's backward pass as training runs it: each training forward directly above its backward, as llm.c lays them
+out. backward.py states each of these backwards as its plain formula; tests/test_backward.py holds the two equal, and
+tests/test_fast_backward.py this file against torch autograd.
 
 A `*_forward` runs model.py's function and also returns what its backward needs, kept by name in a dict (named like
 explain's trace: a block keeps {"ln_1": {"x_hat", "inv_sigma"}, "attn": {"x", "q", "k", "v", "weights", "heads"},

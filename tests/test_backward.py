@@ -1,0 +1,121 @@
+"""The textbook backward.py: each formula against float64 finite differences of model.py's function (no reference
+needed), and against the tuned form that training runs (fast_backward.py, itself checked against torch autograd)."""
+import numpy as np
+import pytest
+
+from gpt2_numpy import backward, fast, fast_backward, model
+
+RNG = np.random.default_rng(0)
+
+
+def normal(*shape, dtype=np.float64):
+    return RNG.standard_normal(shape).astype(dtype)
+
+
+def check_finite_differences(forward, inputs, grads, d_out):
+    # the directional derivative of Σ d_out ⊙ forward(...) along a random direction of each input, by central
+    # differences in float64, must be that input's gradient dotted with the direction
+    for i, grad in grads.items():
+        direction = normal(*np.shape(inputs[i]))
+
+        def moved(t, i=i, direction=direction):
+            return np.sum(d_out * forward(*inputs[:i], inputs[i] + t * direction, *inputs[i + 1 :]))
+
+        numeric = (moved(1e-6) - moved(-1e-6)) / 2e-6
+        assert np.sum(grad * direction) == pytest.approx(numeric, rel=1e-6, abs=1e-8), f"input {i}"
+
+
+def test_linear_backward_is_the_derivative_of_linear():
+    x, w, b, d_out = normal(2, 3, 4), normal(4, 5), normal(5), normal(2, 3, 5)
+    d_x, grads = backward.linear_backward(d_out, x, w)
+    check_finite_differences(model.linear, [x, w, b], {0: d_x, 1: grads["w"], 2: grads["b"]}, d_out)
+
+
+def test_gelu_backward_is_the_derivative_of_gelu():
+    x, d_out = normal(3, 7) * 3, normal(3, 7)
+    check_finite_differences(model.gelu, [x], {0: backward.gelu_backward(d_out, x)}, d_out)
+
+
+def test_layer_norm_backward_is_the_derivative_of_layer_norm():
+    x, g, b, d_out = normal(2, 3, 6), normal(6), normal(6), normal(2, 3, 6)
+    d_x, grads = backward.layer_norm_backward(d_out, x, g)
+    check_finite_differences(model.layer_norm, [x, g, b], {0: d_x, 1: grads["g"], 2: grads["b"]}, d_out)
+
+
+def test_softmax_backward_is_the_derivative_of_softmax():
+    x, d_out = normal(3, 5), normal(3, 5)
+    check_finite_differences(model.softmax, [x], {0: backward.softmax_backward(d_out, model.softmax(x))}, d_out)
+
+
+def test_attention_backward_is_the_derivative_of_attention():
+    q, k, v, d_out = normal(2, 3, 4, 5), normal(2, 3, 4, 5), normal(2, 3, 4, 5), normal(2, 3, 4, 5)
+    mask = model.causal_mask(4)
+    d_q, d_k, d_v = backward.attention_backward(d_out, q, k, v, mask)
+    check_finite_differences(lambda q, k, v: model.attention(q, k, v, mask), [q, k, v], {0: d_q, 1: d_k, 2: d_v},
+                             d_out)
+
+
+def test_lm_head_and_embedding_backward_are_their_derivatives():
+    x, wte, wpe, d_logits = normal(2, 3, 4), normal(7, 4), normal(5, 4), normal(2, 3, 7)
+    d_x, d_wte = backward.lm_head_backward(d_logits, x, wte)
+    check_finite_differences(lambda x, wte: x @ wte.T, [x, wte], {0: d_x, 1: d_wte}, d_logits)
+    inputs = np.array([[1, 6, 1], [0, 1, 2]])  # a repeated id: its gradients add up
+    d_wte, d_wpe = backward.embedding_backward(d_x, inputs, n_vocab=7, n_ctx=5)
+    check_finite_differences(lambda wte, wpe: wte[inputs] + wpe[np.arange(3)], [wte, wpe], {0: d_wte, 1: d_wpe}, d_x)
+
+
+def test_cross_entropy_is_the_mean_minus_log_probability_and_its_derivative():
+    logits, targets = normal(2, 3, 7), np.array([[1, 6, 1], [0, 3, 2]])
+    loss, d_logits = backward.cross_entropy(logits, targets)
+    log_probs = logits - np.log(np.exp(logits).sum(axis=-1, keepdims=True))
+    assert loss == pytest.approx(-np.mean(np.take_along_axis(log_probs, targets[..., None], axis=-1)), rel=1e-12)
+
+    def mean_loss(logits):
+        return backward.cross_entropy(logits, targets)[0]
+
+    check_finite_differences(mean_loss, [logits], {0: d_logits}, 1.0)
+
+
+def close(tuned, plain):  # float32, equal up to rounding (relative to the largest gradient), in tuples and dicts alike
+    if isinstance(plain, (tuple, dict)):
+        assert type(tuned) is type(plain) and len(tuned) == len(plain)
+        for key in plain.keys() if isinstance(plain, dict) else range(len(plain)):
+            close(tuned[key], plain[key])
+    elif isinstance(plain, float):
+        assert tuned == pytest.approx(plain, rel=1e-6)
+    else:
+        assert tuned.shape == plain.shape and tuned.dtype == np.float32
+        np.testing.assert_allclose(tuned, plain, rtol=0, atol=2e-5 * np.abs(plain).max())
+
+
+@pytest.mark.parametrize("chunk", [fast.CHUNK, 5])  # 5: GELU's elements and the loss's rows in many pieces
+def test_the_tuned_forms_training_runs_equal_the_formulas(chunk, monkeypatch):
+    monkeypatch.setattr(fast, "CHUNK", chunk)
+    f32 = np.float32
+    x, w, d_out = normal(2, 3, 4, dtype=f32), normal(4, 5, dtype=f32), normal(2, 3, 5, dtype=f32)
+    close(fast_backward.linear_backward(d_out, x, w), backward.linear_backward(d_out, x, w))
+
+    x, d_out = normal(3, 70, dtype=f32) * 3, normal(3, 70, dtype=f32)
+    x[0, :3] = 0  # GELU's tuned backward takes s = y/x, with x = 0 a case of its own
+    close(fast_backward.gelu_backward(d_out, x, fast.gelu(x)), backward.gelu_backward(d_out, x))
+
+    x, g, b, d_out = normal(2, 3, 6, dtype=f32), normal(6, dtype=f32), normal(6, dtype=f32), normal(2, 3, 6, dtype=f32)
+    kept = fast_backward.layer_norm_forward(x, g, b)[1]
+    close(fast_backward.layer_norm_backward(d_out, kept, g), backward.layer_norm_backward(d_out, x, g))
+
+    y, d_out = model.softmax(normal(3, 5, dtype=f32)), normal(3, 5, dtype=f32)
+    close(fast_backward.softmax_backward(d_out.copy(), y), backward.softmax_backward(d_out, y))
+
+    q, k, v, d_out = (normal(2, 3, 4, 5, dtype=f32) for _ in range(4))
+    weights = fast_backward.attention_forward(q, k, v, model.causal_mask(4))[1]
+    close(fast_backward.attention_backward(d_out, q, k, v, weights),
+          backward.attention_backward(d_out, q, k, v, model.causal_mask(4)))
+
+    x, wte, d_logits = normal(2, 3, 4, dtype=f32), normal(7, 4, dtype=f32), normal(2, 3, 7, dtype=f32)
+    close(fast_backward.lm_head_backward(d_logits, x, wte), backward.lm_head_backward(d_logits, x, wte))
+    inputs, d_x = np.array([[1, 6, 1], [0, 1, 2]]), normal(2, 3, 4, dtype=f32)
+    close(fast_backward.embedding_backward(d_x, inputs, np.zeros((7, 4), f32), 5),
+          backward.embedding_backward(d_x, inputs, 7, 5))
+
+    logits, targets = normal(2, 3, 7, dtype=f32), np.array([[1, 6, 1], [0, 3, 2]])
+    close(fast_backward.cross_entropy(logits.copy(), targets), backward.cross_entropy(logits, targets))
