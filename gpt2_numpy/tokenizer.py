@@ -5,7 +5,7 @@ Encoding runs in three steps:
 2. Each of the word's UTF-8 bytes starts as its own part (the vocabulary files, read by formats/vocabulary.py, spell
    the 256 bytes with printable stand-in characters; the tokenizer maps tokens to bytes once, when it loads).
 3. BPE merges adjacent parts of the word, best-ranked merge first, until no merge applies; each part is one token.
-   `Tokenizer._textbook_bpe` is that loop as written in tiktoken's _educational.py and minbpe, to read first;
+   `Tokenizer.textbook_bpe` is that loop as written in tiktoken's _educational.py and minbpe, to read first;
    `Tokenizer._bpe`, which encode uses, gives the same ids in work that grows linearly with a word's length, so even a
    1 MB word (minified code, a run of digits) takes 1-2 s.
 
@@ -63,6 +63,16 @@ class Tokenizer:
         self._merged_ids = [encoder[left + right] for left, right in merges]  # rank -> id of the joined token
         self._cache = WordCache(self._encode_word)
 
+    def textbook_bpe(self, utf8):  # b"hello" -> [31373]: join the best-ranked adjacent pair until none merges
+        ids = [self._byte_ids[byte] for byte in utf8]  # one part per byte to start
+        while len(ids) >= 2:
+            # the adjacent pair whose merge comes first in the merges list; pairs with no merge come last
+            best = min(zip(ids, ids[1:]), key=lambda pair: self.merge_ranks.get(pair, math.inf))
+            if best not in self.merge_ranks:
+                break  # no adjacent pair has a merge
+            ids = replace_pair(ids, best, self._merged_ids[self.merge_ranks[best]])
+        return ids
+
     def encode(self, text, allowed_special=()):  # -> list of ids
         """GPT-2's ids for text. Special tokens such as <|endoftext|> are plain text unless named in allowed_special
         (a set, or "all"; None: none); lone surrogates become U+FFFD, as in tiktoken."""
@@ -116,17 +126,7 @@ class Tokenizer:
         whole = self._word_ids.get(utf8)
         return (whole,) if whole is not None else tuple(self._bpe(utf8))
 
-    def _textbook_bpe(self, utf8):  # b"hello" -> [31373]: join the best-ranked adjacent pair until none merges
-        ids = [self._byte_ids[byte] for byte in utf8]  # one part per byte to start
-        while len(ids) >= 2:
-            # the adjacent pair whose merge comes first in the merges list; pairs with no merge come last
-            best = min(zip(ids, ids[1:]), key=lambda pair: self.merge_ranks.get(pair, math.inf))
-            if best not in self.merge_ranks:
-                break  # no adjacent pair has a merge
-            ids = replace_pair(ids, best, self._merged_ids[self.merge_ranks[best]])
-        return ids
-
-    def _bpe(self, utf8):  # -> the ids of _textbook_bpe, in O(1) work per merge instead of O(n)
+    def _bpe(self, utf8):  # -> the ids of textbook_bpe, in O(1) work per merge instead of O(n)
         # The textbook rescans every pair after each merge (`best = min(zip(ids, ids[1:]), ...)`) and copies the word
         # (`replace_pair`): O(n) per merge, O(n^2) for a word of n bytes, hours for 1 MB. Here instead the parts form
         # a linked list (part i has neighbours before[i] and after[i]), each pair that has a merge waits in its rank's
@@ -138,8 +138,7 @@ class Tokenizer:
         n, n_vocab, merged_ids, rank_of = len(ids), self.n_vocab, self._merged_ids, self._pair_ranks.get
         pair_rank = [rank_of(left * n_vocab + right) for left, right in zip(ids, ids[1:])] + [None]
         # one int object per position, shared by before, after and the buckets (not one per list, from range and
-        # enumerate): 80 bytes of memory per byte of the word instead of 130, so fewer cache misses once a long word
-        # outgrows the CPU's cache: long words encode faster (scripts/bench/tokenizer.py --baseline)
+        # enumerate): less memory per byte of the word, so fewer cache misses once a long word outgrows the cache
         positions = list(range(n + 1))
         buckets = defaultdict(list)  # rank -> starts of the pairs that had that rank when added
         for i, rank in zip(positions, pair_rank):
