@@ -2,7 +2,7 @@
 import importlib
 
 from gpt2_numpy.allocator import keep_freed_memory
-from gpt2_numpy.checkpoint import load_params, verify_checkpoint
+from gpt2_numpy.formats.checkpoint import load_params, verify_checkpoint
 from gpt2_numpy.errors import CheckpointError, DownloadError, Gpt2NumpyError, TokenizerError, UsageError
 from gpt2_numpy.fast import gpt2, gpt2_cached, new_cache
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpt2_numpy.checkpoint import load_params
+from gpt2_numpy.formats.checkpoint import load_params
 from gpt2_numpy.commands import generate as generate_command
 from gpt2_numpy.commands.common import run_cli
 from gpt2_numpy.commands.generate import print_sample, run

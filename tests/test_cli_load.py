@@ -21,7 +21,7 @@ import pytest
 from gpt2_numpy import weights
 from gpt2_numpy.commands import common as cli
 from gpt2_numpy.commands.common import load_model
-from gpt2_numpy.checkpoint import load_params
+from gpt2_numpy.formats.checkpoint import load_params
 from gpt2_numpy.formats.tf_bundle import TensorBundle
 from gpt2_numpy.params import flatten, random_params
 from gpt2_numpy.save import save_model

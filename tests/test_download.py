@@ -28,7 +28,7 @@ import urllib3
 
 from gpt2_numpy import fetch, weights
 from gpt2_numpy.catalog import SOURCES, file_url
-from gpt2_numpy.checkpoint import load_params
+from gpt2_numpy.formats.checkpoint import load_params
 from gpt2_numpy.commands import download as download_command
 from gpt2_numpy.errors import CheckpointError, DownloadError, Gpt2NumpyError, Interrupted, UsageError
 from gpt2_numpy.formats.tf_bundle import TensorBundle, table_records

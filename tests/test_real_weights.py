@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from gpt2_numpy.checkpoint import load_params
+from gpt2_numpy.formats.checkpoint import load_params
 from gpt2_numpy.generate import generate
 from gpt2_numpy.model import gpt2
 from gpt2_numpy.tokenizer import load_tokenizer

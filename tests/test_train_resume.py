@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from gpt2_numpy import fast, fast_backward, model
-from gpt2_numpy.checkpoint import load_params
+from gpt2_numpy.formats.checkpoint import load_params
 from gpt2_numpy.params import gpt2_init, random_params
 from gpt2_numpy.save import save_model
 from gpt2_numpy.tokenizer import PACKAGED_VOCABULARY

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from gpt2_numpy import model
-from gpt2_numpy.checkpoint import load_params
+from gpt2_numpy.formats.checkpoint import load_params
 from gpt2_numpy.generate import generate
 from gpt2_numpy.params import random_params
 from gpt2_numpy.tokenizer import PACKAGED_VOCABULARY, load_tokenizer
