@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 from argparse import Namespace
 
 import pytest
@@ -162,14 +163,17 @@ def test_no_library_module_imports_argparse_or_the_commands():
     assert len(library_modules()) > 20  # the walk found the package
 
 
-def test_gpt2_numpy_generate_is_the_function_even_once_the_module_is_imported():
-    import gpt2_numpy.generate  # noqa: F401 (importing the submodule replaces the package's attribute)
+def test_the_entry_points_keep_the_import_paths_that_0_1_0_documented():
+    import gpt2_numpy.generate
+    import gpt2_numpy.score
+    from gpt2_numpy import decode, explain, fast_backward, interpret, likelihood, train
+    from gpt2_numpy.generate import generate, generate_batch
 
-    hparams = {"n_vocab": 50, "n_ctx": 16, "n_embd": 8, "n_head": 2, "n_layer": 1}
-    params = random_params(hparams, 0)
-    from gpt2_numpy.decode import generate
-
-    assert gpt2_numpy.generate([1, 2, 3], params, 2, 4) == generate([1, 2, 3], params, 2, 4)
+    assert (generate, generate_batch) == (decode.generate, decode.generate_batch)
+    assert (explain.walkthrough, explain.head_scores) == (interpret.walkthrough, interpret.head_scores)
+    assert train.loss_and_grads is fast_backward.loss_and_grads
+    assert gpt2_numpy.score.token_log_probs is likelihood.token_log_probs
+    assert type(gpt2_numpy.generate) is types.ModuleType  # a plain module: nothing makes it callable
 
 
 # --- --model names a size or a folder, everywhere ---
