@@ -81,7 +81,7 @@ def ensure_model(size, models_dir=None, source="openai"):  # -> Path of the mode
 def model_files(size, models_dir, source):  # -> (folder, names of its files); UsageError for an unknown size or source
     checked_choice(size, MODEL_SIZES, "model size")
     checked_choice(source, tuple(SOURCES), "source")
-    return model_folder(size, models_dir, source), SOURCES[source].files
+    return size_folder(size, models_dir, source), SOURCES[source].files
 
 
 def models_dir_path(models_dir=None):  # -> absolute Path: the argument, else $GPT2_NUMPY_WEIGHTS, else ./weights
@@ -89,7 +89,7 @@ def models_dir_path(models_dir=None):  # -> absolute Path: the argument, else $G
     return Path(chosen).expanduser().resolve()  # messages then name the real folder, not ".../main/../models"
 
 
-def model_folder(size, models_dir=None, source="openai"):  # -> Path of one model's files; UsageError for a models dir
+def size_folder(size, models_dir=None, source="openai"):  # -> Path of one model's files; UsageError for a models dir
     # that is a file or cannot be read
     models_root = models_dir_path(models_dir)
     try:

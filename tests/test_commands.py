@@ -11,7 +11,7 @@ from argparse import Namespace
 import pytest
 
 from gpt2_numpy.commands import COMMANDS
-from gpt2_numpy.commands.common import load_model, model_choice
+from gpt2_numpy.commands.common import model_from_args, model_choice
 from gpt2_numpy.params import random_params
 from gpt2_numpy.save import save_model
 from gpt2_numpy.tokenizer import PACKAGED_VOCABULARY
@@ -198,7 +198,7 @@ def test_model_as_a_folder_loads_that_folder(tmp_path, monkeypatch, capsys):
     folder = tmp_path / "124M"  # a folder named like a size is a folder when written as a path
     save_model(folder, hparams, random_params(hparams, 0), PACKAGED_VOCABULARY)
     monkeypatch.chdir(tmp_path)
-    loaded, _, _ = load_model(Namespace(model=model_choice("./124M"), models_dir=None, source="openai"))
+    loaded, _, _ = model_from_args(Namespace(model=model_choice("./124M"), models_dir=None, source="openai"))
     assert loaded == hparams
     assert "loaded a GPT-2 of 1 layer, 8 wide, 2 heads, from 124M" in capsys.readouterr().err
 

@@ -11,7 +11,7 @@ import json
 
 from gpt2_numpy.catalog import OFFICIAL_HPARAMS
 from gpt2_numpy.commands.common import (
-    ArgumentParser, add_model_args, load_model, model_size, open_stdout, path_argument, read_prompt, run_model_cli,
+    ArgumentParser, add_model_args, model_from_args, model_size, open_stdout, path_argument, read_prompt, run_model_cli,
     whole_number, write_stdout,
 )
 from gpt2_numpy.console import log, plural, progress_bar
@@ -101,7 +101,7 @@ def run(argv=None):  # -> exit status
     size = model_size(args)
     if size is not None and not is_complete(*model_files(size, args.models_dir, args.source)):
         layer_and_heads(args, OFFICIAL_HPARAMS[size])  # known before the download: a typo in --layer costs none
-    hparams, params, tokenizer = load_model(args)
+    hparams, params, tokenizer = model_from_args(args)
     ids, layer, heads = check_request(args, hparams, tokenizer, text)
     n_head, n_layer = hparams["n_head"], hparams["n_layer"]
     label = functools.partial(token_label, tokenizer)
