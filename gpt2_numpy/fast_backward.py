@@ -19,6 +19,7 @@ import math
 import numpy as np
 
 from gpt2_numpy import fast
+from gpt2_numpy.checks import check_heads, check_inputs
 from gpt2_numpy.model import causal_mask, linear, merge_heads, split_heads
 
 GELU_C = math.sqrt(2 / math.pi)  # gelu(x) = ½x(1 + tanh(GELU_C (x + 0.044715x³)))
@@ -236,7 +237,7 @@ def checked_ids(ids, what, n_vocab, n_ctx):  # int [..., n_seq] -> int64, the sa
     ids = np.asarray(ids)
     rows = ids.reshape(-1, ids.shape[-1]) if ids.ndim > 2 else ids  # check_inputs takes one sequence or one batch
     try:
-        return fast.check_inputs(rows, n_vocab=n_vocab, n_ctx=n_ctx).reshape(ids.shape)
+        return check_inputs(rows, n_vocab=n_vocab, n_ctx=n_ctx).reshape(ids.shape)
     except ValueError as error:
         raise ValueError(f"{what}: {error}") from None
 
@@ -245,7 +246,7 @@ def loss_and_grads(inputs, targets, params, n_head):  # int [..., n_seq] x2 -> (
     """The mean next-token cross-entropy of `targets` given `inputs`, and its gradient for every parameter."""
     wte, wpe, ln_f = params["wte"], params["wpe"], params["ln_f"]
     # NumPy would wrap negative ids, and a mismatched target array would drop or broadcast targets, without a word
-    fast.check_heads(n_head, wte.shape[-1])
+    check_heads(n_head, wte.shape[-1])
     inputs, targets = (checked_ids(ids, what, wte.shape[0], wpe.shape[0]) for ids, what in
                        ((inputs, "inputs"), (targets, "targets")))
     if targets.shape != inputs.shape:

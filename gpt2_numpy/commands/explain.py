@@ -24,7 +24,8 @@ from gpt2_numpy.interpret.lens import LENS_COLUMNS, lens_json, lens_table
 from gpt2_numpy.interpret.page import check_page_file, page_html, write_page
 from gpt2_numpy.interpret.plot import PLOT_INSTALL, attention_figure, check_plot_file, save_figure
 from gpt2_numpy.interpret.stepwise import check_index, report, token_label, walkthrough
-from gpt2_numpy.weights import is_complete, model_files
+from gpt2_numpy.marker import is_complete
+from gpt2_numpy.model_dirs import model_files
 
 HEADS_SEED = 0  # --heads's random tokens: the same table for the same model, unless --seed asks for others
 PROGRESS_DELAY = 2  # seconds a stage runs before its progress bar appears: a quick run prints none

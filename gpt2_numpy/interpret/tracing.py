@@ -19,7 +19,7 @@ formulas. float32 throughout, as the model is. The names (docs/look-inside.md ma
 """
 import numpy as np
 
-from gpt2_numpy.fast import check_inputs
+from gpt2_numpy.checks import check_inputs
 from gpt2_numpy.model import (
     attention,
     attention_scores,
