@@ -3,7 +3,9 @@ import importlib
 
 from gpt2_numpy.allocator import keep_freed_memory
 from gpt2_numpy.formats.checkpoint import load_params, verify_checkpoint
-from gpt2_numpy.errors import CheckpointError, DownloadError, Gpt2NumpyError, TokenizerError, UsageError
+from gpt2_numpy.errors import (
+    CheckpointError, DownloadError, Gpt2NumpyError, OutOfVocabulary, TokenizerError, UsageError,
+)
 from gpt2_numpy.fast import gpt2, gpt2_cached, new_cache
 
 # imported on first use (PEP 562), so that `import gpt2_numpy` stays quick. None is named like a submodule, which would
@@ -32,6 +34,7 @@ __all__ = [
     "CheckpointError",
     "TokenizerError",
     "DownloadError",
+    "OutOfVocabulary",
     *LAZY_HOME,
 ]
 

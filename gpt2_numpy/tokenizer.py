@@ -22,7 +22,7 @@ from pathlib import Path
 
 import regex
 
-from gpt2_numpy.errors import UsageError
+from gpt2_numpy.errors import OutOfVocabulary
 from gpt2_numpy.formats.vocabulary import EOT, bytes_to_unicode, read_vocabulary
 
 EOT_ID = 50256
@@ -234,12 +234,12 @@ def load_tokenizer(model_dir=None):  # -> Tokenizer
     return Tokenizer(*read_vocabulary(PACKAGED_VOCABULARY if model_dir is None else Path(model_dir)))
 
 
-def check_in_vocabulary(tokenizer, ids, n_vocab, what, fix):  # -> ids, or UsageError naming the first id >= n_vocab
+def check_in_vocabulary(tokenizer, ids, n_vocab, what, fix):  # -> ids; OutOfVocabulary names the first id >= n_vocab
     # a text the model cannot read: GPT-2's tokenizer makes ids up to 50256, a smaller model has no embedding for some
     position = next((index for index, token_id in enumerate(ids) if token_id >= n_vocab), None)
     if position is not None:
         token_id = ids[position]
-        raise UsageError(f"{what}'s token {token_id} ({tokenizer.decode([token_id])!r}, position {position}) is "
+        raise OutOfVocabulary(f"{what}'s token {token_id} ({tokenizer.decode([token_id])!r}, position {position}) is "
                          f"outside this model's vocabulary of {n_vocab} tokens: {fix}")
     return ids
 

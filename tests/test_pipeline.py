@@ -15,14 +15,14 @@ import numpy as np
 import pytest
 
 from gpt2_numpy import complete, load_model, score_text, stream
-from gpt2_numpy.errors import UsageError
+from gpt2_numpy.errors import OutOfVocabulary, UsageError
 from gpt2_numpy.generate import generate
 from gpt2_numpy.pipeline import text_pieces
 from gpt2_numpy.params import random_params
 from gpt2_numpy.save import save_model
 from gpt2_numpy.score import token_log_probs
 from gpt2_numpy.tokenizer import EOT_ID, PACKAGED_VOCABULARY, load_tokenizer
-from gpt2_numpy.weights import MARKER
+from gpt2_numpy.marker import MARKER
 from tests.conftest import FIXTURES, REPO, UNREACHABLE, tiny_models_dir
 
 PROMPT = "I will go to the"  # every id fits the tiny model's 512-token vocabulary
@@ -78,8 +78,8 @@ def test_stream_checks_its_arguments_before_the_first_piece(tiny):
     for bad in [dict(n_tokens=0), dict(n_tokens=64), dict(temperature=-1), dict(top_p=1.5)]:
         with pytest.raises(UsageError):
             stream(tiny, PROMPT, **bad)  # no next(): the call itself refuses
-    with pytest.raises(UsageError, match="outside this model's vocabulary of 512"):
-        stream(tiny, "Jabberwocky")
+    with pytest.raises(OutOfVocabulary, match="outside this model's vocabulary of 512"):  # a library error, which the
+        stream(tiny, "Jabberwocky")  # command lines print as one line with the usage status (tests/test_cli.py)
 
 
 def test_score_text_puts_end_of_text_first_and_sums_up_token_log_probs(full_vocab):
