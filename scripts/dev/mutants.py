@@ -9,7 +9,7 @@ Every mutant must be caught. The test files that catch each part (the word befor
     backward                    tests/test_fast_backward.py
     train,commands,optim,save   tests/test_train_resume.py tests/test_train_vocab.py tests/test_optim.py
     download                    tests/test_download.py
-    sampling,decode,tokenizer   tests/test_sampling.py tests/test_generate.py tests/test_tokenizer_command.py
+    sampling,decode,tokenizer   tests/test_sampling.py tests/test_decode.py tests/test_cli_tokenizer.py
     "explain page"              tests/test_explain_page.py
 
 for example `python -m scripts.dev.mutants --only download tests/test_download.py`. A test earns its place by failing

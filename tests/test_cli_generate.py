@@ -2,7 +2,7 @@
 
 The greedy text is Hugging Face's greedy continuation of the prompt (tests/fixtures/reference_tiny.npz), decoded.
 Sampled text is `generate`'s continuation decoded: on these weights (random_params of the "tiny" config, which
-tests/fixtures/tf_tiny holds) `generate` reproduces Hugging Face's greedy ids (tests/test_generate.py).
+tests/fixtures/tf_tiny holds) `generate` reproduces Hugging Face's greedy ids (tests/test_decode.py).
 """
 import errno
 import json
