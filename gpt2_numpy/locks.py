@@ -34,6 +34,7 @@ def take_lock(lock, folder, what="download", wait=True):  # -> True once this pr
             time.sleep(LOCK_POLL_SECONDS)
     return True
 
+
 def try_lock(lock):  # -> True when this process now holds the lock, False while another process holds it
     try:
         if fcntl:
@@ -44,6 +45,7 @@ def try_lock(lock):  # -> True when this process now holds the lock, False while
     except (BlockingIOError, PermissionError):  # flock's EWOULDBLOCK, msvcrt's EACCES: held by another process
         return False
     return True
+
 
 def release_lock(lock):  # -> None; flock ends when the file closes, but Windows releases msvcrt's lock only eventually
     if msvcrt and not fcntl:

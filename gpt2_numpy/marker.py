@@ -21,12 +21,15 @@ def is_complete(folder, files):  # -> True when a past run verified these files 
     except (OSError, ValueError, KeyError, TypeError):  # no marker, a damaged or older one, or a file gone
         return False
 
+
 def stamp(path):  # -> [size, mtime_ns, inode]: a rewrite changes the time, a copy the inode (and usually the time)
     status = path.stat()
     return [status.st_size, status.st_mtime_ns, status.st_ino]
 
+
 def stamps(folder, names):  # -> {name: stamp} of files in folder
     return {name: stamp(folder / name) for name in names}
+
 
 def record(folder, verified):  # -> None: the marker, written whole or not at all
     atomic_write(folder / MARKER, lambda file: file.write(json.dumps(verified).encode()))

@@ -12,9 +12,11 @@ def model_files(size, models_dir, source):  # -> (folder, names of its files); U
     checked_choice(source, tuple(SOURCES), "source")
     return size_folder(size, models_dir, source), SOURCES[source].files
 
+
 def models_dir_path(models_dir=None):  # -> absolute Path: the argument, else $GPT2_NUMPY_WEIGHTS, else ./weights
     chosen = models_dir or os.environ.get("GPT2_NUMPY_WEIGHTS") or "weights"
     return Path(chosen).expanduser().resolve()  # messages then name the real folder, not ".../main/../models"
+
 
 def size_folder(size, models_dir=None, source="openai"):  # -> Path of one model's files; UsageError for a models dir
     # that is a file or cannot be read
@@ -28,10 +30,12 @@ def size_folder(size, models_dir=None, source="openai"):  # -> Path of one model
                          "another folder with --models-dir") from None
     return models_root / f"{size}{SOURCES[source].folder_suffix}"
 
+
 def checked_choice(value, choices, what):  # -> value, or UsageError naming the valid choices
     if value not in choices:
         raise UsageError(f"unknown {what} {value!r}: choose one of {', '.join(choices)}")
     return value
+
 
 def all_there(folder, files):  # -> True when every file exists under its final name; UsageError if it cannot be read
     try:

@@ -41,6 +41,7 @@ def download_and_install(folder, size, source, missing):  # -> stamps of the fil
             staging.rmdir()
     return verified
 
+
 def second_name(path, link):  # -> None: link holds path's bytes too; path itself is neither moved nor changed
     with suppress(FileNotFoundError):
         link.unlink()  # left by a killed run, or a download that the user's own copy of the file has replaced

@@ -24,6 +24,7 @@ def verify(model_dir, folder, source, fetched):  # -> None, or raises once each 
         raise Interrupted(f"stopped verifying the files of {folder}; none was moved, changed or deleted: run again "
                           "to verify them") from None
 
+
 def blame(compared, fetched):  # -> names of the files to blame, from those a failed check compared (at fault first)
     # A download comes whole from the source (checked against a published hash where there is one): when the check
     # held it against a file of the user's, the user's file is blamed, and deleting the download would only fetch the
@@ -32,6 +33,7 @@ def blame(compared, fetched):  # -> names of the files to blame, from those a fa
     if compared and compared[0] in users:
         return compared[:1]
     return users or compared[:1]  # no file compared (an error about the folder): nothing is blamed or deleted
+
 
 def check_model(model_dir, source):  # -> None, or CheckpointError / TokenizerError whose .files say what was compared
     hparams, _ = load_params(model_dir, verify=True)
@@ -42,12 +44,14 @@ def check_model(model_dir, source):  # -> None, or CheckpointError / TokenizerEr
         read_merges(merges, encoder)
     check_model_vocabulary(len(encoder), hparams["n_vocab"], vocab, files=(vocab, model_dir / source.hparams))
 
+
 @contextmanager
 def comparing(*paths):  # a TokenizerError inside names the files its check compared, the one at fault first
     try:
         yield
     except TokenizerError as error:
         raise TokenizerError(str(error), files=paths) from None
+
 
 def failed_verification(error, model_dir, folder, blamed, deleted, compared, fetched):  # -> the error to raise
     detail = str(error).replace(str(model_dir), str(folder))  # name files where the user will look for them

@@ -31,6 +31,7 @@ LOCK = ".download.lock"
 
 # -- the public entry point ------------------------------------------------------------------------------------------
 
+
 def ensure_model(size, models_dir=None, source="openai"):  # -> Path of the model folder, its files present and verified
     """Make GPT-2 `size` from `source` ready in the models dir and return its folder: download the missing files,
     verify the files not verified yet (once: the result is recorded in the folder). Raises a Gpt2NumpyError saying
@@ -73,6 +74,7 @@ def make_ready(folder, size, source):  # -> None: every file present, verified a
 
 
 # -- the folder's lock ------------------------------------------------------------------------------------------------
+
 
 @contextmanager
 def locked(folder):  # creates folder and holds its lock; a file-system error anywhere inside becomes a DownloadError.
