@@ -29,9 +29,6 @@ from gpt2_numpy.verification import verify
 LOCK = ".download.lock"
 
 
-# -- the public entry point ------------------------------------------------------------------------------------------
-
-
 def ensure_model(size, models_dir=None, source="openai"):  # -> Path of the model folder, its files present and verified
     """Make GPT-2 `size` from `source` ready in the models dir and return its folder: download the missing files,
     verify the files not verified yet (once: the result is recorded in the folder). Raises a Gpt2NumpyError saying
@@ -71,9 +68,6 @@ def make_ready(folder, size, source):  # -> None: every file present, verified a
         shutil.rmtree(folder / STAGING, ignore_errors=True)  # leftover downloads, replaced by the user's own files
     record(folder, verified)
     log(f"GPT-2 {size} is ready in {folder}")
-
-
-# -- the folder's lock ------------------------------------------------------------------------------------------------
 
 
 @contextmanager
