@@ -2,15 +2,17 @@
 import importlib
 
 from gpt2_numpy.allocator import keep_freed_memory
-from gpt2_numpy.checkpoint import load_params, verify_checkpoint
-from gpt2_numpy.errors import CheckpointError, DownloadError, Gpt2NumpyError, TokenizerError, UsageError
+from gpt2_numpy.formats.checkpoint import load_params, verify_checkpoint
+from gpt2_numpy.errors import (
+    CheckpointError, DownloadError, Gpt2NumpyError, OutOfVocabulary, TokenizerError, UsageError,
+)
 from gpt2_numpy.fast import gpt2, gpt2_cached, new_cache
 
-# imported on first use (PEP 562), so that `import gpt2_numpy` stays quick. `generate` is also the name of a submodule,
-# which replaces this attribute once imported: that module, called, is the same function (see generate.py).
+# imported on first use (PEP 562), so that `import gpt2_numpy` stays quick. None is named like a submodule, which would
+# replace it once imported: the decode loop is gpt2_numpy.decode.generate, and gpt2_numpy.generate runs a command
 LAZY = {
     "gpt2_numpy.pipeline": ("Model", "load_model", "complete", "stream", "score_text"),
-    "gpt2_numpy.decode": ("generate", "generate_batch", "iter_generate"),
+    "gpt2_numpy.decode": ("generate_batch", "iter_generate"),
     "gpt2_numpy.likelihood": ("token_log_probs",),
     "gpt2_numpy.interpret": ("trace", "logit_lens", "attention_weights"),
     # also so that `python -m gpt2_numpy.tokenizer` runs that module fresh, as the program (runpy warns otherwise)
@@ -32,6 +34,7 @@ __all__ = [
     "CheckpointError",
     "TokenizerError",
     "DownloadError",
+    "OutOfVocabulary",
     *LAZY_HOME,
 ]
 

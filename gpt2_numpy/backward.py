@@ -1,268 +1,79 @@
-"""GPT-2's backward pass, read beside model.py: each training forward directly above its backward, as llm.c lays
-them out.
+"""GPT-2's backward pass as the textbooks write it: for each function of model.py, the gradient of the loss with respect
+to its inputs and its params, given the gradient with respect to its output (d_out), one formula per line.
 
-A `*_forward` runs model.py's function and also returns what its backward needs, kept by name in a dict (named like
-explain's trace: a block keeps {"ln_1": {"x_hat", "inv_sigma"}, "attn": {"x", "q", "k", "v", "weights", "heads"},
-"ln_2": {...}, "mlp": {"x", "pre", "hidden"}}). A `*_backward(d_out, kept, ...)` takes the gradient of the loss with
-respect to the forward's output and returns the gradient with respect to its input, and its parameters' gradients as a
-dict named like the params.
-
-The training forward is model.py's functions composed as `gpt2` composes them, except where model.py's form costs
-most: the attention scores, the attention's softmax and GELU run in the tuned pass's form (fast.py, held equal to
-model.py by tests/test_fast.py), and layer norm in two steps that keep x̂. `loss_and_grads` runs both directions: the
-mean cross-entropy of next-token prediction and its gradient for every param. Float32 throughout, as the forward; a
-leading batch axis works too ("..." in shapes).
+This is the file to read beside model.py. Training runs fast_backward.py, which computes the same gradients in the forms
+that make a step quick (a chunk at a time in cache, in place, from what the forward kept), composes them by the chain
+rule through the blocks, and is checked against torch autograd; tests/test_backward.py holds the two equal. A leading
+batch axis works too ("..." in shapes): a param's gradient sums over every position.
 """
 import math
 
 import numpy as np
 
-from gpt2_numpy import fast
-from gpt2_numpy.model import causal_mask, linear, merge_heads, split_heads
+from gpt2_numpy.model import attention_scores, softmax
 
-GELU_C = math.sqrt(2 / math.pi)  # gelu(x) = ½x(1 + tanh(GELU_C (x + 0.044715x³)))
-
-
-def rows(x):  # [..., n] -> [n_rows, n], a view
-    # every position as one matrix's rows: NumPy runs a stacked [batch, n_seq, n] @ w as a matmul per batch row,
-    # and a 2-D one as a single BLAS call, which keeps every core busy
-    return x.reshape(-1, x.shape[-1])
+GELU_C = math.sqrt(2 / math.pi)  # gelu(x) = ½x(1 + tanh u), u = GELU_C (x + 0.044715x³), as model.gelu
 
 
-# --- linear: y = x w + b ---
+def sum_positions(x):  # [..., n] -> [n]
+    return x.reshape(-1, x.shape[-1]).sum(axis=0)  # a param is used at every position: its gradients add up
 
 
-def linear_forward(x, w, b):  # model.linear -> [..., n_out]
-    return linear(rows(x), w, b).reshape(*x.shape[:-1], -1)  # one BLAS call for every position: see rows()
+def summed_outer(a, b):  # [..., m], [..., n] -> [m, n]
+    return a.reshape(-1, a.shape[-1]).T @ b.reshape(-1, b.shape[-1])  # Σ aᵀ b over every position
+
+
+def one_hot(ids, n):  # int [...] -> [..., n]
+    return (np.asarray(ids)[..., None] == np.arange(n)).astype(np.float32)
 
 
 def linear_backward(d_out, x, w):  # [..., n_out], [..., n_in], [n_in, n_out] -> [..., n_in], {"w", "b"}
-    # y = x w + b: dx = dy wᵀ, dw = xᵀ dy and db = Σ dy, both summed over every position
-    rows_x, rows_d = rows(x), rows(d_out)
-    return (rows_d @ w.T).reshape(*x.shape), {"w": rows_x.T @ rows_d, "b": rows_d.sum(axis=0)}
+    d_x = d_out @ w.T  # y = x w + b
+    d_w = summed_outer(x, d_out)
+    return d_x, {"w": d_w, "b": sum_positions(d_out)}
 
 
-# --- GELU (its forward is fast.gelu) ---
+def gelu_backward(d_out, x):  # [...], gelu's input [...] -> [...]
+    tanh_u = np.tanh(GELU_C * (x + 0.044715 * x**3))
+    du_dx = GELU_C * (1 + 3 * 0.044715 * x**2)
+    return d_out * (0.5 * (1 + tanh_u) + 0.5 * x * (1 - tanh_u**2) * du_dx)  # the product rule; tanh' = 1 - tanh²
 
 
-def gelu_backward(d_out, x, y):  # [...], gelu's input and output [...] -> [...]
-    # y = x s, s = ½(1 + tanh u) = 1/(1 + e^(-2u)), u = c(x + 0.044715x³):
-    # dy/dx = s + x·2s(1 - s)·c(1 + 3·0.044715x²) = s (1 + (1 - s)·2cx(1 + 3·0.044715x²)),
-    # with s = y/x taken from the forward's output instead of a second exp (s = ½ at x = 0). A dozen passes, run as
-    # fast.gelu runs its own: a chunk at a time, in cache (fast.in_chunks)
-    return fast.in_chunks(gelu_backward_chunk, d_out, x, y)
+def layer_norm_backward(d_out, x, g, eps=1e-5):  # [..., n], layer_norm's input [..., n], [n] -> [..., n], {"g", "b"}
+    sigma = np.sqrt(np.var(x, axis=-1, keepdims=True) + eps)
+    x_hat = (x - np.mean(x, axis=-1, keepdims=True)) / sigma  # y = g x̂ + b
+    d_x_hat = g * d_out
+    d_x = (d_x_hat - np.mean(d_x_hat, axis=-1, keepdims=True)
+           - x_hat * np.mean(d_x_hat * x_hat, axis=-1, keepdims=True)) / sigma  # x̂ depends on x through μ and σ too
+    return d_x, {"g": sum_positions(d_out * x_hat), "b": sum_positions(d_out)}
 
 
-def gelu_backward_chunk(d_out, x, y, out):  # [n] x3 -> out [n]: gelu_backward's passes
-    out.fill(0.5)
-    s = np.divide(y, x, out=out, where=x != 0)
-    slope = x * x
-    slope *= 3 * 0.044715
-    slope += 1
-    slope *= x
-    slope *= 2 * GELU_C  # 2cx(1 + 3·0.044715x²)
-    slope *= np.subtract(1, s, dtype=s.dtype)
-    slope += 1
-    s *= slope
-    s *= d_out
-    return s
+def softmax_backward(d_out, y):  # [..., n], softmax's output [..., n] -> [..., n]
+    return y * (d_out - np.sum(d_out * y, axis=-1, keepdims=True))  # the Jacobian diag(y) - y yᵀ applied to dy
 
 
-# --- layer norm: y = g x̂ + b, x̂ = (x - μ)/σ ---
+def attention_backward(d_out, q, k, v, mask):  # [..., n_head, n_q, d_head], q, k, v, [n_q, n_k] -> dq, dk, dv
+    weights = softmax(attention_scores(q, k) + mask)  # model.attention's, again: [..., n_head, n_q, n_k]
+    d_v = np.swapaxes(weights, -1, -2) @ d_out  # out = weights v
+    d_scores = softmax_backward(d_out @ np.swapaxes(v, -1, -2), weights)  # the mask is a constant: no gradient
+    d_q = d_scores @ k / math.sqrt(q.shape[-1])  # scores = q kᵀ / √d_head
+    d_k = np.swapaxes(d_scores, -1, -2) @ q / math.sqrt(q.shape[-1])
+    return d_q, d_k, d_v
 
 
-def layer_norm_forward(x, g, b, eps=1e-5):  # model.layer_norm -> [..., n], kept
-    # model.layer_norm's formula in two steps, keeping x̂ and 1/σ for the backward, as llm.c keeps μ and 1/σ: the
-    # backward needs no second pass over x. Centred in place, with the variance as one dot product per row
-    x_hat = x - x.mean(axis=-1, keepdims=True)
-    inv_sigma = 1 / np.sqrt(np.vecdot(x_hat, x_hat)[..., None] / x.shape[-1] + eps)
-    x_hat *= inv_sigma
-    return g * x_hat + b, {"x_hat": x_hat, "inv_sigma": inv_sigma}
+def lm_head_backward(d_logits, x, wte):  # [..., n_seq, n_vocab], [..., n_seq, n_embd], [n_vocab, n_embd] -> dx, dwte
+    return d_logits @ wte, summed_outer(d_logits, x)  # logits = x wteᵀ; dwte is the output head's share
 
 
-def layer_norm_backward(d_out, kept, g):  # [..., n], layer_norm_forward's kept, [n] -> [..., n], {"g", "b"}
-    # dx = (ĝ - mean(ĝ) - x̂ mean(ĝ x̂))/σ with ĝ = g dy; dg = Σ dy x̂, db = Σ dy. In place on ĝ, a fresh array
-    x_hat, n = kept["x_hat"], d_out.shape[-1]
-    d_x = g * d_out
-    d_x -= d_x.mean(axis=-1, keepdims=True)  # mean(x̂) = 0, so this leaves d_x's product with x̂ as it was
-    d_x -= x_hat * (np.vecdot(d_x, x_hat)[..., None] / n)
-    d_x *= kept["inv_sigma"]
-    return d_x, {"g": (rows(d_out) * rows(x_hat)).sum(axis=0), "b": rows(d_out).sum(axis=0)}
-
-
-# --- softmax (its forward is model.softmax) ---
-
-
-def softmax_backward(d_out, y):  # [..., n], [..., n] (the softmax's output) -> [..., n], in d_out's memory
-    # y = softmax(x): dx = y ⊙ (dy - Σ dy ⊙ y), the Jacobian diag(y) - y yᵀ applied to dy. In place on d_out (the
-    # caller's own fresh array), with Σ dy ⊙ y as one dot product per row: the formula as written would make three
-    # arrays the size of the attention weights, the largest of a step
-    d_out -= np.vecdot(d_out, y)[..., None]
-    d_out *= y
-    return d_out
-
-
-# --- attention: softmax(q kᵀ/√d + mask) v ---
-
-
-def attention_forward(q, k, v, mask):  # model.attention -> [..., n_head, n_q, d_head], weights [..., n_head, n_q, n_k]
-    # model.attention's two lines, keeping the weights for the backward (recomputing them there would cost another
-    # q kᵀ and softmax per layer), in the tuned pass's forms (held equal to model.py's by tests/test_fast.py): its
-    # attention_scores, and its softmax in place on the scores, where model.softmax(scores + mask) would make three
-    # more arrays of the weights' size. Every product below is a matmul, one BLAS call per head
-    scores = fast.attention_scores(q, k)
-    scores += mask
-    weights = fast.softmax(scores, out=scores)
-    return weights @ v, weights
-
-
-def attention_backward(d_out, q, k, v, weights):  # [..., n_head, n_q, d_head], q, k, v, [..., n_head, n_q, n_k]
-    # out = w v, w = softmax(q kᵀ/√d + mask): dv = wᵀ dout, dw = dout vᵀ, ds = softmax'(dw), dq = ds k/√d, dk = dsᵀ q/√d
-    # (the mask: none). The 1/√d scales k and q, [n, d_head] each, instead of ds, [n_q, n_k]
-    d_v = weights.swapaxes(-1, -2) @ d_out
-    d_scores = softmax_backward(d_out @ v.swapaxes(-1, -2), weights)
-    scale = 1 / math.sqrt(q.shape[-1])
-    return d_scores @ (k * scale), d_scores.swapaxes(-1, -2) @ (q * scale), d_v
-
-
-# --- multi-head attention: c_proj(merge(attention(split(c_attn(x))))) ---
-
-
-def mha_forward(x, c_attn, c_proj, n_head):  # model.mha -> [..., n_seq, n_embd], kept
-    q, k, v = (split_heads(a, n_head) for a in np.split(linear_forward(x, **c_attn), 3, axis=-1))
-    out, weights = attention_forward(q, k, v, causal_mask(x.shape[-2]))
-    heads = merge_heads(out)
-    return linear_forward(heads, **c_proj), {"x": x, "q": q, "k": k, "v": v, "weights": weights, "heads": heads}
-
-
-def mha_backward(d_out, kept, c_attn, c_proj, n_head):  # [..., n_seq, n_embd], mha_forward's kept -> dx, grads
-    # the chain rule, from c_proj back to c_attn
-    d_heads, g_proj = linear_backward(d_out, kept["heads"], c_proj["w"])
-    # split_heads and merge_heads are each other's inverse, so each one's backward is the other
-    d_q, d_k, d_v = attention_backward(split_heads(d_heads, n_head), kept["q"], kept["k"], kept["v"], kept["weights"])
-    d_qkv = np.concatenate([merge_heads(d_q), merge_heads(d_k), merge_heads(d_v)], axis=-1)  # the backward of split
-    d_x, g_attn = linear_backward(d_qkv, kept["x"], c_attn["w"])
-    return d_x, {"c_attn": g_attn, "c_proj": g_proj}
-
-
-# --- the feed-forward network: c_proj(gelu(c_fc(x))) ---
-
-
-def ffn_forward(x, c_fc, c_proj):  # model.ffn -> [..., n_seq, n_embd], kept
-    pre = linear_forward(x, **c_fc)
-    hidden = fast.gelu(pre)  # the tuned pass's form (tests/test_fast.py): model.gelu is several times slower
-    return linear_forward(hidden, **c_proj), {"x": x, "pre": pre, "hidden": hidden}
-
-
-def ffn_backward(d_out, kept, c_fc, c_proj):  # [..., n_seq, n_embd], ffn_forward's kept -> dx, grads
-    # the chain rule, from c_proj back to c_fc
-    d_hidden, g_proj = linear_backward(d_out, kept["hidden"], c_proj["w"])
-    d_x, g_fc = linear_backward(gelu_backward(d_hidden, kept["pre"], kept["hidden"]), kept["x"], c_fc["w"])
-    return d_x, {"c_fc": g_fc, "c_proj": g_proj}
-
-
-# --- a block: mid = x + mha(ln_1(x)), out = mid + ffn(ln_2(mid)) ---
-
-
-def block_forward(x, ln_1, attn, ln_2, mlp, n_head):  # model.block -> [..., n_seq, n_embd], kept
-    normed_1, ln_1_kept = layer_norm_forward(x, **ln_1)
-    attn_out, attn_kept = mha_forward(normed_1, **attn, n_head=n_head)
-    mid = x + attn_out
-    normed_2, ln_2_kept = layer_norm_forward(mid, **ln_2)
-    mlp_out, mlp_kept = ffn_forward(normed_2, **mlp)
-    return mid + mlp_out, {"ln_1": ln_1_kept, "attn": attn_kept, "ln_2": ln_2_kept, "mlp": mlp_kept}
-
-
-def block_backward(d_out, kept, ln_1, attn, ln_2, mlp, n_head):  # [..., n_seq, n_embd], block_forward's kept
-    # each residual passes its gradient through unchanged, and adds it to its branch's
-    d_ln_2, g_mlp = ffn_backward(d_out, kept["mlp"], **mlp)
-    d_mid, g_ln_2 = layer_norm_backward(d_ln_2, kept["ln_2"], ln_2["g"])
-    d_mid += d_out
-    d_ln_1, g_attn = mha_backward(d_mid, kept["attn"], **attn, n_head=n_head)
-    d_x, g_ln_1 = layer_norm_backward(d_ln_1, kept["ln_1"], ln_1["g"])
-    d_x += d_mid
-    return d_x, {"ln_1": g_ln_1, "attn": g_attn, "ln_2": g_ln_2, "mlp": g_mlp}
-
-
-# --- the embedding: x = wte[inputs] + wpe[positions] (its forward is model.gpt2's first line) ---
-
-
-def embedding_backward(d_x, inputs, d_wte, n_ctx):  # [..., n_seq, n_embd], int [..., n_seq], [n_vocab, n_embd]
-    # each row's gradient goes back to the rows it was read from, summed over repeats -> dwte, dwpe. wte is tied to
-    # the output head: its share comes in as d_wte, and the embedding's is added to it
-    np.add.at(d_wte, inputs.reshape(-1), rows(d_x))  # in place: a fresh [n_vocab, n_embd] would cost 150 MB and a pass
-    d_wpe = np.zeros((n_ctx, d_x.shape[-1]), d_x.dtype)
-    d_wpe[: d_x.shape[-2]] = d_x.reshape(-1, *d_x.shape[-2:]).sum(axis=0)
+def embedding_backward(d_x, inputs, n_vocab, n_ctx):  # [..., n_seq, n_embd], int [..., n_seq] -> dwte, dwpe
+    positions = np.broadcast_to(np.arange(inputs.shape[-1]), inputs.shape)  # x = wte[inputs] + wpe[positions]
+    d_wte = summed_outer(one_hot(inputs, n_vocab), d_x)  # each position's gradient back to the row it read
+    d_wpe = summed_outer(one_hot(positions, n_ctx), d_x)
     return d_wte, d_wpe
 
 
-# --- the output head: logits = x wteᵀ, and the loss ---
-
-
-def lm_head_backward(d_logits, x, wte):  # [..., n_seq, n_vocab], [..., n_seq, n_embd], [n_vocab, n_embd]
-    # logits = x wteᵀ: dx = dlogits wte, dwte = dlogitsᵀ x (the tied head's share of wte's gradient)
-    rows_d = rows(d_logits)
-    return (rows_d @ wte).reshape(*x.shape), rows_d.T @ rows(x)
-
-
-def cross_entropy(logits, targets):  # [..., n_vocab] (overwritten), int [...] -> mean loss (float), dlogits
-    # loss = mean(log Σ exp(logits) - logits[target]): dlogits = (softmax(logits) - onehot(target)) / n_positions.
-    # The softmax written out in place, a few rows at a time (each pass over them runs in cache), where model.softmax
-    # would make three [n_positions, n_vocab] temporaries (200 MB each at 4 x 256 tokens of GPT-2's vocabulary) and
-    # a pass over each: the logits become the gradient
-    flat, targets = rows(logits), targets.reshape(-1)
-    total = sum(cross_entropy_rows(flat[piece], targets[piece], len(targets))
-                for piece in fast.chunks(len(flat), flat.shape[-1]))
-    return total / len(targets), logits
-
-
-def cross_entropy_rows(logits, targets, n_positions):  # [n, n_vocab] (made the gradient), int [n] -> the summed loss
-    logits -= logits.max(axis=-1, keepdims=True)  # the same softmax and loss, and exp cannot overflow
-    target_at = (np.arange(len(targets)), targets)
-    target_logits = logits[target_at]
-    np.exp(logits, out=logits)
-    z = logits.sum(axis=-1, keepdims=True)
-    loss = float((np.log(z).reshape(-1) - target_logits).sum(dtype=np.float64))
-    logits /= z * n_positions  # softmax / n_positions, in one pass
-    logits[target_at] -= 1 / n_positions
-    return loss
-
-
-# --- the whole model ---
-
-
-def checked_ids(ids, what, n_vocab, n_ctx):  # int [..., n_seq] -> int64, the same shape; ValueError naming what
-    ids = np.asarray(ids)
-    rows = ids.reshape(-1, ids.shape[-1]) if ids.ndim > 2 else ids  # check_inputs takes one sequence or one batch
-    try:
-        return fast.check_inputs(rows, n_vocab=n_vocab, n_ctx=n_ctx).reshape(ids.shape)
-    except ValueError as error:
-        raise ValueError(f"{what}: {error}") from None
-
-
-def loss_and_grads(inputs, targets, params, n_head):  # int [..., n_seq] x2 -> (mean cross-entropy, grads like params)
-    """The mean next-token cross-entropy of `targets` given `inputs`, and its gradient for every parameter."""
-    wte, wpe, ln_f = params["wte"], params["wpe"], params["ln_f"]
-    # NumPy would wrap negative ids, and a mismatched target array would drop or broadcast targets, without a word
-    fast.check_heads(n_head, wte.shape[-1])
-    inputs, targets = (checked_ids(ids, what, wte.shape[0], wpe.shape[0]) for ids, what in
-                       ((inputs, "inputs"), (targets, "targets")))
-    if targets.shape != inputs.shape:
-        raise ValueError(f"targets {targets.shape} must have the inputs' shape {inputs.shape}: the next token of each "
-                         "position")
-    x = wte[inputs] + wpe[np.arange(inputs.shape[-1])]  # as model.gpt2
-    kept = []
-    for block_params in params["blocks"]:
-        x, block_kept = block_forward(x, **block_params, n_head=n_head)
-        kept.append(block_kept)
-    x_f, ln_f_kept = layer_norm_forward(x, **ln_f)
-    loss, d_logits = cross_entropy((rows(x_f) @ wte.T).reshape(*x.shape[:-1], -1), targets)
-
-    d_x_f, d_wte_head = lm_head_backward(d_logits, x_f, wte)
-    d_x, g_ln_f = layer_norm_backward(d_x_f, ln_f_kept, ln_f["g"])
-    block_grads = []
-    for block_params, block_kept in zip(reversed(params["blocks"]), reversed(kept)):
-        d_x, block_grad = block_backward(d_x, block_kept, **block_params, n_head=n_head)
-        block_grads.append(block_grad)
-    d_wte, d_wpe = embedding_backward(d_x, inputs, d_wte_head, wpe.shape[0])  # the embedding's share + the head's
-    return loss, {"wte": d_wte, "wpe": d_wpe, "blocks": block_grads[::-1], "ln_f": g_ln_f}
+def cross_entropy(logits, targets):  # [..., n_vocab], int [...] -> mean loss (float), dlogits [..., n_vocab]
+    probs = softmax(logits)
+    targets_one_hot = one_hot(targets, logits.shape[-1])
+    loss = -np.mean(np.log(np.sum(probs * targets_one_hot, axis=-1)))  # -log p(next token), averaged over positions
+    return float(loss), (probs - targets_one_hot) / targets_one_hot[..., 0].size  # dloss/dlogits

@@ -9,8 +9,9 @@ import numbers
 import numpy as np
 
 from gpt2_numpy.console import plural
-from gpt2_numpy.errors import NonFiniteError, OutOfMemory, UsageError
-from gpt2_numpy.fast import check_inputs, gpt2_cached, new_cache
+from gpt2_numpy.errors import OutOfMemory, UsageError
+from gpt2_numpy.checks import check_finite, check_inputs
+from gpt2_numpy.fast import gpt2_cached, new_cache
 from gpt2_numpy.sampling import check_sampling_args, next_token
 
 BATCH_SIZE = 8  # rows per pass by default: a step of 8 rows costs a few times one row's, so 8 rows pay best
@@ -125,13 +126,6 @@ def cache_for(params, n_head, n_slots, pad=None):  # -> new_cache's KVCache; Out
         raise OutOfMemory(
             f"the KV cache of {plural(n_rows, 'row')} x {n_slots} positions needs {n_bytes / 2**30:.1f} GiB, more than "
             f"this machine could allocate: {' or '.join([*fixes, 'generate fewer tokens (--n-tokens)'])}") from None
-
-
-def check_finite(logits):  # [..., n_vocab] -> None, or NonFiniteError when any logit is NaN or infinite
-    # NaN logits would make sampling fail with an IndexError and greedy pick id 0 every step. The check reads the
-    # last row's logits once: a small part of a decode step, which reads every weight.
-    if not np.isfinite(logits).all():
-        raise NonFiniteError
 
 
 def sampler(temperature, top_k, top_p, seed):  # -> function choosing an id from logits [n_vocab], with its own rng

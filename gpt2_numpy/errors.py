@@ -11,7 +11,7 @@ class Gpt2NumpyError(Exception):
 
     def __init__(self, message, files=()):
         super().__init__(message)
-        # the files a failed check compared, the one at fault first when all are equally trusted (see weights.blame)
+        # the files a failed check compared, the one at fault first when all are equally trusted (verification.blame)
         self.files = tuple(files)
 
 
@@ -25,6 +25,10 @@ class CheckpointError(Gpt2NumpyError):
 
 class TokenizerError(Gpt2NumpyError):
     """A vocabulary file is missing or malformed."""
+
+
+class OutOfVocabulary(Gpt2NumpyError, ValueError):
+    """A text holds a token that the model has no embedding for (a model with a smaller vocabulary of its own)."""
 
 
 class DownloadError(Gpt2NumpyError):

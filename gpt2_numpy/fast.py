@@ -7,12 +7,12 @@ and the package's gpt2 run this pass. Params are nested dicts named like OpenAI'
 into the functions with **.
 """
 import math
-import numbers
 from dataclasses import dataclass
 
 import numpy as np
 
 from gpt2_numpy import cores
+from gpt2_numpy.checks import check_heads, check_inputs
 from gpt2_numpy.model import merge_heads
 
 # Python floats, not NumPy's: NumPy 2 would promote float32 * np.float64 to float64
@@ -345,26 +345,3 @@ def gpt2_cached(inputs, cache, wte, wpe, blocks, ln_f, n_head, last_only=False):
     if cache.n_past + ids.shape[-1] > cache.keys.shape[-2]:
         raise ValueError(f"{cache.n_past + ids.shape[-1]} positions exceed the cache's {cache.keys.shape[-2]} slots")
     return lm_head(transformer(ids, wte, wpe, blocks, ln_f, n_head, cache, last_only), wte), cache
-
-
-def check_heads(n_head, n_embd):  # -> None; ValueError unless n_head is a whole number >= 1 that divides n_embd
-    # else the heads' reshape fails deep inside with NumPy's words (hparams["n_head"] is the usual source)
-    if isinstance(n_head, bool) or not isinstance(n_head, numbers.Integral) or n_head < 1 or n_embd % n_head:
-        raise ValueError(f"n_head={n_head!r} must be a whole number >= 1 that divides n_embd={n_embd}: pass the "
-                         "model's hparams['n_head']")
-
-
-def check_inputs(inputs, n_vocab, n_ctx, n_past=0):  # [(n_rows,) n_seq] -> int64 [(n_rows,) n_seq]
-    # NumPy would wrap negative ids silently (and wpe would run short past n_ctx), so both are refused here, by name
-    ids = np.asarray(inputs)
-    if ids.ndim not in (1, 2) or ids.size == 0 or not np.issubdtype(ids.dtype, np.integer):
-        raise ValueError(
-            f"token ids must be a non-empty 1-D sequence of integers (or a 2-D batch of equally long ones), got "
-            f"{ids.dtype} shape {ids.shape}"
-        )
-    bad = ids[(ids < 0) | (ids >= n_vocab)]
-    if len(bad):
-        raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {n_vocab})")
-    if n_past + ids.shape[-1] > n_ctx:
-        raise ValueError(f"{n_past + ids.shape[-1]} positions exceed the model's context of n_ctx={n_ctx} tokens")
-    return ids.astype(np.int64, copy=False)

@@ -9,7 +9,8 @@ import math
 import numpy as np
 
 from gpt2_numpy.errors import NonFiniteError, UsageError
-from gpt2_numpy.fast import check_inputs, lm_head, log_softmax_at, transformer
+from gpt2_numpy.checks import check_inputs
+from gpt2_numpy.fast import lm_head, log_softmax_at, transformer
 from gpt2_numpy.tokenizer import EOT, check_in_vocabulary
 
 

@@ -2,7 +2,8 @@
 
 This is the file to read. fast.py computes the same math with the tricks that make it quick (a KV cache, batches
 of ragged prompts, query blocks), and tests hold the two equal. Params are nested dicts named like OpenAI's checkpoint
-(README), splatted into the functions with **. A leading batch axis works too: the shapes' "..." below.
+(README), splatted into the functions with **. A leading batch axis works too: the shapes' "..." below. generate, at
+the end, is picoGPT's greedy loop: the first thing to run.
 """
 import math
 
@@ -61,8 +62,9 @@ def merge_heads(x):  # [..., n_head, n_seq, d_head] -> [..., n_seq, n_head*d_hea
 
 
 def mha(x, c_attn, c_proj, n_head):  # [..., n_seq, n_embd] -> [..., n_seq, n_embd]
-    q, k, v = np.split(linear(x, **c_attn), 3, axis=-1)  # [..., n_seq, n_embd] each
-    heads = attention(split_heads(q, n_head), split_heads(k, n_head), split_heads(v, n_head), causal_mask(x.shape[-2]))
+    qkv = np.split(linear(x, **c_attn), 3, axis=-1)  # q, k, v: [..., n_seq, n_embd] each
+    q, k, v = (split_heads(part, n_head) for part in qkv)  # [..., n_head, n_seq, d_head] each
+    heads = attention(q, k, v, causal_mask(x.shape[-2]))  # [..., n_head, n_seq, d_head]
     return linear(merge_heads(heads), **c_proj)
 
 
@@ -77,3 +79,11 @@ def gpt2(inputs, wte, wpe, blocks, ln_f, n_head):  # [..., n_seq] -> [..., n_seq
     for block_params in blocks:
         x = block(x, **block_params, n_head=n_head)
     return layer_norm(x, **ln_f) @ wte.T  # GPT-2 ties the output projection to the token embeddings
+
+
+def generate(inputs, params, n_head, n_tokens_to_generate):  # [n_seq] ids -> [n_tokens_to_generate] new ids
+    ids = list(inputs)
+    for _ in range(n_tokens_to_generate):  # the whole sequence again for each new token: no cache (fast.py has one)
+        logits = gpt2(ids, **params, n_head=n_head)  # [len(ids), n_vocab]
+        ids.append(int(np.argmax(logits[-1])))  # greedy: the likeliest next token, fed back as input
+    return ids[len(inputs) :]  # only the new ids

@@ -7,7 +7,7 @@
      "ln_f": {"g", "b"}}
 
 The names are OpenAI's checkpoint's (model/h3/mlp/c_fc/w is ("blocks", 3, "mlp", "c_fc", "w")). Every tree this
-module builds lists its keys in the order above, and so do the gradients of backward.loss_and_grads: AdamW walks
+module builds lists its keys in the order above, and so do the gradients of fast_backward.loss_and_grads: AdamW walks
 params, grads and moments side by side with flatten, so they must agree.
 """
 import math

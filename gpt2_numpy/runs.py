@@ -42,7 +42,7 @@ from gpt2_numpy.interpret.heads import PATTERNS
 from gpt2_numpy.params import flatten
 from gpt2_numpy.save import atomic_write, check_folder_path, disk_fix, fsync_folder, save_model
 from gpt2_numpy.formats.vocabulary import FILE_NAMES
-from gpt2_numpy.weights import release_lock, take_lock
+from gpt2_numpy.locks import release_lock, take_lock
 
 STATE = "train_state.npz"
 LOG = "log.csv"

@@ -1,5 +1,5 @@
 """Writing a model folder in Hugging Face's layout, which `transformers.GPT2LMHeadModel.from_pretrained(folder)` and our
-own loader (gpt2_numpy.checkpoint) both read:
+own loader (gpt2_numpy.formats.checkpoint) both read:
 
     model.safetensors   float32 tensors under Hugging Face's names ("transformer.h.3.mlp.c_fc.weight"); no lm_head,
                         which GPT-2 ties to wte

@@ -5,7 +5,7 @@ Encoding runs in three steps:
 2. Each of the word's UTF-8 bytes starts as its own part (the vocabulary files, read by formats/vocabulary.py, spell
    the 256 bytes with printable stand-in characters; the tokenizer maps tokens to bytes once, when it loads).
 3. BPE merges adjacent parts of the word, best-ranked merge first, until no merge applies; each part is one token.
-   `Tokenizer._textbook_bpe` is that loop as written in tiktoken's _educational.py and minbpe, to read first;
+   `Tokenizer.textbook_bpe` is that loop as written in tiktoken's _educational.py and minbpe, to read first;
    `Tokenizer._bpe`, which encode uses, gives the same ids in work that grows linearly with a word's length, so even a
    1 MB word (minified code, a run of digits) takes 1-2 s.
 
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import regex
 
-from gpt2_numpy.errors import UsageError
+from gpt2_numpy.errors import OutOfVocabulary
 from gpt2_numpy.formats.vocabulary import EOT, bytes_to_unicode, read_vocabulary
 
 EOT_ID = 50256
@@ -62,6 +62,16 @@ class Tokenizer:
                             for rank, (left, right) in enumerate(merges)}
         self._merged_ids = [encoder[left + right] for left, right in merges]  # rank -> id of the joined token
         self._cache = WordCache(self._encode_word)
+
+    def textbook_bpe(self, utf8):  # b"hello" -> [31373]: join the best-ranked adjacent pair until none merges
+        ids = [self._byte_ids[byte] for byte in utf8]  # one part per byte to start
+        while len(ids) >= 2:
+            # the adjacent pair whose merge comes first in the merges list; pairs with no merge come last
+            best = min(zip(ids, ids[1:]), key=lambda pair: self.merge_ranks.get(pair, math.inf))
+            if best not in self.merge_ranks:
+                break  # no adjacent pair has a merge
+            ids = replace_pair(ids, best, self._merged_ids[self.merge_ranks[best]])
+        return ids
 
     def encode(self, text, allowed_special=()):  # -> list of ids
         """GPT-2's ids for text. Special tokens such as <|endoftext|> are plain text unless named in allowed_special
@@ -116,17 +126,7 @@ class Tokenizer:
         whole = self._word_ids.get(utf8)
         return (whole,) if whole is not None else tuple(self._bpe(utf8))
 
-    def _textbook_bpe(self, utf8):  # b"hello" -> [31373]: join the best-ranked adjacent pair until none merges
-        ids = [self._byte_ids[byte] for byte in utf8]  # one part per byte to start
-        while len(ids) >= 2:
-            # the adjacent pair whose merge comes first in the merges list; pairs with no merge come last
-            best = min(zip(ids, ids[1:]), key=lambda pair: self.merge_ranks.get(pair, math.inf))
-            if best not in self.merge_ranks:
-                break  # no adjacent pair has a merge
-            ids = replace_pair(ids, best, self._merged_ids[self.merge_ranks[best]])
-        return ids
-
-    def _bpe(self, utf8):  # -> the ids of _textbook_bpe, in O(1) work per merge instead of O(n)
+    def _bpe(self, utf8):  # -> the ids of textbook_bpe, in O(1) work per merge instead of O(n)
         # The textbook rescans every pair after each merge (`best = min(zip(ids, ids[1:]), ...)`) and copies the word
         # (`replace_pair`): O(n) per merge, O(n^2) for a word of n bytes, hours for 1 MB. Here instead the parts form
         # a linked list (part i has neighbours before[i] and after[i]), each pair that has a merge waits in its rank's
@@ -138,8 +138,7 @@ class Tokenizer:
         n, n_vocab, merged_ids, rank_of = len(ids), self.n_vocab, self._merged_ids, self._pair_ranks.get
         pair_rank = [rank_of(left * n_vocab + right) for left, right in zip(ids, ids[1:])] + [None]
         # one int object per position, shared by before, after and the buckets (not one per list, from range and
-        # enumerate): 80 bytes of memory per byte of the word instead of 130, so fewer cache misses once a long word
-        # outgrows the CPU's cache: long words encode faster (scripts/bench/tokenizer.py --baseline)
+        # enumerate): less memory per byte of the word, so fewer cache misses once a long word outgrows the cache
         positions = list(range(n + 1))
         buckets = defaultdict(list)  # rank -> starts of the pairs that had that rank when added
         for i, rank in zip(positions, pair_rank):
@@ -235,12 +234,12 @@ def load_tokenizer(model_dir=None):  # -> Tokenizer
     return Tokenizer(*read_vocabulary(PACKAGED_VOCABULARY if model_dir is None else Path(model_dir)))
 
 
-def check_in_vocabulary(tokenizer, ids, n_vocab, what, fix):  # -> ids, or UsageError naming the first id >= n_vocab
+def check_in_vocabulary(tokenizer, ids, n_vocab, what, fix):  # -> ids; OutOfVocabulary names the first id >= n_vocab
     # a text the model cannot read: GPT-2's tokenizer makes ids up to 50256, a smaller model has no embedding for some
     position = next((index for index, token_id in enumerate(ids) if token_id >= n_vocab), None)
     if position is not None:
         token_id = ids[position]
-        raise UsageError(f"{what}'s token {token_id} ({tokenizer.decode([token_id])!r}, position {position}) is "
+        raise OutOfVocabulary(f"{what}'s token {token_id} ({tokenizer.decode([token_id])!r}, position {position}) is "
                          f"outside this model's vocabulary of {n_vocab} tokens: {fix}")
     return ids
 

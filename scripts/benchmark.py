@@ -27,7 +27,7 @@ import numpy as np
 from tqdm import tqdm
 
 from gpt2_numpy import keep_freed_memory
-from gpt2_numpy.checkpoint import load_params
+from gpt2_numpy.formats.checkpoint import load_params
 from gpt2_numpy.params import random_params
 from scripts.bench import batch, bpe, breakdown, forward, memory, score, tokenizer, train
 from scripts.bench.engines import INSTALL_HF, HuggingFace, Ours

@@ -47,7 +47,7 @@ def test_every_cli_keeps_freed_memory_before_its_forward_passes(tmp_path, monkey
     calls = []
     monkeypatch.setattr(cli, "keep_freed_memory", lambda: calls.append("kept"))
     models_dir = tiny_models_dir(tmp_path)
-    cli.load_model(Namespace(model="124M", models_dir=str(models_dir), source="openai"))
+    cli.model_from_args(Namespace(model="124M", models_dir=str(models_dir), source="openai"))
     assert calls == ["kept"]
 
 

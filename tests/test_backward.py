@@ -1,170 +1,121 @@
-"""The backward pass against torch autograd on HF's GPT2LMHeadModel (fixtures from
-scripts/fixtures/make_grad_reference.py), and against float64 finite differences of model.py's forward, which need no
-reference at all."""
-import json
-import math
-
+"""The textbook backward.py: each formula against float64 finite differences of model.py's function (no reference
+needed), and against the tuned form that training runs (fast_backward.py, itself checked against torch autograd)."""
 import numpy as np
 import pytest
 
-from gpt2_numpy import fast, model
-from gpt2_numpy.backward import block_forward, ffn_forward, gelu_backward, loss_and_grads, mha_forward
-from gpt2_numpy.params import flatten, map_leaves
-from gpt2_numpy.params import random_params
-from tests.conftest import FIXTURES
+from gpt2_numpy import backward, fast, fast_backward, model
+
+RNG = np.random.default_rng(0)
 
 
-@pytest.fixture(scope="module")
-def reference():
-    with np.load(FIXTURES / "reference_grads.npz") as f:
-        arrays = dict(f)
-    hparams = json.loads(str(arrays["hparams"]))
-    return hparams, random_params(hparams, int(arrays["seed"])), arrays
+def normal(*shape, dtype=np.float64):
+    return RNG.standard_normal(shape).astype(dtype)
 
 
-def path_name(path):
-    return "/".join(str(part) for part in path)
+def check_finite_differences(forward, inputs, grads, d_out):
+    # the directional derivative of Σ d_out ⊙ forward(...) along a random direction of each input, by central
+    # differences in float64, must be that input's gradient dotted with the direction
+    for i, grad in grads.items():
+        direction = normal(*np.shape(inputs[i]))
+
+        def moved(t, i=i, direction=direction):
+            return np.sum(d_out * forward(*inputs[:i], inputs[i] + t * direction, *inputs[i + 1 :]))
+
+        numeric = (moved(1e-6) - moved(-1e-6)) / 2e-6
+        assert np.sum(grad * direction) == pytest.approx(numeric, rel=1e-6, abs=1e-8), f"input {i}"
 
 
-@pytest.mark.parametrize("chunk", [fast.CHUNK, 5])  # 5: the loss's rows and GELU's elements in many pieces
-@pytest.mark.parametrize("case", ["single", "batch"])
-def test_grads_match_torch_for_every_parameter(reference, case, monkeypatch, chunk):
+def test_linear_backward_is_the_derivative_of_linear():
+    x, w, b, d_out = normal(2, 3, 4), normal(4, 5), normal(5), normal(2, 3, 5)
+    d_x, grads = backward.linear_backward(d_out, x, w)
+    check_finite_differences(model.linear, [x, w, b], {0: d_x, 1: grads["w"], 2: grads["b"]}, d_out)
+
+
+def test_gelu_backward_is_the_derivative_of_gelu():
+    x, d_out = normal(3, 7) * 3, normal(3, 7)
+    check_finite_differences(model.gelu, [x], {0: backward.gelu_backward(d_out, x)}, d_out)
+
+
+def test_layer_norm_backward_is_the_derivative_of_layer_norm():
+    x, g, b, d_out = normal(2, 3, 6), normal(6), normal(6), normal(2, 3, 6)
+    d_x, grads = backward.layer_norm_backward(d_out, x, g)
+    check_finite_differences(model.layer_norm, [x, g, b], {0: d_x, 1: grads["g"], 2: grads["b"]}, d_out)
+
+
+def test_softmax_backward_is_the_derivative_of_softmax():
+    x, d_out = normal(3, 5), normal(3, 5)
+    check_finite_differences(model.softmax, [x], {0: backward.softmax_backward(d_out, model.softmax(x))}, d_out)
+
+
+def test_attention_backward_is_the_derivative_of_attention():
+    q, k, v, d_out = normal(2, 3, 4, 5), normal(2, 3, 4, 5), normal(2, 3, 4, 5), normal(2, 3, 4, 5)
+    mask = model.causal_mask(4)
+    d_q, d_k, d_v = backward.attention_backward(d_out, q, k, v, mask)
+    check_finite_differences(lambda q, k, v: model.attention(q, k, v, mask), [q, k, v], {0: d_q, 1: d_k, 2: d_v},
+                             d_out)
+
+
+def test_lm_head_and_embedding_backward_are_their_derivatives():
+    x, wte, wpe, d_logits = normal(2, 3, 4), normal(7, 4), normal(5, 4), normal(2, 3, 7)
+    d_x, d_wte = backward.lm_head_backward(d_logits, x, wte)
+    check_finite_differences(lambda x, wte: x @ wte.T, [x, wte], {0: d_x, 1: d_wte}, d_logits)
+    inputs = np.array([[1, 6, 1], [0, 1, 2]])  # a repeated id: its gradients add up
+    d_wte, d_wpe = backward.embedding_backward(d_x, inputs, n_vocab=7, n_ctx=5)
+    check_finite_differences(lambda wte, wpe: wte[inputs] + wpe[np.arange(3)], [wte, wpe], {0: d_wte, 1: d_wpe}, d_x)
+
+
+def test_cross_entropy_is_the_mean_minus_log_probability_and_its_derivative():
+    logits, targets = normal(2, 3, 7), np.array([[1, 6, 1], [0, 3, 2]])
+    loss, d_logits = backward.cross_entropy(logits, targets)
+    log_probs = logits - np.log(np.exp(logits).sum(axis=-1, keepdims=True))
+    assert loss == pytest.approx(-np.mean(np.take_along_axis(log_probs, targets[..., None], axis=-1)), rel=1e-12)
+
+    def mean_loss(logits):
+        return backward.cross_entropy(logits, targets)[0]
+
+    check_finite_differences(mean_loss, [logits], {0: d_logits}, 1.0)
+
+
+def close(tuned, plain):  # float32, equal up to rounding (relative to the largest gradient), in tuples and dicts alike
+    if isinstance(plain, (tuple, dict)):
+        assert type(tuned) is type(plain) and len(tuned) == len(plain)
+        for key in plain.keys() if isinstance(plain, dict) else range(len(plain)):
+            close(tuned[key], plain[key])
+    elif isinstance(plain, float):
+        assert tuned == pytest.approx(plain, rel=1e-6)
+    else:
+        assert tuned.shape == plain.shape and tuned.dtype == np.float32
+        np.testing.assert_allclose(tuned, plain, rtol=0, atol=2e-5 * np.abs(plain).max())
+
+
+@pytest.mark.parametrize("chunk", [fast.CHUNK, 5])  # 5: GELU's elements and the loss's rows in many pieces
+def test_the_tuned_forms_training_runs_equal_the_formulas(chunk, monkeypatch):
     monkeypatch.setattr(fast, "CHUNK", chunk)
-    hparams, params, ref = reference
-    loss, grads = loss_and_grads(ref[f"{case}/inputs"], ref[f"{case}/targets"], params, hparams["n_head"])
-    assert isinstance(loss, float) and loss == pytest.approx(float(ref[f"{case}/loss"]), rel=1e-5)
-    ours = {path_name(path): grad for path, grad in flatten(grads)}
-    theirs = {key.partition("/")[2]: value for key, value in ref.items()
-              if key.startswith(f"{case}/") and key.split("/")[1] not in ("inputs", "targets", "loss", "wte_embedding")}
-    assert ours.keys() == theirs.keys() == {path_name(path) for path, _ in flatten(params)}
-    for name, expected in theirs.items():
-        assert ours[name].dtype == np.float32 and ours[name].shape == expected.shape, name
-        largest = np.abs(expected).max()
-        assert largest > 0, name
-        assert np.abs(ours[name] - expected).max() <= 1e-4 * largest, name
+    f32 = np.float32
+    x, w, d_out = normal(2, 3, 4, dtype=f32), normal(4, 5, dtype=f32), normal(2, 3, 5, dtype=f32)
+    close(fast_backward.linear_backward(d_out, x, w), backward.linear_backward(d_out, x, w))
 
+    x, d_out = normal(3, 70, dtype=f32) * 3, normal(3, 70, dtype=f32)
+    x[0, :3] = 0  # GELU's tuned backward takes s = y/x, with x = 0 a case of its own
+    close(fast_backward.gelu_backward(d_out, x, fast.gelu(x)), backward.gelu_backward(d_out, x))
 
-@pytest.mark.parametrize("case", ["single", "batch"])
-def test_wte_gradient_holds_both_shares(reference, case):  # so the wte comparison above sees a bug in either share
-    _, _, ref = reference
-    total, embedding = ref[f"{case}/wte"], ref[f"{case}/wte_embedding"]
-    head = total - embedding
-    assert np.abs(embedding).max() > 0.1 * np.abs(total).max()
-    assert np.abs(head).max() > 0.1 * np.abs(total).max()
-    unused = np.setdiff1d(np.arange(len(total)), ref[f"{case}/inputs"])  # rows never looked up: the head's share only
-    assert len(unused) > 0 and not embedding[unused].any()
+    x, g, b, d_out = normal(2, 3, 6, dtype=f32), normal(6, dtype=f32), normal(6, dtype=f32), normal(2, 3, 6, dtype=f32)
+    kept = fast_backward.layer_norm_forward(x, g, b)[1]
+    close(fast_backward.layer_norm_backward(d_out, kept, g), backward.layer_norm_backward(d_out, x, g))
 
+    y, d_out = model.softmax(normal(3, 5, dtype=f32)), normal(3, 5, dtype=f32)
+    close(fast_backward.softmax_backward(d_out.copy(), y), backward.softmax_backward(d_out, y))
 
-def test_positions_past_the_sequence_get_no_gradient(reference):
-    hparams, params, ref = reference
-    _, grads = loss_and_grads(ref["single/inputs"], ref["single/targets"], params, hparams["n_head"])
-    n_seq = len(ref["single/inputs"])
-    assert n_seq < hparams["n_ctx"] and not grads["wpe"][n_seq:].any() and grads["wpe"][:n_seq].all()
+    q, k, v, d_out = (normal(2, 3, 4, 5, dtype=f32) for _ in range(4))
+    weights = fast_backward.attention_forward(q, k, v, model.causal_mask(4))[1]
+    close(fast_backward.attention_backward(d_out, q, k, v, weights),
+          backward.attention_backward(d_out, q, k, v, model.causal_mask(4)))
 
+    x, wte, d_logits = normal(2, 3, 4, dtype=f32), normal(7, 4, dtype=f32), normal(2, 3, 7, dtype=f32)
+    close(fast_backward.lm_head_backward(d_logits, x, wte), backward.lm_head_backward(d_logits, x, wte))
+    inputs, d_x = np.array([[1, 6, 1], [0, 1, 2]]), normal(2, 3, 4, dtype=f32)
+    close(fast_backward.embedding_backward(d_x, inputs, np.zeros((7, 4), f32), 5),
+          backward.embedding_backward(d_x, inputs, 7, 5))
 
-def test_batch_loss_is_the_mean_over_every_position(reference):
-    hparams, params, ref = reference
-    inputs, targets = ref["batch/inputs"], ref["batch/targets"]
-    rows = [loss_and_grads(i, t, params, hparams["n_head"]) for i, t in zip(inputs, targets)]
-    loss, grads = loss_and_grads(inputs, targets, params, hparams["n_head"])
-    assert loss == pytest.approx(np.mean([row_loss for row_loss, _ in rows]), rel=1e-6)
-    expected = np.mean([row_grads["blocks"][0]["attn"]["c_attn"]["w"] for _, row_grads in rows], axis=0)
-    np.testing.assert_allclose(grads["blocks"][0]["attn"]["c_attn"]["w"], expected, atol=1e-6)
-
-
-def test_training_forward_is_model_forward(reference):  # the cached forward composes model.py's functions
-    hparams, params, _ = reference
-    x = np.random.default_rng(0).standard_normal((2, 9, hparams["n_embd"]), dtype=np.float32)
-    block = params["blocks"][0]
-    n_head = hparams["n_head"]
-    close = {"rtol": 1e-5, "atol": 1e-5}  # a 2-D matmul sums in another order than a stacked one
-    np.testing.assert_allclose(mha_forward(x, **block["attn"], n_head=n_head)[0],
-                               model.mha(x, **block["attn"], n_head=n_head), **close)
-    np.testing.assert_allclose(ffn_forward(x, **block["mlp"])[0], model.ffn(x, **block["mlp"]), **close)
-    np.testing.assert_allclose(block_forward(x, **block, n_head=n_head)[0], model.block(x, **block, n_head=n_head),
-                               **close)
-
-
-def float64(tree):  # -> the same tree in float64, for finite differences
-    return map_leaves(lambda leaf: leaf.astype(np.float64), tree)
-
-
-def textbook_loss(inputs, targets, params, n_head):  # model.py's logits and the cross-entropy written out, in float64
-    logits = model.gpt2(inputs, **params, n_head=n_head)
-    log_z = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
-    return np.mean(log_z - np.take_along_axis(logits, targets[..., None], -1)[..., 0])
-
-
-def test_grads_match_finite_differences_in_float64():
-    hparams = {"n_vocab": 19, "n_ctx": 8, "n_embd": 12, "n_head": 3, "n_layer": 2}
-    params = float64(random_params(hparams, seed=7))
-    rng = np.random.default_rng(8)
-    inputs, targets = rng.integers(0, hparams["n_vocab"], (2, 2, 7))
-    inputs[0, :3] = inputs[1, 4]  # repeated tokens: their embedding gradients must add up
-    _, grads = loss_and_grads(inputs, targets, params, hparams["n_head"])
-    analytic = dict(flatten(grads))
-    h = 1e-6
-    for path, array in flatten(params):
-        assert analytic[path].dtype == np.float64, path
-        picks = [tuple(rng.integers(0, n) for n in array.shape) for _ in range(4)]
-        if path == ("wte",):
-            picks.append((inputs[0, 0], int(rng.integers(0, array.shape[1]))))  # a row both read and predicted
-        for index in picks:
-            old = array[index]
-            array[index] = old + h
-            plus = textbook_loss(inputs, targets, params, hparams["n_head"])
-            array[index] = old - h
-            minus = textbook_loss(inputs, targets, params, hparams["n_head"])
-            array[index] = old
-            numeric = (plus - minus) / (2 * h)
-            assert abs(analytic[path][index] - numeric) <= 1e-6 * max(1, abs(numeric)), (path, index)
-
-
-def test_gelu_backward_is_the_tanh_formulas_derivative(monkeypatch):
-    # the derivative of 0.5 x (1 + tanh u), u = c (x + 0.044715 x^3), written with tanh in float64, where ours goes
-    # through gelu's output; x = 0 (where ours cannot divide by x) and far out on both sides, in ragged chunks
-    monkeypatch.setattr(fast, "CHUNK", 7)
-    x = np.random.default_rng(0).standard_normal((3, 5, 11)).astype(np.float32) * 4
-    x[0, 0, :5] = 0, -100, 100, -1e4, 1e4
-    d_out = np.random.default_rng(1).standard_normal(x.shape).astype(np.float32)
-    x64, c = x.astype(np.float64), math.sqrt(2 / math.pi)
-    tanh_u = np.tanh(c * (x64 + 0.044715 * x64**3))
-    slope = 0.5 * (1 + tanh_u) + 0.5 * x64 * (1 - tanh_u**2) * c * (1 + 3 * 0.044715 * x64**2)
-    d_x = gelu_backward(d_out, x, fast.gelu(x))
-    assert d_x.dtype == np.float32 and d_x[0, 0, 0] == 0.5 * d_out[0, 0, 0]  # slope ½ at 0
-    np.testing.assert_allclose(d_x, d_out * slope, rtol=1e-5, atol=1e-6)
-
-
-SMALL = {"n_vocab": 11, "n_ctx": 8, "n_embd": 8, "n_head": 2, "n_layer": 1}
-
-
-@pytest.mark.parametrize("inputs, targets, fragment", [
-    ([1, 2], [2, 3, 4], r"targets \(3,\) must have the inputs' shape \(2,\)"),  # else the 3rd target is dropped
-    ([1, 2, 3], [2, 3], r"targets \(2,\) must have the inputs' shape \(3,\)"),
-    ([1, 2], 3, "^targets: token ids must be a non-empty 1-D sequence of integers"),  # else broadcast everywhere
-    ([-1, 3], [3, 4], r"^inputs: token id -1 is outside the vocabulary \[0, 11\)"),  # else wrapped to the last id
-    ([3, 3], [3, -1], r"^targets: token id -1 is outside the vocabulary \[0, 11\)"),
-    ([11, 3], [3, 4], r"token id 11 is outside the vocabulary"),
-    (list(range(9)), list(range(1, 10)), "9 positions exceed the model's context of n_ctx=8"),
-    ([], [], "non-empty 1-D sequence"),
-    ([1.0, 2.0], [2, 3], "^inputs: token ids must be a non-empty 1-D sequence of integers"),
-    ([1, 2], [2.0, 3.0], "^targets: token ids must be a non-empty 1-D sequence of integers"),
-])
-def test_inputs_and_targets_are_checked_before_any_loss(inputs, targets, fragment):
-    with pytest.raises(ValueError, match=fragment):
-        loss_and_grads(inputs, targets, random_params(SMALL, 0), SMALL["n_head"])
-
-
-def test_any_leading_axes_are_positions_of_one_mean():  # int [..., n_seq]: a batch of batches is still a batch
-    params, rng = random_params(SMALL, 0), np.random.default_rng(0)
-    inputs, targets = rng.integers(0, 11, (2, 3, 5)), rng.integers(0, 11, (2, 3, 5))
-    loss, grads = loss_and_grads(inputs, targets, params, SMALL["n_head"])
-    flat_loss, flat_grads = loss_and_grads(inputs.reshape(6, 5), targets.reshape(6, 5), params, SMALL["n_head"])
-    assert loss == pytest.approx(flat_loss, rel=1e-6)  # the mean over all 30 positions either way
-    np.testing.assert_allclose(grads["wte"], flat_grads["wte"], rtol=1e-5, atol=1e-7)
-
-
-@pytest.mark.parametrize("n_head", [3, 0, -2, 2.0, True])
-def test_a_head_count_that_does_not_divide_the_width_is_named(n_head):
-    with pytest.raises(ValueError, match=f"n_head={n_head!r} must be a whole number >= 1 that divides n_embd=8"):
-        loss_and_grads([1, 2], [2, 3], random_params(SMALL, 0), n_head)
+    logits, targets = normal(2, 3, 7, dtype=f32), np.array([[1, 6, 1], [0, 3, 2]])
+    close(fast_backward.cross_entropy(logits.copy(), targets), backward.cross_entropy(logits, targets))

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpt2_numpy.checkpoint import load_params, verify_checkpoint
+from gpt2_numpy.formats.checkpoint import load_params, verify_checkpoint
 from gpt2_numpy.errors import CheckpointError
 from gpt2_numpy.formats.tf_bundle import table_records
 from gpt2_numpy.model import gpt2

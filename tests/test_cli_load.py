@@ -1,9 +1,10 @@
-"""commands.common.load_model, the door every command line goes through: the folder it loads holds every file, verified.
+"""commands.common.model_from_args, the door every command line goes through: the folder it loads holds every file,
+verified.
 
 Files placed by hand are verified on their first use and the verification is recorded (.verified.json), so a damaged
 file is refused with the downloader's own error line instead of generating garbage, and later runs only compare sizes.
 Expected error lines come from the download CLI run on the same folder; expected text is Hugging Face's greedy
-continuation (tests/fixtures/reference_tiny.npz), as in tests/test_cli.py.
+continuation (tests/fixtures/reference_tiny.npz), as in tests/test_cli_generate.py.
 """
 import json
 import os
@@ -18,10 +19,10 @@ from contextlib import contextmanager
 import numpy as np
 import pytest
 
-from gpt2_numpy import weights
+from gpt2_numpy import marker
 from gpt2_numpy.commands import common as cli
-from gpt2_numpy.commands.common import load_model
-from gpt2_numpy.checkpoint import load_params
+from gpt2_numpy.commands.common import model_from_args
+from gpt2_numpy.formats.checkpoint import load_params
 from gpt2_numpy.formats.tf_bundle import TensorBundle
 from gpt2_numpy.params import flatten, random_params
 from gpt2_numpy.save import save_model
@@ -125,29 +126,29 @@ def test_files_placed_by_hand_are_verified_on_first_use_only(models_dir, monkeyp
     monkeypatch.setattr(TensorBundle, "read", read)
     folder = models_dir / "124M"
     args = Namespace(model="124M", models_dir=str(models_dir), source="openai")
-    load_model(args)
+    model_from_args(args)
     assert sorted(checked) == sorted(TensorBundle(FIXTURES / "tf_tiny" / "model.ckpt").entries)  # each one, once
     stderr = capsys.readouterr().err
     assert f"verifying the files already in {folder}" in stderr and "once" in stderr
-    assert json.loads((folder / weights.MARKER).read_text()) == {
+    assert json.loads((folder / marker.MARKER).read_text()) == {
         path.name: [path.stat().st_size, path.stat().st_mtime_ns, path.stat().st_ino]
         for path in folder.iterdir() if not path.name.startswith(".")
     }
     checked.clear()
-    load_model(args)
+    model_from_args(args)
     assert checked == []
     assert "verifying" not in capsys.readouterr().err
     with open(folder / "hparams.json", "a") as hparams:  # a file changed after it was verified: still valid JSON
         hparams.write(" ")
-    load_model(args)
+    model_from_args(args)
     assert sorted(checked) == sorted(TensorBundle(FIXTURES / "tf_tiny" / "model.ckpt").entries)  # verified again
     hparams_size = (folder / "hparams.json").stat().st_size
-    assert json.loads((folder / weights.MARKER).read_text())["hparams.json"][0] == hparams_size
+    assert json.loads((folder / marker.MARKER).read_text())["hparams.json"][0] == hparams_size
 
 
 def test_a_model_on_disk_is_loaded_without_the_network_stack(models_dir):
-    load = ("import sys; from argparse import Namespace; from gpt2_numpy.commands.common import load_model; "
-            f"load_model(Namespace(model='124M', models_dir={str(models_dir)!r}, source='openai')); "
+    load = ("import sys; from argparse import Namespace; from gpt2_numpy.commands.common import model_from_args; "
+            f"model_from_args(Namespace(model='124M', models_dir={str(models_dir)!r}, source='openai')); "
             "print(sorted(sys.modules.keys() & {'requests', 'urllib3', 'tqdm'}))")
     for use in ("first, verifying", "second, verified"):
         result = subprocess.run([sys.executable, "-c", load], capture_output=True, text=True, cwd=REPO,
@@ -164,7 +165,7 @@ def test_without_fcntl_a_download_and_a_generate_work(tmp_path, hf_greedy_text, 
         downloaded = run_module("gpt2_numpy.download", "124M", "--models-dir", str(models_dir), prelude=prelude,
                                 base_url=server.url)
     assert downloaded.returncode == 0, downloaded.stderr
-    (models_dir / "124M" / weights.MARKER).unlink()  # so generate verifies again, under the lock
+    (models_dir / "124M" / marker.MARKER).unlink()  # so generate verifies again, under the lock
     generated = run_module("gpt2_numpy.generate", PROMPT, "--n-tokens", "20", "--models-dir", str(models_dir),
                            prelude=prelude)
     assert (generated.returncode, generated.stdout) == (0, hf_greedy_text + "\n"), generated.stderr
@@ -239,15 +240,15 @@ def test_the_read_only_folder_hint_fills_that_very_folder(tmp_path, source, suff
     assert sorted(path.name for path in folder.iterdir()) == before  # nothing written
     followed = run_module(*shlex.split(command)[2:])  # the hint, run with write access, records the verification
     assert followed.returncode == 0, followed.stderr
-    assert (folder / weights.MARKER).exists()
+    assert (folder / marker.MARKER).exists()
 
 
-# --- What load_model says it loaded, and what generate refuses before loading anything ---
+# --- What model_from_args says it loaded, and what generate refuses before loading anything ---
 
 
 def test_a_folder_holding_another_shape_than_its_size_says_what_was_loaded(models_dir, capsys):
     shutil.copytree(models_dir / "124M", models_dir / "355M")
-    load_model(Namespace(model="355M", models_dir=str(models_dir), source="openai"))
+    model_from_args(Namespace(model="355M", models_dir=str(models_dir), source="openai"))
     line = next(line for line in capsys.readouterr().err.splitlines() if line.startswith("loaded"))
     assert line.startswith("loaded a GPT-2 of n_vocab 512, n_ctx 64, n_embd 64, n_head 4, n_layer 2 (not the 355M "
                            f"that --model asked for) from {models_dir / '355M'}")
@@ -258,7 +259,7 @@ def test_a_folder_holding_another_shape_than_its_size_says_what_was_loaded(model
 def test_a_model_folder_says_its_shape_in_words(tmp_path, capsys, n_layer, n_head, words):
     hparams = {"n_vocab": 512, "n_ctx": 16, "n_embd": 32, "n_head": n_head, "n_layer": n_layer}
     save_model(tmp_path, hparams, random_params(hparams, 0), PACKAGED_VOCABULARY)
-    cli.load_model(Namespace(model=tmp_path, models_dir=None, source="openai"))
+    cli.model_from_args(Namespace(model=tmp_path, models_dir=None, source="openai"))
     [line] = capsys.readouterr().err.splitlines()
     assert re.fullmatch(f"loaded a GPT-2 of {words}, from {re.escape(str(tmp_path))} in [0-9]+\\.[0-9] s", line), line
 

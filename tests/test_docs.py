@@ -244,7 +244,7 @@ def test_a_failing_block_fails_and_only_marked_blocks_run(tmp_path):
         run_blocks("page.md", text, tmp_path, environment(tmp_path))
 
 
-@pytest.mark.parametrize("function", ["gpt2_numpy.tokenizer:Tokenizer._textbook_bpe",
+@pytest.mark.parametrize("function", ["gpt2_numpy.tokenizer:Tokenizer.textbook_bpe",
                                       "gpt2_numpy.tokenizer:replace_pair",
                                       "gpt2_numpy.tokenizer_train:train_bpe_textbook"])
 def test_the_tokenizer_page_prints_the_textbook_code_as_it_is(function):  # as README.md prints model.py

@@ -26,15 +26,17 @@ import pytest
 import requests
 import urllib3
 
-from gpt2_numpy import fetch, weights
+from gpt2_numpy import fetch, locks, marker, verification, weights
 from gpt2_numpy.catalog import SOURCES, file_url
-from gpt2_numpy.checkpoint import load_params
+from gpt2_numpy.formats.checkpoint import load_params
 from gpt2_numpy.commands import download as download_command
 from gpt2_numpy.errors import CheckpointError, DownloadError, Gpt2NumpyError, Interrupted, UsageError
 from gpt2_numpy.formats.tf_bundle import TensorBundle, table_records
 from gpt2_numpy.params import random_params
 from gpt2_numpy.tokenizer import bytes_to_unicode
-from gpt2_numpy.weights import ensure_model, models_dir_path
+from gpt2_numpy.model_dirs import models_dir_path
+from gpt2_numpy.staging import STAGING
+from gpt2_numpy.weights import ensure_model
 from tests.conftest import FIXTURES, REPO, UNREACHABLE
 from scripts.common.fuzzing.tf_index import FIXED32, fields_of, fields_of_value, proto, set_field, table
 from tests.http_server import Cut, FileServer, Throttle, hf_layout_files, official_layout_files
@@ -67,7 +69,7 @@ def mirror(monkeypatch, files, **options):  # a FileServer that GPT2_NUMPY_BASE_
 def assert_installed(folder, files):  # exactly the served files, byte for byte, and nothing half-done beside them
     for url_path, source in files.items():
         assert (folder / Path(url_path).name).read_bytes() == Path(source).read_bytes(), url_path
-    expected = {Path(url_path).name for url_path in files} | {weights.LOCK, weights.MARKER}
+    expected = {Path(url_path).name for url_path in files} | {weights.LOCK, marker.MARKER}
     assert {path.name for path in folder.iterdir()} == expected
 
 
@@ -154,7 +156,7 @@ def test_missing_file_404_fails_at_once_naming_the_url(tmp_path, monkeypatch):
     assert server.requested("/124M/vocab.bpe") == [None]  # a 404 is not retried
     assert layout_names_in(tmp_path / "124M") == set()
     # the files before vocab.bpe stay staged for a rerun
-    assert names_in(tmp_path / "124M" / weights.STAGING) == {"checkpoint", "hparams.json", "encoder.json"}
+    assert names_in(tmp_path / "124M" / STAGING) == {"checkpoint", "hparams.json", "encoder.json"}
 
 
 def test_server_errors_are_retried_3_times_with_doubling_waits_then_reported(tmp_path, monkeypatch):
@@ -192,8 +194,8 @@ def test_a_bad_download_is_deleted_alone_and_fetched_again(tmp_path, monkeypatch
     assert str(caught.value).startswith(str(folder / name))  # named where it will be, not inside .download/
     assert problem in str(caught.value)
     assert str(caught.value).endswith(f"deleted the downloaded {name}, so the next run fetches a fresh copy")
-    assert names_in(folder) == {weights.LOCK, weights.STAGING}  # nothing under a final name, no marker
-    assert names_in(folder / weights.STAGING) == set(OPENAI_FILES) - {name}  # the good files wait for a rerun
+    assert names_in(folder) == {weights.LOCK, STAGING}  # nothing under a final name, no marker
+    assert names_in(folder / STAGING) == set(OPENAI_FILES) - {name}  # the good files wait for a rerun
     with mirror(monkeypatch, files) as server:  # a good server afterwards fetches only the bad file again
         assert_installed(ensure_model("124M", tmp_path), files)
     assert server.requests == [(url_path, None, 200)]
@@ -272,11 +274,11 @@ def test_files_placed_by_hand_are_verified_once_without_network(tmp_path, monkey
     files = official_layout_files()
     folder = tmp_path / "124M"
     place_by_hand(folder, files)
-    (folder / weights.STAGING).mkdir()  # a download given up before the user placed the files: no longer needed
-    (folder / weights.STAGING / f"{Path(DATA).name}.part").write_bytes(b"\0" * 1000)
+    (folder / STAGING).mkdir()  # a download given up before the user placed the files: no longer needed
+    (folder / STAGING / f"{Path(DATA).name}.part").write_bytes(b"\0" * 1000)
     assert ensure_model("124M", tmp_path) == folder
     assert_installed(folder, files)
-    assert json.loads((folder / weights.MARKER).read_text()) == {  # what os.stat says of each file as placed
+    assert json.loads((folder / marker.MARKER).read_text()) == {  # what os.stat says of each file as placed
         name: [status.st_size, status.st_mtime_ns, status.st_ino]
         for name, status in ((Path(url_path).name, (folder / Path(url_path).name).stat()) for url_path in files)
     }
@@ -316,7 +318,7 @@ def test_a_bad_file_placed_by_hand_keeps_the_fresh_downloads_for_the_rerun(tmp_p
         assert f"left {data.name} in {folder} untouched" in str(caught.value)
         assert layout_names_in(folder) == {Path(path).name for path in by_hand}  # no fetched bytes under final names
         fetched = {Path(path).name for path in files} - layout_names_in(folder)
-        assert names_in(folder / weights.STAGING) == fetched
+        assert names_in(folder / STAGING) == fetched
         shutil.copyfile(files[DATA], data)  # the user replaces the bad file
         requests_before = list(server.requests)
         assert_installed(ensure_model("124M", tmp_path), files)
@@ -360,7 +362,7 @@ def test_verification_stopped_midway_leaves_the_files_placed_by_hand_where_they_
             stopped = outcome(lambda: ensure_model("124M", tmp_path))
         assert {name: (folder / name).read_bytes() for name in placed_bytes} == placed_bytes  # back, unchanged
         assert isinstance(stopped, Interrupted if isinstance(stop, KeyboardInterrupt) else type(stop))
-        assert not (folder / weights.MARKER).exists()
+        assert not (folder / marker.MARKER).exists()
         # the rerun finds the damaged file where the user put it, names it, and keeps it
         with pytest.raises(CheckpointError) as caught:
             ensure_model("124M", tmp_path)
@@ -375,7 +377,7 @@ def test_verification_stopped_midway_leaves_the_files_placed_by_hand_where_they_
 def test_a_part_as_long_as_the_file_is_kept_and_a_longer_one_starts_over(tmp_path, monkeypatch, capsys, extra):
     files = official_layout_files()
     data = files[DATA].read_bytes()
-    staging = tmp_path / "124M" / weights.STAGING
+    staging = tmp_path / "124M" / STAGING
     staging.mkdir(parents=True)
     (staging / f"{Path(DATA).name}.part").write_bytes(data + b"x" * extra)  # killed just before the rename
     with mirror(monkeypatch, files) as server:
@@ -400,7 +402,7 @@ def test_a_resume_answered_from_byte_0_is_refused_and_the_part_kept(tmp_path, mo
     assert server.requested(DATA) == [None] + [f"bytes={kept}-"] * 4  # the cut, then 1 + 3 retries that add nothing
     assert f"Content-Range 'bytes 0-{len(data) - 1}/{len(data)}'" in str(caught.value)
     # appending the whole file after the kept bytes would have made a part that is neither file nor prefix
-    assert (tmp_path / "124M" / weights.STAGING / f"{Path(DATA).name}.part").read_bytes() == data[:kept]
+    assert (tmp_path / "124M" / STAGING / f"{Path(DATA).name}.part").read_bytes() == data[:kept]
 
 
 def test_a_part_growing_past_the_announced_size_is_deleted_at_once(tmp_path, monkeypatch, capsys):
@@ -433,7 +435,7 @@ def test_a_checkpoint_file_naming_weights_outside_the_folder_installs_nothing(tm
         with pytest.raises(Gpt2NumpyError):
             ensure_model("124M", tmp_path)
     assert layout_names_in(folder) == set()
-    assert not (folder / weights.MARKER).exists()
+    assert not (folder / marker.MARKER).exists()
 
 
 def test_without_hard_links_files_placed_by_hand_are_copied_for_verification(tmp_path, monkeypatch):
@@ -469,9 +471,9 @@ def test_a_read_only_folder_is_verified_on_every_run_and_never_written(tmp_path,
 
 def test_the_windows_lock_makes_a_second_holder_wait_for_the_first(tmp_path, monkeypatch, capsys):
     msvcrt = importlib.import_module("msvcrt" if sys.platform == "win32" else "tests.fake_msvcrt")
-    monkeypatch.setattr(weights, "fcntl", None)
-    monkeypatch.setattr(weights, "msvcrt", msvcrt)
-    monkeypatch.setattr(weights, "LOCK_POLL_SECONDS", 0.01)
+    monkeypatch.setattr(locks, "fcntl", None)
+    monkeypatch.setattr(locks, "msvcrt", msvcrt)
+    monkeypatch.setattr(locks, "LOCK_POLL_SECONDS", 0.01)
     folder = tmp_path / "124M"
     events, stderr = [], []
 
@@ -516,7 +518,7 @@ def test_a_waiter_whose_lock_file_was_deleted_locks_the_file_now_in_its_place(tm
     def second_holder():
         with weights.locked(folder):
             with (folder / weights.LOCK).open("a") as third:  # another process's try, as the second holds the lock
-                checked.append(weights.take_lock(third, folder, wait=False))
+                checked.append(locks.take_lock(third, folder, wait=False))
 
     with weights.locked(folder):
         second = threading.Thread(target=second_holder)
@@ -600,7 +602,7 @@ def test_file_system_errors_get_advice_that_fits(tmp_path, code, advice):
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs Linux's /dev/full")
 def test_full_disk_is_reported(tmp_path, monkeypatch):
-    staging = tmp_path / "124M" / weights.STAGING
+    staging = tmp_path / "124M" / STAGING
     staging.mkdir(parents=True)
     (staging / "checkpoint.part").symlink_to("/dev/full")  # every write there fails with ENOSPC
     with mirror(monkeypatch, official_layout_files()):
@@ -697,7 +699,7 @@ def start_small_chunk_cli(models_dir, env, name):  # -> Popen: the download CLI 
 def test_a_download_stopped_mid_file_resumes_on_the_rerun_and_ends_byte_exact(tmp_path, stop):
     files = official_layout_files()
     models_dir = tmp_path / "models"
-    staging = models_dir / "124M" / weights.STAGING
+    staging = models_dir / "124M" / STAGING
     part = staging / f"{Path(DATA).name}.part"
     with FileServer(files, faults={DATA: [Throttle(100_000)]}) as server:  # 5 s for the data file, if not stopped
         env = {**os.environ, "GPT2_NUMPY_BASE_URL": server.url}
@@ -745,7 +747,7 @@ def test_a_vocabulary_placed_by_hand_too_small_for_the_model_is_blamed_and_every
             assert "left encoder.json in" in message and "hparams.json, kept for the next run" in message
             assert "deleted" not in message
             assert {name: (folder / name).read_bytes() for name in placed} == placed
-            assert names_in(folder / weights.STAGING) == set(OPENAI_FILES) - set(placed)
+            assert names_in(folder / STAGING) == set(OPENAI_FILES) - set(placed)
         assert sorted(path for path, _, _ in server.requests) == sorted(
             path for path in files if Path(path).name not in placed)  # each download once
         requests_before = len(server.requests)
@@ -775,7 +777,7 @@ def test_hyperparameters_placed_by_hand_that_do_not_fit_the_download_are_blamed_
             assert "lack blocks/2/" in message  # the weights have 2 layers, the user's file says 3
             assert f"left {name} in {folder} untouched (it does not fit the downloaded" in message
             assert "deleted" not in message
-            assert names_in(folder / weights.STAGING) == {Path(path).name for path in files} - {name}
+            assert names_in(folder / STAGING) == {Path(path).name for path in files} - {name}
         assert sorted(path for path, _, _ in server.requests) == sorted(set(files) - {f"/124M/{name}"})
         requests_before = len(server.requests)
         shutil.copyfile(files[f"/124M/{name}"], folder / name)
@@ -801,7 +803,7 @@ def test_an_index_placed_by_hand_that_fails_the_downloaded_data_is_blamed_and_th
         assert "tensor model/wte fails its CRC32C check" in str(caught.value)
         assert (f"left model.ckpt.index in {folder} untouched (it does not fit the downloaded "
                 "model.ckpt.data-00000-of-00001") in str(caught.value)
-        assert Path(DATA).name in names_in(folder / weights.STAGING)
+        assert Path(DATA).name in names_in(folder / STAGING)
         requests_before = len(server.requests)
         shutil.copyfile(files["/124M/model.ckpt.index"], index)
         assert_installed(ensure_model("124M", tmp_path), files)
@@ -815,7 +817,7 @@ def test_served_hyperparameters_that_do_not_fit_the_served_weights_are_deleted_a
     with mirror(monkeypatch, {**files, "/124M/hparams.json": json.dumps({**hparams, "n_layer": 3}).encode()}):
         with pytest.raises(DownloadError, match="deleted the downloaded hparams.json, so the next run fetches"):
             ensure_model("124M", tmp_path)
-    assert names_in(tmp_path / "124M" / weights.STAGING) == set(OPENAI_FILES) - {"hparams.json"}
+    assert names_in(tmp_path / "124M" / STAGING) == set(OPENAI_FILES) - {"hparams.json"}
     with mirror(monkeypatch, files) as server:
         assert_installed(ensure_model("124M", tmp_path), files)
     assert server.requests == [("/124M/hparams.json", None, 200)]
@@ -831,9 +833,9 @@ def test_an_error_naming_no_file_deletes_nothing(tmp_path, monkeypatch):
     def no_file_named(model_dir, source):  # an error about the folder as a whole
         raise CheckpointError(f"{model_dir} holds something odd")
 
-    monkeypatch.setattr(weights, "check_model", no_file_named)
+    monkeypatch.setattr(verification, "check_model", no_file_named)
     with pytest.raises(CheckpointError) as caught:
-        weights.verify(staging, folder, SOURCES["openai"], fetched=files[:4])
+        verification.verify(staging, folder, SOURCES["openai"], fetched=files[:4])
     assert str(caught.value) == f"{folder} holds something odd"
     assert sorted(path.name for path in staging.iterdir()) == sorted(files)
 
@@ -889,8 +891,8 @@ def test_a_huggingface_download_unlike_its_published_sha256_is_deleted_and_fetch
     else:
         assert f"has {size:,} bytes but the server published X-Linked-Size {size + 4:,}" in message
     assert message.endswith("deleted it, so the next run fetches a fresh copy")
-    assert names_in(folder) == {weights.LOCK, weights.STAGING}  # nothing installed, no marker
-    assert names_in(folder / weights.STAGING) == HF_NAMES - {"model.safetensors"}
+    assert names_in(folder) == {weights.LOCK, STAGING}  # nothing installed, no marker
+    assert names_in(folder / STAGING) == HF_NAMES - {"model.safetensors"}
     with mirror(monkeypatch, files, published={HF_WEIGHTS: published(data)}) as server:
         assert_installed(ensure_model("124M", tmp_path, source="huggingface"), files)
     assert server.requests == [(HF_WEIGHTS, None, 200)]
@@ -908,7 +910,7 @@ def test_a_published_sha256_unlike_only_in_its_last_digits_is_refused(tmp_path, 
     with mirror(monkeypatch, files, published={HF_WEIGHTS: (announced, size)}):
         with pytest.raises(DownloadError, match=f"has SHA-256 {digest} but the server published {announced} "):
             ensure_model("124M", tmp_path, source="huggingface")
-    assert names_in(tmp_path / "124M-hf" / weights.STAGING) == HF_NAMES - {"model.safetensors"}  # deleted
+    assert names_in(tmp_path / "124M-hf" / STAGING) == HF_NAMES - {"model.safetensors"}  # deleted
 
 
 @pytest.mark.parametrize("damage", [None, "a flipped byte"])
@@ -970,7 +972,7 @@ def test_a_file_as_new_as_the_record_is_verified_again(tmp_path, monkeypatch):
         folder = ensure_model("124M", tmp_path)
     data = folder / Path(DATA).name
     times = data.stat()
-    os.utime(folder / weights.MARKER, ns=(times.st_atime_ns, times.st_mtime_ns))  # one tick for the file and marker
+    os.utime(folder / marker.MARKER, ns=(times.st_atime_ns, times.st_mtime_ns))  # one tick for the file and marker
     with open(data, "r+b") as file:
         file.write(b"\xff\xff\xff\xff")
     os.utime(data, ns=(times.st_atime_ns, times.st_mtime_ns))  # the rewrite within the same tick: the time unchanged

@@ -27,7 +27,7 @@ from gpt2_numpy.model import block, gpt2
 from gpt2_numpy.params import random_params
 from gpt2_numpy.tokenizer import load_tokenizer
 from tests.conftest import FIXTURES, REPO, assert_one_error_line, byte_model_dir, run_explain, tiny_models_dir
-from tests.test_tokenizer_command import read_only_file_system
+from tests.test_cli_tokenizer import read_only_file_system
 
 CONFIGS = json.loads((FIXTURES / "configs.json").read_text())
 HF_TOLERANCE = 1e-5  # max |weights - HF's| in float32; measured 1.3e-6 (tiny) and 1.1e-6 (odd_heads)
@@ -272,7 +272,7 @@ def test_token_labels_show_whitespace_and_bytes_and_are_cut_to_width():
 def test_an_empty_prompt_explains_from_endoftext(monkeypatch, capsys):
     tokenizer = load_tokenizer()
     hparams = {"n_vocab": tokenizer.n_vocab, "n_ctx": 8, "n_embd": 16, "n_head": 2, "n_layer": 1}
-    monkeypatch.setattr(explain_cli, "load_model", lambda args: (hparams, random_params(hparams, 0), tokenizer))
+    monkeypatch.setattr(explain_cli, "model_from_args", lambda args: (hparams, random_params(hparams, 0), tokenizer))
     assert run([""]) == 0
     tokens = section(capsys.readouterr().out, 1)
     assert "<|endoftext|>" in tokens[0]
@@ -300,7 +300,7 @@ def test_the_figure_draws_each_head_with_the_future_left_empty(steps):
 def test_head_all_plots_every_head_of_the_layer_and_prints_head_0(tiny, monkeypatch, capsys, tmp_path):
     hparams, params, _ = tiny
     tokenizer = load_tokenizer()
-    monkeypatch.setattr(explain_cli, "load_model", lambda args: (hparams, params, tokenizer))
+    monkeypatch.setattr(explain_cli, "model_from_args", lambda args: (hparams, params, tokenizer))
     figures = []
     monkeypatch.setattr(explain_cli, "save_figure", lambda figure, path: (figures.append((figure, path)),
                                                                           path.write_bytes(b"a picture")))
@@ -452,7 +452,7 @@ def test_a_prompt_with_dollar_signs_plots(monkeypatch, tmp_path):
     # matplotlib reads a label with two "$" as mathtext: '$$' failed to draw, "$x$" would show an italic x
     tokenizer = load_tokenizer()
     hparams = {"n_vocab": tokenizer.n_vocab, "n_ctx": 16, "n_embd": 16, "n_head": 2, "n_layer": 1}
-    monkeypatch.setattr(explain_cli, "load_model", lambda args: (hparams, random_params(hparams, 0), tokenizer))
+    monkeypatch.setattr(explain_cli, "model_from_args", lambda args: (hparams, random_params(hparams, 0), tokenizer))
     prompt = "It costs $$5 or $x$ or a$b"
     assert any("$$" in tokenizer.decode([token_id]) for token_id in tokenizer.encode(prompt))  # one token: '$$'
     target = tmp_path / "dollars.png"

@@ -198,13 +198,14 @@ def test_lens_of_a_short_prompt_shows_every_position(models_dir):
 
 @pytest.mark.parametrize("n_head", [3, 0, "4", None])
 def test_every_function_of_the_api_names_a_head_count_that_does_not_divide_the_width(n_head):
-    # the same words as gpt2's (fast.check_heads), not NumPy's reshape error from deep inside a block
+    # the same words as gpt2's (checks.check_heads), not NumPy's reshape error from deep inside a block
     import gpt2_numpy
+    from gpt2_numpy.decode import generate
 
     params = random_params({"n_vocab": 16, "n_ctx": 8, "n_embd": 8, "n_head": 2, "n_layer": 2}, 0)
     message = f"n_head={n_head!r} must be a whole number >= 1 that divides n_embd=8"
     calls = [gpt2_numpy.trace, gpt2_numpy.logit_lens, gpt2_numpy.attention_weights, gpt2_numpy.token_log_probs,
-             lambda ids, params, n_head: gpt2_numpy.generate(ids, params, n_head, 2),
+             lambda ids, params, n_head: generate(ids, params, n_head, 2),
              lambda ids, params, n_head: gpt2_numpy.gpt2(ids, **params, n_head=n_head)]
     for call in calls:
         with pytest.raises(ValueError, match=f"^{re.escape(message)}"):

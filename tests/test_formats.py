@@ -7,7 +7,7 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from gpt2_numpy.checkpoint import load_params
+from gpt2_numpy.formats.checkpoint import load_params
 from gpt2_numpy.errors import CheckpointError
 from gpt2_numpy.formats import crc32c as crc_module
 from gpt2_numpy.formats.crc32c import crc32c, masked_crc32c

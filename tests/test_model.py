@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from gpt2_numpy import model
+from gpt2_numpy import decode, model
 from tests.conftest import HF_TOLERANCE, load_reference
 
 
@@ -108,3 +108,12 @@ def test_split_and_merge_heads_are_inverse_and_cut_the_embedding():
     assert heads.shape == (2, 3, 5, 4)
     np.testing.assert_array_equal(heads[1, 2, 4], x[1, 4, 8:12])  # head 2 of position 4: embedding columns 8-11
     np.testing.assert_array_equal(model.merge_heads(heads), x)
+
+
+def test_greedy_generate_gives_hugging_face_s_ids_and_those_of_the_cached_loop():
+    hparams, params, reference = load_reference("tiny")
+    prompt, hf_ids = reference["greedy_prompt"].tolist(), reference["greedy_ids"].tolist()
+    ids = model.generate(prompt, params, hparams["n_head"], len(hf_ids))
+    assert ids == hf_ids and len(hf_ids) >= 20
+    assert ids == decode.generate(prompt, params, hparams["n_head"], len(hf_ids), stop_at_eos=False)
+    assert prompt == reference["greedy_prompt"].tolist()  # the caller's list is left as it was

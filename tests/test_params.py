@@ -5,7 +5,7 @@ import random
 import numpy as np
 import pytest
 
-from gpt2_numpy.backward import loss_and_grads
+from gpt2_numpy.fast_backward import loss_and_grads
 from gpt2_numpy.formats.tf_bundle import read_index
 from gpt2_numpy.params import block_shapes, flatten, gpt2_init, map_leaves, nest, random_params, top_shapes
 from tests.conftest import shared_path

@@ -6,13 +6,13 @@ import json
 import numpy as np
 import pytest
 
-from gpt2_numpy.checkpoint import load_params
+from gpt2_numpy.formats.checkpoint import load_params
 from gpt2_numpy.generate import generate
 from gpt2_numpy.model import gpt2
 from gpt2_numpy.tokenizer import load_tokenizer
 from tests.conftest import REPO
-from tests.test_cli import cli
-from tests.test_score import score_cli
+from tests.test_cli_generate import cli
+from tests.test_likelihood import score_cli
 
 WEIGHTS = REPO / "weights" / "124M"
 # the official files (see ../shared/gpt2-official/README.md): the index holds every tensor's CRC32C, so it tells the

@@ -54,8 +54,8 @@ def mismatches(ours, theirs, inputs):  # -> the first few inputs on which the tw
     return [value for value in inputs if ours(value) != theirs(value)][:5]
 
 
-def textbook_encoder(tokenizer):  # -> encode(text) that runs the textbook BPE (Tokenizer._textbook_bpe) on every word
-    word_ids = cache(lambda word: tokenizer._textbook_bpe(word.encode("utf-8")))  # words repeat: each is run once
+def textbook_encoder(tokenizer):  # -> encode(text) that runs the textbook BPE (Tokenizer.textbook_bpe) on every word
+    word_ids = cache(lambda word: tokenizer.textbook_bpe(word.encode("utf-8")))  # words repeat: each is run once
     return lambda text: [token_id for word in WORD_PATTERN.findall(text) for token_id in word_ids(word)]
 
 
@@ -63,12 +63,12 @@ def test_encode_matches_tiktoken_on_generated_strings(tokenizer, reference, stri
     assert mismatches(tokenizer.encode, reference.encode_ordinary, strings) == []
 
 
-def test_textbook_bpe_matches_tiktoken_on_generated_strings(tokenizer, reference, strings):
+def testtextbook_bpe_matches_tiktoken_on_generated_strings(tokenizer, reference, strings):
     assert mismatches(textbook_encoder(tokenizer), reference.encode_ordinary, strings) == []
 
 
 @pytest.mark.parametrize("name", large_texts())
-def test_textbook_bpe_matches_tiktoken_on_large_texts(tokenizer, reference, name):
+def testtextbook_bpe_matches_tiktoken_on_large_texts(tokenizer, reference, name):
     text = large_texts()[name]
     assert textbook_encoder(tokenizer)(text) == reference.encode_ordinary(text)
 
@@ -142,7 +142,7 @@ def test_vocabulary_facts(tokenizer, reference):
     assert tokenizer.decode([EOT_ID]) == EOT
 
 
-@pytest.mark.parametrize("bpe", ["_bpe", "_textbook_bpe"])
+@pytest.mark.parametrize("bpe", ["_bpe", "textbook_bpe"])
 def test_every_token_is_rebuilt_by_merging_its_bytes(tokenizer, bpe):
     # why encode may take a word that is itself a token without running BPE: BPE would end at that token anyway
     token_ids = range(EOT_ID)  # every id but <|endoftext|>, the last
@@ -168,10 +168,10 @@ def test_long_words_match_tiktoken(tokenizer, reference, name):
 
 
 @pytest.mark.parametrize("name", LONG_WORDS)
-def test_textbook_bpe_matches_tiktoken_on_the_start_of_long_words(tokenizer, reference, name):
+def testtextbook_bpe_matches_tiktoken_on_the_start_of_long_words(tokenizer, reference, name):
     word = LONG_WORDS[name][:TEXTBOOK_WORD_CHARS]  # the textbook's work grows with the square of a word's length
-    assert tokenizer._textbook_bpe(word.encode("utf-8")) == tokenizer._bpe(word.encode("utf-8"))
-    assert tokenizer._textbook_bpe(word.encode("utf-8")) == reference.encode_ordinary(word)
+    assert tokenizer.textbook_bpe(word.encode("utf-8")) == tokenizer._bpe(word.encode("utf-8"))
+    assert tokenizer.textbook_bpe(word.encode("utf-8")) == reference.encode_ordinary(word)
 
 
 BENCHMARK_PIECES = {  # scripts/bench/tokenizer.py's long pieces at its smaller size, and runs of one pair

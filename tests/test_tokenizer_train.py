@@ -103,7 +103,7 @@ def test_saved_folder_gives_gpt2_tokenizer_fast_ids(encoding, request, tmp_path)
     assert ours == encoding["ids"]
     # the textbook encode of each word gives the same ids (these texts hold <|endoftext|> only as ordinary text)
     plain = [(text, ids) for text, ids in zip(REFERENCE["probe_texts"], encoding["ids"]) if EOT not in text]
-    textbook = [[i for word in WORD_PATTERN.findall(text) for i in tokenizer._textbook_bpe(word.encode())]
+    textbook = [[i for word in WORD_PATTERN.findall(text) for i in tokenizer.textbook_bpe(word.encode())]
                 for text, _ in plain]
     assert textbook == [ids for _, ids in plain]
 

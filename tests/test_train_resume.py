@@ -17,15 +17,15 @@ import sys
 import numpy as np
 import pytest
 
-from gpt2_numpy import backward, fast, model
-from gpt2_numpy.checkpoint import load_params
+from gpt2_numpy import fast, fast_backward, model
+from gpt2_numpy.formats.checkpoint import load_params
 from gpt2_numpy.interpret import repeated_tokens, trace
 from gpt2_numpy.params import gpt2_init, random_params
 from gpt2_numpy.save import save_model
 from gpt2_numpy.tokenizer import PACKAGED_VOCABULARY
 from gpt2_numpy.training import Batches, eval_loss, val_windows
 from tests.conftest import FIXTURES, HF_TOLERANCE, REPO, assert_one_error_line
-from tests.test_train import SHAPE, assert_same_weights, log_rows, run_cli, weights
+from tests.test_cli_train import SHAPE, assert_same_weights, log_rows, run_cli, weights
 
 TINY = json.loads((FIXTURES / "configs.json").read_text())["tiny"]
 # 8-token windows, half the text held out: a text of a hundred tokens makes an epoch of a few steps
@@ -473,7 +473,7 @@ def test_resuming_a_damaged_run_is_one_error_line_and_writes_nothing(tmp_path, s
 
 def test_the_saved_config_carries_the_epsilon_the_model_uses(tmp_path, short_text):
     # GPT-2's layer norms use 1e-5 (OpenAI's model.py: norm(..., epsilon=1e-5); GPT2Config's layer_norm_epsilon)
-    for function in (model.layer_norm, fast.layer_norm, backward.layer_norm_forward):
+    for function in (model.layer_norm, fast.layer_norm, fast_backward.layer_norm_forward):
         assert inspect.signature(function).parameters["eps"].default == 1e-5, function
     out = tmp_path / "out"
     assert train(short_text, out, *FLAGS, "--seed", 4, "--steps", 0).returncode == 0

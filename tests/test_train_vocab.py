@@ -13,14 +13,14 @@ import numpy as np
 import pytest
 
 from gpt2_numpy import model
-from gpt2_numpy.checkpoint import load_params
+from gpt2_numpy.formats.checkpoint import load_params
 from gpt2_numpy.commands import train as train_command
 from gpt2_numpy.errors import UsageError
 from gpt2_numpy.generate import generate
 from gpt2_numpy.params import random_params
 from gpt2_numpy.tokenizer import PACKAGED_VOCABULARY, load_tokenizer
 from tests.conftest import assert_one_error_line
-from tests.test_train import SHAPE, log_rows, run_cli
+from tests.test_cli_train import SHAPE, log_rows, run_cli
 
 WORDS = "the king and queen of a far land rode out to see what the sea had left upon its sand".split()
 FLAGS = [*SHAPE, "--seq-len", 16, "--batch-size", 2, "--eval-batches", 2, "--warmup", 2, "--lr", 1e-2,

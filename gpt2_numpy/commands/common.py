@@ -235,7 +235,7 @@ def model_size(args):  # -> the official size add_model_args's flags name, or No
     return model if isinstance(model, str) else None
 
 
-def load_model(args):  # -> hparams, params, tokenizer of the model add_model_args's flags name, verified before use
+def model_from_args(args):  # -> Model(hparams, params, tokenizer) that add_model_args's flags name, verified before use
     size = model_size(args)
     # a size: missing files are downloaded, and files never verified are verified once (a damaged file placed by hand
     # is refused with the downloader's own error instead of generating garbage), so loading only memory-maps them. A
@@ -244,9 +244,9 @@ def load_model(args):  # -> hparams, params, tokenizer of the model add_model_ar
     name = None if size else f"--model {args.model}"
     keep_freed_memory()  # every command runs forward passes next, which free and reallocate the same large arrays
     start = time.perf_counter()
-    hparams, params, tokenizer = load_folder(model_dir, name)
-    log(f"loaded {loaded_name(size, hparams)} from {model_dir} in {time.perf_counter() - start:.1f} s")
-    return hparams, params, tokenizer
+    model = load_folder(model_dir, name)
+    log(f"loaded {loaded_name(size, model.hparams)} from {model_dir} in {time.perf_counter() - start:.1f} s")
+    return model
 
 
 def loaded_name(size, hparams):  # -> "GPT-2 124M", or the shape of what a folder holds

@@ -10,7 +10,9 @@ from gpt2_numpy.commands.common import (
 )
 from gpt2_numpy.console import log
 from gpt2_numpy.errors import UsageError
-from gpt2_numpy.weights import MARKER, ensure_model, is_complete, model_files
+from gpt2_numpy.marker import MARKER, is_complete
+from gpt2_numpy.model_dirs import model_files
+from gpt2_numpy.weights import ensure_model
 
 
 

@@ -15,7 +15,7 @@ import os
 
 from gpt2_numpy.catalog import OFFICIAL_HPARAMS
 from gpt2_numpy.commands.common import (
-    ArgumentParser, add_model_args, load_model, model_size, open_stdout, path_argument, read_prompt, run_model_cli,
+    ArgumentParser, add_model_args, model_from_args, model_size, open_stdout, path_argument, read_prompt, run_model_cli,
     whole_number, write_stdout,
 )
 from gpt2_numpy.console import log, plural, progress_bar
@@ -31,7 +31,8 @@ from gpt2_numpy.interpret.page import check_page_file, page_html, write_page
 from gpt2_numpy.interpret.patching import patching, patching_json, patching_table
 from gpt2_numpy.interpret.plot import PLOT_INSTALL, attention_figure, check_plot_file, patching_figure, save_figure
 from gpt2_numpy.interpret.stepwise import check_index, report, token_label, walkthrough
-from gpt2_numpy.weights import is_complete, model_files
+from gpt2_numpy.marker import is_complete
+from gpt2_numpy.model_dirs import model_files
 
 HEADS_SEED = 0  # --heads's random tokens: the same table for the same model, unless --seed asks for others
 PROGRESS_DELAY = 2  # seconds a stage runs before its progress bar appears: a quick run prints none
@@ -147,7 +148,7 @@ def run(argv=None):  # -> exit status
     size = model_size(args)
     if size is not None and not is_complete(*model_files(size, args.models_dir, args.source)):
         layer_and_heads(args, OFFICIAL_HPARAMS[size])  # known before the download: a typo in --layer costs none
-    hparams, params, tokenizer = load_model(args)
+    hparams, params, tokenizer = model_from_args(args)
     ids, layer, heads = check_request(args, hparams, tokenizer, text)
     corrupt_ids = None if corrupt is None else check_corrupt(ids, tokenizer, corrupt, hparams["n_vocab"])
     attribute, answers = (None if given is None else answer_ids(tokenizer, given, flag, hparams["n_vocab"])

@@ -15,7 +15,7 @@ import time
 
 from gpt2_numpy.catalog import OFFICIAL_HPARAMS
 from gpt2_numpy.commands.common import (
-    ArgumentParser, add_model_args, load_model, model_size, open_stdout, read_prompt, run_model_cli,
+    ArgumentParser, add_model_args, model_from_args, model_size, open_stdout, read_prompt, run_model_cli,
     whole_number, write_stdout,
 )
 from gpt2_numpy.console import log, plural
@@ -90,7 +90,7 @@ def run(argv=None):  # -> exit status
     note_ignored_options(args, greedy)
     if not greedy and args.seed is None:  # drawn here, not inside numpy, so that --json can record every sample's seed
         args.seed = secrets.randbits(32)
-    hparams, params, tokenizer = load_model(args)
+    hparams, params, tokenizer = model_from_args(args)
     names = ["the prompt"] if len(texts) == 1 else [f"prompt {index + 1}" for index in range(len(texts))]
     prompts = [prompt_ids(tokenizer, text, hparams["n_vocab"], name) for text, name in zip(texts, names)]
     for prompt, name in zip(prompts, names):  # every prompt is checked before any text is printed

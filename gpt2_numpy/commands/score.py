@@ -14,7 +14,7 @@ import sys
 import numpy as np
 
 from gpt2_numpy.commands.common import (
-    ArgumentParser, add_model_args, load_model, open_stdout, path_argument, read_data, read_prompt, run_model_cli,
+    ArgumentParser, add_model_args, model_from_args, open_stdout, path_argument, read_data, read_prompt, run_model_cli,
     whole_number, write_stdout,
 )
 from gpt2_numpy.console import plural, progress_bar
@@ -69,7 +69,7 @@ def run(argv=None):  # -> exit status
         text = read_prompt(args.text, "the text")
     else:
         text = read_data(args.data, args.data_flag)
-    hparams, params, tokenizer = load_model(args)
+    hparams, params, tokenizer = model_from_args(args)
     ids = text_ids(tokenizer, text, hparams["n_vocab"], bos=not args.no_bos)
     log_probs = scored_with_progress(ids, params, hparams["n_head"], args.stride)
     scores = summary(log_probs, scored_bytes(tokenizer, ids))

@@ -1,7 +1,7 @@
 """Readers for the files GPT-2 weights ship in, with NumPy and the standard library only (no TensorFlow, no torch,
 no pickle): TensorFlow tensor bundles (tf_bundle), safetensors (safetensors), and the CRC32C they rely on (crc32c).
 
-The readers return arrays under the file's own tensor names; gpt2_numpy.checkpoint maps the names to our layout.
+The readers return arrays under the file's own tensor names; formats/checkpoint.py maps the names to our layout.
 """
 import errno
 import json

@@ -3,7 +3,6 @@ safetensors, read by this package's readers and the file helpers beside them.
 
 Either way the result is (hparams, params) with OpenAI's key names, weights [in, out] and float32 arrays. TF and F32
 safetensors arrays are read-only views of the memory-mapped files: loading is nearly free and pages are read on use.
-`gpt2_numpy.checkpoint.load_params` is the same function, under the path it has always had.
 """
 import os
 import re

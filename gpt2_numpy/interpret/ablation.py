@@ -18,7 +18,7 @@ from gpt2_numpy.interpret.heads import json_number
 from gpt2_numpy.interpret.stepwise import fit
 from gpt2_numpy.interpret.tracing import log_softmax, trace
 from gpt2_numpy.model import softmax
-from gpt2_numpy.decode import check_finite
+from gpt2_numpy.checks import check_finite
 
 TOP = 5  # next tokens shown before and after
 

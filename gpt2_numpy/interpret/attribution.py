@@ -20,7 +20,7 @@ import numpy as np
 
 from gpt2_numpy.interpret.tracing import trace
 from gpt2_numpy.model import layer_norm
-from gpt2_numpy.decode import check_finite
+from gpt2_numpy.checks import check_finite
 
 EPS = inspect.signature(layer_norm).parameters["eps"].default  # model.layer_norm's, which ln_f divides with
 

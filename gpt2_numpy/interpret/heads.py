@@ -18,7 +18,7 @@ import numpy as np
 from gpt2_numpy.console import plural
 from gpt2_numpy.errors import UsageError
 from gpt2_numpy.interpret.tracing import layer_weights, no_progress
-from gpt2_numpy.decode import check_finite
+from gpt2_numpy.checks import check_finite
 
 PROMPT_PATTERNS = ("previous_token", "first_token", "self")
 REPEAT_PATTERNS = ("duplicate_token", "induction")

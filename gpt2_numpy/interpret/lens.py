@@ -5,7 +5,7 @@ import numpy as np
 
 from gpt2_numpy.interpret.stepwise import cut, fit
 from gpt2_numpy.interpret.tracing import lens_layers, no_progress
-from gpt2_numpy.decode import check_finite
+from gpt2_numpy.checks import check_finite
 
 LENS_COLUMNS = 6  # positions shown: a longer prompt shows its last ones, which fit a 120-character line
 CELL = 17  # characters per column

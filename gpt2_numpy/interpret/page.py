@@ -19,7 +19,7 @@ import numpy as np
 from gpt2_numpy.interpret.files import check_output_file, write_atomically
 from gpt2_numpy.interpret.heads import heads_json, layer_scores, stacked
 from gpt2_numpy.interpret.tracing import block_traces, embedding, layer_weights, lens, no_progress
-from gpt2_numpy.decode import check_finite
+from gpt2_numpy.checks import check_finite
 
 WEIGHT_SCALE = 1000  # weights stored as round(w * 1000): exactly the 3 decimals shown, an error of at most 0.0005
 LENS_TOP = 5  # logit-lens tokens kept per layer and position

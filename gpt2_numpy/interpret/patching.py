@@ -20,7 +20,7 @@ import numpy as np
 from gpt2_numpy.interpret.edits import Edit, apply_edits, resid_pre
 from gpt2_numpy.interpret.stepwise import fit
 from gpt2_numpy.interpret.tracing import block_traces, no_progress, trace, unedited, unembedding
-from gpt2_numpy.decode import check_finite
+from gpt2_numpy.checks import check_finite
 from gpt2_numpy.errors import NothingToRecover
 from gpt2_numpy.model import layer_norm
 

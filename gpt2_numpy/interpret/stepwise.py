@@ -9,7 +9,7 @@ import math
 import numpy as np
 
 from gpt2_numpy.console import plural
-from gpt2_numpy.decode import check_finite
+from gpt2_numpy.checks import check_finite
 from gpt2_numpy.errors import UsageError
 from gpt2_numpy.interpret.tracing import block_trace, embedding, no_progress, residual_stream, unembedding
 from gpt2_numpy.model import causal_mask, layer_norm, merge_heads, softmax

@@ -21,7 +21,7 @@ import functools
 
 import numpy as np
 
-from gpt2_numpy.fast import check_heads, check_inputs
+from gpt2_numpy.checks import check_heads, check_inputs
 from gpt2_numpy.model import (
     attention_scores,
     block,

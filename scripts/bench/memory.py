@@ -2,7 +2,7 @@
 keep_freed_memory ("allocator") and the peak memory of whole generate runs ("peak memory"), each process fresh."""
 import numpy as np
 
-from gpt2_numpy.checkpoint import load_params
+from gpt2_numpy.formats.checkpoint import load_params
 from gpt2_numpy.formats.crc32c import crc32c
 from scripts.bench.harness import HF, OURS, PEAK_RSS_BYTES, blas_threads, fresh_process, median_seconds, row
 
@@ -38,7 +38,7 @@ ALLOCATOR = """
 import resource, sys, time
 import numpy as np
 from gpt2_numpy import fast as model, keep_freed_memory
-from gpt2_numpy.checkpoint import load_params
+from gpt2_numpy.formats.checkpoint import load_params
 from gpt2_numpy.params import random_params
 if sys.argv[2] == "keep":
     keep_freed_memory()
@@ -82,7 +82,7 @@ prompts = np.random.default_rng(0).integers(0, 50257, (n_rows, 16)).tolist()
 """
 PEAK_RSS_OURS = PEAK_RSS + """
 from gpt2_numpy import keep_freed_memory
-from gpt2_numpy.checkpoint import load_params
+from gpt2_numpy.formats.checkpoint import load_params
 from gpt2_numpy.generate import generate, generate_batch
 keep_freed_memory()  # as the CLIs do
 hparams, params = load_params(sys.argv[1])

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from gpt2_numpy import keep_freed_memory
-from gpt2_numpy.checkpoint import load_params
+from gpt2_numpy.formats.checkpoint import load_params
 from gpt2_numpy.commands.common import whole_number
 from gpt2_numpy.errors import Gpt2NumpyError
 from gpt2_numpy.score import iter_log_probs

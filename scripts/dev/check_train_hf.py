@@ -16,7 +16,7 @@ try:  # without the tools, --help still works and a run says in one line what to
     import torch
     from transformers import GPT2LMHeadModel
 
-    from gpt2_numpy.checkpoint import load_params
+    from gpt2_numpy.formats.checkpoint import load_params
     from gpt2_numpy.fast import gpt2
     from gpt2_numpy.tokenizer import load_tokenizer
 except ModuleNotFoundError as error:

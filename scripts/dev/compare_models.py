@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from gpt2_numpy import keep_freed_memory
-from gpt2_numpy.checkpoint import load_params
+from gpt2_numpy.formats.checkpoint import load_params
 from gpt2_numpy.errors import Gpt2NumpyError
 
 REPO = Path(__file__).resolve().parents[2]

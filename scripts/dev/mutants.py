@@ -6,11 +6,11 @@ tests that catch it.
 Every mutant must be caught. The test files that catch each part (the word before each mutant's colon):
 
     model,fast,cores (default)  tests/test_model.py tests/test_fast.py tests/test_cores.py
-    backward                    tests/test_backward.py
+    backward                    tests/test_fast_backward.py
     train,commands,optim,save   tests/test_train_resume.py tests/test_train_vocab.py tests/test_optim.py
     intervene                   tests/test_explain_intervene.py
     download                    tests/test_download.py
-    sampling,decode,tokenizer   tests/test_sampling.py tests/test_generate.py tests/test_tokenizer_command.py
+    sampling,decode,tokenizer   tests/test_sampling.py tests/test_decode.py tests/test_cli_tokenizer.py
     vocabulary,score,checkpoint,explain  tests/test_tokenizer.py tests/test_checkpoint.py tests/test_explain_trace.py
     "explain page"              tests/test_explain_page.py
 
@@ -115,11 +115,11 @@ MUTANTS = [  # (what, file, text, replacement)
      "    params = map_leaves(np.array, params)\n", "    loaded, params = params, map_leaves(np.array, params)\n"),
     ("train: --vocab-size 257 loads a vocabulary from --out", "gpt2_numpy/commands/train.py",
      "own = merges is not None", "own = bool(merges)"),
-    ("download: a waiter keeps a lock file its holder deleted", "gpt2_numpy/weights.py",
-     "if os.path.samestat(os.fstat(lock.fileno()), os.stat(folder / LOCK)):", "if True:"),
+    ("download: a waiter keeps a lock file its holder deleted", "gpt2_numpy/locks.py",
+     "if os.path.samestat(os.fstat(lock.fileno()), os.stat(path)):", "if True:"),
     ("download: a failed first download leaves its folders", "gpt2_numpy/save.py",
      "                path.rmdir()  # only an empty folder goes", "                pass"),
-    ("train: loss_and_grads takes targets of another shape", "gpt2_numpy/backward.py",
+    ("train: loss_and_grads takes targets of another shape", "gpt2_numpy/fast_backward.py",
      "if targets.shape != inputs.shape:", "if False:"),
     ("sampling: a [1, n_vocab] row taken as one position's logits", "gpt2_numpy/sampling.py",
      'if logits.ndim != 1 or logits.size == 0 or logits.dtype.kind != "f":',
@@ -148,14 +148,14 @@ MUTANTS = [  # (what, file, text, replacement)
      'step("attn.z", weighted_sum(softmax(scores + causal_mask(len(x))), v))'),
     ("intervene: a patched resid_pre one layer late", "gpt2_numpy/interpret/edits.py",
      'return "embed" if layer == 0 else f"blocks.{layer - 1}.out"', 'return f"blocks.{layer}.out"'),
-    # caught by tests/test_backward.py and tests/test_optim.py
-    ("backward: GELU's slope at x = 0 taken as 0", "gpt2_numpy/backward.py", "    out.fill(0.5)\n",
+    # caught by tests/test_fast_backward.py and tests/test_optim.py
+    ("backward: GELU's slope at x = 0 taken as 0", "gpt2_numpy/fast_backward.py", "    out.fill(0.5)\n",
      "    out.fill(0.0)\n"),
-    ("backward: each piece of the loss divided by its own rows, not by all", "gpt2_numpy/backward.py",
+    ("backward: each piece of the loss divided by its own rows, not by all", "gpt2_numpy/fast_backward.py",
      "logits /= z * n_positions", "logits /= z * len(targets)"),
-    ("backward: the softmax's backward without its row sums", "gpt2_numpy/backward.py",
+    ("backward: the softmax's backward without its row sums", "gpt2_numpy/fast_backward.py",
      "    d_out -= np.vecdot(d_out, y)[..., None]\n", ""),
-    ("backward: layer norm's backward keeps the gradient's mean", "gpt2_numpy/backward.py",
+    ("backward: layer norm's backward keeps the gradient's mean", "gpt2_numpy/fast_backward.py",
      "d_x -= d_x.mean(axis=-1, keepdims=True)", "d_x -= 0 * d_x.mean(axis=-1, keepdims=True)"),
     ("fast: the pieces of a chunked pass skip an item between them", "gpt2_numpy/fast.py",
      "slice(start, start + step)", "slice(start, start + step - 1)"),

@@ -6,3 +6,8 @@ from gpt2_numpy.interpret import (
 
 __all__ = ["attention_weights", "head_scores", "logit_lens", "repeated_tokens", "report", "token_label", "trace",
            "walkthrough"]
+
+if __name__ == "__main__":
+    from gpt2_numpy.commands.explain import main
+
+    main()

@@ -17,7 +17,7 @@ from gpt2_numpy.errors import UsageError
 from gpt2_numpy.tokenizer import load_tokenizer
 from gpt2_numpy.tokenizer_train import spelled_tokens, train_bpe_textbook
 from tests.conftest import assert_one_error_line
-from tests.test_train import run_cli
+from tests.test_cli_train import run_cli
 
 TEXT = "".join(f"the {word} and the {word}s of a {word}ed land.\n" for word in
                "king queen sea sand wind fire stone crown field river night".split()) * 3

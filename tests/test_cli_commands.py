@@ -5,12 +5,13 @@ import json
 import os
 import subprocess
 import sys
+import types
 from argparse import Namespace
 
 import pytest
 
 from gpt2_numpy.commands import COMMANDS
-from gpt2_numpy.commands.common import load_model, model_choice
+from gpt2_numpy.commands.common import model_from_args, model_choice
 from gpt2_numpy.params import random_params
 from gpt2_numpy.save import save_model
 from gpt2_numpy.tokenizer import PACKAGED_VOCABULARY
@@ -162,14 +163,17 @@ def test_no_library_module_imports_argparse_or_the_commands():
     assert len(library_modules()) > 20  # the walk found the package
 
 
-def test_gpt2_numpy_generate_is_the_function_even_once_the_module_is_imported():
-    import gpt2_numpy.generate  # noqa: F401 (importing the submodule replaces the package's attribute)
+def test_the_entry_points_keep_the_import_paths_that_0_1_0_documented():
+    import gpt2_numpy.generate
+    import gpt2_numpy.score
+    from gpt2_numpy import decode, explain, fast_backward, interpret, likelihood, train
+    from gpt2_numpy.generate import generate, generate_batch
 
-    hparams = {"n_vocab": 50, "n_ctx": 16, "n_embd": 8, "n_head": 2, "n_layer": 1}
-    params = random_params(hparams, 0)
-    from gpt2_numpy.decode import generate
-
-    assert gpt2_numpy.generate([1, 2, 3], params, 2, 4) == generate([1, 2, 3], params, 2, 4)
+    assert (generate, generate_batch) == (decode.generate, decode.generate_batch)
+    assert (explain.walkthrough, explain.head_scores) == (interpret.walkthrough, interpret.head_scores)
+    assert train.loss_and_grads is fast_backward.loss_and_grads
+    assert gpt2_numpy.score.token_log_probs is likelihood.token_log_probs
+    assert type(gpt2_numpy.generate) is types.ModuleType  # a plain module: nothing makes it callable
 
 
 # --- --model names a size or a folder, everywhere ---
@@ -194,7 +198,7 @@ def test_model_as_a_folder_loads_that_folder(tmp_path, monkeypatch, capsys):
     folder = tmp_path / "124M"  # a folder named like a size is a folder when written as a path
     save_model(folder, hparams, random_params(hparams, 0), PACKAGED_VOCABULARY)
     monkeypatch.chdir(tmp_path)
-    loaded, _, _ = load_model(Namespace(model=model_choice("./124M"), models_dir=None, source="openai"))
+    loaded, _, _ = model_from_args(Namespace(model=model_choice("./124M"), models_dir=None, source="openai"))
     assert loaded == hparams
     assert "loaded a GPT-2 of 1 layer, 8 wide, 2 heads, from 124M" in capsys.readouterr().err
 

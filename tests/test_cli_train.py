@@ -18,7 +18,7 @@ import time
 import numpy as np
 import pytest
 
-from gpt2_numpy.checkpoint import load_params
+from gpt2_numpy.formats.checkpoint import load_params
 from gpt2_numpy.params import flatten, random_params
 from gpt2_numpy.save import atomic_write, current_umask, save_model
 from gpt2_numpy.tokenizer import load_tokenizer
