@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gpt2_numpy import cores
 from gpt2_numpy.allocator import keep_freed_memory
 from gpt2_numpy.catalog import MODEL_SIZES, OFFICIAL_HPARAMS, SOURCES
 from gpt2_numpy.console import log, plural
@@ -36,6 +37,17 @@ class ArgumentParser(argparse.ArgumentParser):
         super().__init__(*args, allow_abbrev=False, **kwargs)
         self.dash_hint = dash_hint
         self.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
+        self.add_argument("--threads", type=whole_number(1), metavar="N",
+                          help=f"cores the model may use, NumPy's BLAS and gpt2_numpy's own threads together (default: "
+                          f"${cores.THREADS_VARIABLE}, else the {cores.available_cores()} this process may run on)")
+
+    def parse_known_args(self, args=None, namespace=None):  # -> (namespace, extras), the thread count now in force
+        namespace, extras = super().parse_known_args(args, namespace)
+        try:
+            cores.threads() if namespace.threads is None else cores.set_threads(namespace.threads)
+        except ValueError as error:  # a bad $GPT2_NUMPY_THREADS
+            raise UsageError(f"{error}; or unset it") from None
+        return namespace, extras
 
     def error(self, message):
         if self.dash_hint and ("arguments are required" in message or "unrecognized arguments: -" in message):
