@@ -34,7 +34,7 @@ OPENBLAS_NAMES = [(prefix + "set_num_threads" + suffix, prefix + "get_num_thread
                   for prefix in ("scipy_openblas_", "openblas_") for suffix in ("64_", "_64", "")]
 
 THREADS_VARIABLE = "GPT2_NUMPY_THREADS"
-MIN_WORK = 1 << 17  # elements (or multiply-adds) per thread of a split, at least: about 50 us of exp on one core
+MIN_WORK = 1 << 19  # elements (or multiply-adds) per thread of a split, at least: about a millisecond of layer norm
 team = threading.local()  # team.size: the threads that share each split() of the current pass on this thread
 # long passes under way in the process, and OpenBLAS's count before them (None until a first pass reads it)
 passes = {"running": 0, "n_threads": None}

@@ -45,6 +45,7 @@ PARTS = {  # --only's names, in the order they run -> (run) -> rows (the breakdo
     "score": lambda run: score.score_rows(run.engines, run.vocab_dir, run.repeats),
     "einsum": lambda run: forward.einsum_rows(run.repeats),
     "tricks": lambda run: forward.trick_rows(run.params, run.repeats),
+    "threads": lambda run: forward.piece_rows(run.params, run.repeats),
     "load": lambda run: memory.load_rows(run.tf_dir, run.hf_dir, run.repeats),
     "allocator": lambda run: memory.allocator_rows(run.tf_dir, run.repeats),
     "peak memory": lambda run: memory.peak_rss_rows(run.tf_dir, run.hf_dir),

@@ -158,3 +158,27 @@ def test_the_threads_flag_sets_the_count_over_the_variable(openblas, monkeypatch
     monkeypatch.setenv(cores.THREADS_VARIABLE, "5")
     score.parse_args(["hello", "--threads", "3"])
     assert cores.threads() == 3 and openblas[1]() == 3
+
+
+def benchmark(*args):  # -> CompletedProcess of `python -m scripts.benchmark` on the tiny TF checkpoint
+    command = [sys.executable, "-m", "scripts.benchmark", "--checkpoint", str(FIXTURES / "tf_tiny"), *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=100, cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+def test_the_benchmark_runs_each_part_at_each_count_in_a_column_and_notes_oversubscription():
+    over = cores.available_cores() + 1
+    result = benchmark("--only", "CRC32C", "--repeats", "1", "--threads", "1", str(over))
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert f"threads: 1, {over} (oversubscribed)" in lines
+    assert lines[lines.index("CRC32C, gpt2_numpy:") + 2] == f"| metric | 1 threads | {over} threads |"
+    crc = next(line for line in lines if line.startswith("| CRC32C (MB/s) |")).strip("| ").split(" | ")
+    assert len(crc) == 3 and all(float(cell.replace(",", "")) > 0 for cell in crc[1:])
+
+
+def test_a_bad_benchmark_thread_count_is_one_error_line():
+    result = benchmark("--only", "CRC32C", "--threads", "2", "0")
+    lines = result.stderr.splitlines()
+    assert result.returncode == 2 and result.stdout == "" and len(lines) == 1, result.stderr
+    assert lines[0] == "error: --threads 2 0: each count must be a whole number >= 1"
