@@ -8,8 +8,7 @@ import numpy as np
 from gpt2_numpy import cores
 from gpt2_numpy import fast as model
 from gpt2_numpy import model as textbook
-from scripts.bench.harness import (HPARAMS_124M, OURS, TEXTBOOK, blas_threads, in_turns, median_seconds, prompt_ids,
-                                   row, wall_seconds)
+from scripts.bench.harness import HPARAMS_124M, OURS, TEXTBOOK, in_turns, median_seconds, prompt_ids, row, wall_seconds
 
 
 def prefill_rows(engines, repeats):
@@ -111,7 +110,7 @@ def cores_rows(params, repeats):  # the tuned pass with its pieces on one core, 
     seconds = in_turns({"one": wall_seconds(on_one_core), "all": wall_seconds(prefill)}, repeats)
     return [row("prefill 1024 tokens, last logits, attention on one core (cores.one_core()) (s)", "lower",
                 {OURS: seconds["one"]}),
-            row(f"prefill 1024 tokens, last logits, attention's heads on {blas_threads()} cores (s)", "lower",
+            row("prefill 1024 tokens, last logits, attention's heads on cores.threads() cores (s)", "lower",
                 {OURS: seconds["all"]})]
 
 
@@ -126,12 +125,11 @@ def piece_rows(params, repeats):  # each piece a long pass splits, three ways, i
         "gelu of [1024, 3072]": lambda: model.gelu(h),
         "fast.causal_attention of [12, 1024, 64]": lambda: model.causal_attention(q, k, v, mask),
     }
-    n = cores.threads()
     rows = []
-    for what, piece in pieces.items():
-        ways = {f"OpenBLAS's {n} threads, ours none (outside a pass)": piece,
-                "one core (OpenBLAS and ours on one)": lambda piece=piece: on_one_thread(piece),
-                f"shared among {n} threads of ours, OpenBLAS on one (cores.all_cores())": lambda piece=piece:
+    for what, piece in pieces.items():  # the ways' names hold no count, so that --threads lines up their rows
+        ways = {"on OpenBLAS's threads, none of ours (outside a pass)": piece,
+                "on one thread (OpenBLAS's and ours)": lambda piece=piece: on_one_thread(piece),
+                "shared among threads of ours, OpenBLAS on one (cores.all_cores())": lambda piece=piece:
                     in_a_pass(piece)}
         seconds = in_turns({way: wall_seconds(run) for way, run in ways.items()}, repeats)
         rows += [row(f"{what}, {way} (ms)", "lower", {OURS: s * 1e3}) for way, s in seconds.items()]
