@@ -1,21 +1,29 @@
 """Every core for a long forward pass: its products and attention's heads in pieces, on threads of our own.
 
-NumPy runs attention's elementwise passes (mask, max, exp, sums) on one core; only its matrix products use the others,
-through OpenBLAS's threads. Those threads spin on their cores for about a tenth of a second after each product before
-they sleep, so a thread of ours given half of the heads would find its core taken. Within all_cores(), OpenBLAS runs
-one thread, so its workers sleep once their spin times out, and split() hands the pieces of a pass (a linear layer's
-output columns, attention's heads, GELU's chunks) to as many threads of ours as OpenBLAS had, each piece's products on
-one thread. NumPy releases the GIL inside its loops and BLAS calls, so the threads run at once.
+How many cores a pass may use is one count for the whole process, threads(): set_threads(n), the commands' --threads N,
+else $GPT2_NUMPY_THREADS, else the cores the process may run on (its CPU affinity). It bounds NumPy's BLAS (OpenBLAS,
+set through ctypes) and our own threads together, never both at once: outside a long pass OpenBLAS runs that many
+threads (a decode step's products, the lm head, training); within all_cores() it runs one, and split() hands the pieces
+of a pass (a linear layer's output columns, attention's heads, GELU's chunks, layer norm's rows) to up to that many
+threads of ours, each piece's products on one thread. NumPy releases the GIL inside its loops and BLAS calls, so the
+threads run at once. A split gives each thread at least MIN_WORK elements (or multiply-adds) where its caller gives
+their size: a smaller piece costs more to hand over than it saves.
 
-The first long pass finds NumPy's OpenBLAS once, in /proc/self/maps (Linux). Where there is none to find, or it runs
-one thread, nothing changes: every piece runs on the calling thread. OpenBLAS's thread count belongs to the whole
-process: a product that another thread of the program runs meanwhile runs on one thread. Passes on several threads at
-once share the setting, and the last to end restores the count, however it ends. A forked child runs none of its
-parent's threads, so none of its passes: it starts with no pass under way and OpenBLAS's count from before them.
+NumPy runs elementwise passes (mask, max, exp, sums) on one core; only its products use OpenBLAS's threads, which spin
+on their cores for about a tenth of a second after each product before they sleep, so a thread of ours beside them
+would find its core taken: hence OpenBLAS on one thread within a pass, whose workers sleep once their spin times out.
+
+The first pass finds NumPy's OpenBLAS once, in /proc/self/maps (Linux), else among NumPy's bundled libraries. Where
+there is none to find (MKL, Accelerate) our threads stay off and that BLAS keeps its own count: two pools at once would
+oversubscribe the cores. OpenBLAS's thread count belongs to the whole process: a product that another thread of the
+program runs meanwhile runs on one thread. Passes on several threads at once share the setting, and the last to end
+restores the count, however it ends. A forked child runs none of its parent's threads, so none of its passes: it
+starts with no pass under way and OpenBLAS's count from before them.
 """
 import contextvars
 import ctypes
 import functools
+import glob
 import os
 import threading
 from concurrent import futures
@@ -25,22 +33,19 @@ from contextlib import contextmanager
 OPENBLAS_NAMES = [(prefix + "set_num_threads" + suffix, prefix + "get_num_threads" + suffix)
                   for prefix in ("scipy_openblas_", "openblas_") for suffix in ("64_", "_64", "")]
 
+THREADS_VARIABLE = "GPT2_NUMPY_THREADS"
+MIN_WORK = 1 << 19  # elements (or multiply-adds) per thread of a split, at least: about a millisecond of layer norm
 team = threading.local()  # team.size: the threads that share each split() of the current pass on this thread
 # long passes under way in the process, and OpenBLAS's count before them (None until a first pass reads it)
 passes = {"running": 0, "n_threads": None}
 passes_lock = threading.Lock()
+settings = {"threads": None}  # the count set_threads() chose; None until the first pass or set_threads()
 
 
 @functools.cache
 def openblas():  # -> (set_num_threads, get_num_threads) of the OpenBLAS NumPy loaded, or None
-    try:
-        with open("/proc/self/maps", "rb") as maps:
-            paths = {os.fsdecode(line.split(maxsplit=5)[5].strip()) for line in maps
-                     if b"openblas" in line.lower() and len(line.split(maxsplit=5)) == 6}
-    except OSError:  # not Linux
-        return None
-    for path in sorted(paths, key=lambda path: ("numpy" not in path, path)):  # NumPy's own before SciPy's or others
-        try:
+    for path in sorted(loaded_openblas() or bundled_openblas(), key=lambda path: ("numpy" not in path, path)):
+        try:  # NumPy's own before SciPy's or others
             library = ctypes.CDLL(path)  # already loaded: this only finds it
         except OSError:
             continue
@@ -52,10 +57,69 @@ def openblas():  # -> (set_num_threads, get_num_threads) of the OpenBLAS NumPy l
     return None
 
 
+def loaded_openblas():  # -> the paths of the OpenBLAS libraries this process mapped (Linux), or none
+    try:
+        with open("/proc/self/maps", "rb") as maps:
+            return {os.fsdecode(line.split(maxsplit=5)[5].strip()) for line in maps
+                    if b"openblas" in line.lower() and len(line.split(maxsplit=5)) == 6}
+    except OSError:  # not Linux
+        return set()
+
+
+def bundled_openblas():  # -> the OpenBLAS that NumPy's wheels bundle beside it (macOS on Intel, Windows), or none
+    import numpy  # noqa: PLC0415 (the caller of any pass imported it already)
+
+    site = os.path.dirname(os.path.dirname(numpy.__file__))
+    return {path for folder in ("numpy.libs", os.path.join("numpy", ".dylibs"))
+            for path in glob.glob(os.path.join(site, folder, "*openblas*"))}
+
+
+def available_cores():  # -> the cores this process may run on
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+def parse_threads(text, source):  # -> int >= 1 from text; ValueError naming source (a flag or the variable)
+    try:
+        count = int(text)
+    except (TypeError, ValueError):
+        count = 0
+    if count < 1:
+        raise ValueError(f"{source}={text} is not a whole number of threads >= 1: give e.g. {available_cores()} "
+                         "(the cores this process may run on), or 1")
+    return count
+
+
+def threads():  # -> the cores a pass may use: set_threads()'s count, else $GPT2_NUMPY_THREADS's, else every core
+    if settings["threads"] is None:  # the first pass applies it to OpenBLAS too
+        variable = os.environ.get(THREADS_VARIABLE)
+        set_threads(available_cores() if variable is None else parse_threads(variable, THREADS_VARIABLE))
+    return settings["threads"]
+
+
+def set_threads(count):  # -> count; from now on passes use up to count cores, and OpenBLAS runs count threads
+    """Set how many cores gpt2_numpy's passes may use: OpenBLAS's threads outside a long pass, ours within one. More
+    than the machine's cores is allowed (they then share them)."""
+    count = parse_threads(count, "threads")
+    blas = openblas()
+    with passes_lock:
+        settings["threads"] = count
+        if blas is None:
+            return count
+        if passes["running"]:  # a pass under way keeps OpenBLAS on one thread; the last to end sets this count
+            passes["n_threads"] = count
+        else:
+            blas[0](count)
+    return count
+
+
 @contextmanager
-def all_cores(enabled=True):  # within: split() shares its pieces among as many threads as OpenBLAS had
-    blas = openblas() if enabled and getattr(team, "size", None) is None else None  # a pass in a pass keeps its team
-    if blas is None:
+def all_cores(enabled=True):  # within: split() shares its pieces among threads() threads
+    count = threads()
+    blas = openblas() if enabled and count > 1 and getattr(team, "size", None) is None else None  # a pass in a pass
+    if blas is None:  # keeps its team
         yield
         return
     entered = False
@@ -66,7 +130,7 @@ def all_cores(enabled=True):  # within: split() shares its pieces among as many 
                 blas[0](1)
             passes["running"] += 1
             entered = True
-        team.size = passes["n_threads"]
+        team.size = count
         yield
     finally:
         team.__dict__.pop("size", None)
@@ -93,16 +157,17 @@ def team_size():  # -> the threads that share each split() here: 1 outside a lon
     return getattr(team, "size", None) or 1
 
 
-def split(work, n_items):  # work(piece) for contiguous slices that cover range(n_items), one slice per thread
-    n_helpers = team_size() - 1
-    n_threads = min(n_helpers + 1, n_items)
+def split(work, n_items, item_size=MIN_WORK):  # work(piece) for contiguous slices that cover range(n_items), one per
+    # thread; item_size: the elements (or multiply-adds) of one item, of which each thread gets MIN_WORK at least
+    n_threads = min(team_size(), n_items, max(1, n_items * item_size // MIN_WORK))
     if n_threads <= 1:
         work(slice(0, n_items))
         return
     bounds = [n_items * i // n_threads for i in range(n_threads + 1)]
     pieces = [slice(start, stop) for start, stop in zip(bounds, bounds[1:])]
     # each piece runs in a copy of the caller's context, so that np.errstate (a context variable) holds on every thread
-    others = [helpers(n_helpers).submit(contextvars.copy_context().run, work, piece) for piece in pieces[1:]]
+    pool = helpers(team_size() - 1)
+    others = [pool.submit(contextvars.copy_context().run, work, piece) for piece in pieces[1:]]
     try:
         work(pieces[0])  # the calling thread takes a piece too
     finally:

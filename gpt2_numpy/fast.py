@@ -25,8 +25,8 @@ EINSUM_PATH = ["einsum_path", (0, 1)]  # contract operand 0 with operand 1: the 
 PLAIN_EINSUM_MACS = 1 << 18  # up to this many multiply-adds, einsum's own loop beats its matmul route (einsum())
 FEW_ROWS = 32  # lm_head multiplies 2 to FEW_ROWS rows by pieces of the vocabulary, where that is faster (lm_head())
 VOCAB_CHUNK = 2048  # tokens per piece: 2048 x 768 floats (6 MB) of wte
-ALL_CORES_FROM = 512  # positions from which a pass shares its heads and columns among the cores (cores.py): shorter
-# passes gain nothing, as OpenBLAS's workers, still spinning from a product before, cost more than the sharing saves
+ALL_CORES_FROM = 512  # positions from which a pass shares its heads, columns and rows among the cores (cores.py):
+# shorter passes gain nothing, as OpenBLAS's workers, still spinning from a product before, cost more than it saves
 
 
 def gelu(x):  # [...] -> [...]
@@ -84,14 +84,24 @@ def shifted_exp(x, out=None):  # [..., n] -> [..., n]: e^(x - max x), softmax be
 
 
 def layer_norm(x, g, b, eps=1e-5):  # [..., n_seq, n_embd] -> [..., n_seq, n_embd]
+    rows = x.reshape(-1, x.shape[-1])
+    out = np.empty(rows.shape, x.dtype)
+
+    def some_rows(piece):  # within cores.all_cores() the rows are shared among the cores, as NumPy runs a pass on one
+        normalize(rows[piece], g, b, eps, out=out[piece])
+
+    cores.split(some_rows, len(rows), item_size=rows.shape[-1])
+    return out.reshape(x.shape)
+
+
+def normalize(x, g, b, eps, out):  # [n_rows, n_embd] -> out [n_rows, n_embd]: layer_norm of each row
     n = x.shape[-1]
-    centered = x - x.sum(axis=-1, keepdims=True) / n  # x - mean: the method skips np.mean's Python wrapper
+    centered = np.subtract(x, x.sum(axis=-1, keepdims=True) / n, out=out)  # x - mean: no np.mean Python wrapper
     variance = np.vecdot(centered, centered)[..., None] / n  # mean of squares as one dot product per row: no temporary
-    # g (x - mean) / sqrt(variance + eps) + b, in place on one temporary; times 1 / sqrt(...) divides once per row
+    # g (x - mean) / sqrt(variance + eps) + b, in place on out; times 1 / sqrt(...) divides once per row
     centered *= 1 / np.sqrt(variance + eps)
     centered *= g
     centered += b
-    return centered
 
 
 def linear(x, w, b):  # [..., n_in] -> [..., n_out]
@@ -106,7 +116,7 @@ def linear(x, w, b):  # [..., n_in] -> [..., n_out]
 
     # within cores.all_cores(), OpenBLAS runs one thread, so the columns are shared among the cores here: each thread
     # reads its part of w and all of the smaller x (by rows, each would read all of w)
-    cores.split(columns, w.shape[-1])
+    cores.split(columns, w.shape[-1], item_size=rows.size)  # a column's multiply-adds: x's size
     return y.reshape(*x.shape[:-1], w.shape[-1])
 
 

@@ -6,13 +6,15 @@ the goals they are held to. Run from the repo root:
     python -m scripts.benchmark --only prefill decode    # some parts only
     python -m scripts.benchmark --markdown docs/performance.md   # also write the tables into that page
     python -m scripts.benchmark --json                   # the rows as JSON instead of tables
+    python -m scripts.benchmark --threads 1 2 4          # every part at each thread count: a table per part
 
 The weights are a TF checkpoint when `--checkpoint DIR` (default weights/124M) holds one (the real one, or a 124M-shaped
 one from `python -m scripts.fixtures.make_tf_fixture --config 124M --out DIR`), else seeded random weights of the 124M
 shape. `--compare-hf` needs `pip install torch==2.13.0 transformers safetensors` (CPU torch); HF runs with its default
-attention (sdpa) and as many torch threads as NumPy's BLAS uses. Each time is the median of `--repeats` runs after a
-warm-up; where both engines run, they take turns, repeat by repeat. The goals are ratios measured in one run; the test
-suite asserts no timings. Each part lives in a module of scripts/bench.
+attention (sdpa) and as many torch threads as NumPy's BLAS uses; `--threads N ...` runs the parts once per count, with
+ours (gpt2_numpy.cores.set_threads), NumPy's BLAS and torch all given that count. Each time is the median of
+`--repeats` runs after a warm-up; where both engines run, they take turns, repeat by repeat. The goals are ratios
+measured in one run; the test suite asserts no timings. Each part lives in a module of scripts/bench.
 """
 import argparse
 import json
@@ -31,8 +33,9 @@ from gpt2_numpy.formats.checkpoint import load_params
 from gpt2_numpy.params import random_params
 from scripts.bench import batch, bpe, breakdown, forward, memory, score, tokenizer, train
 from scripts.bench.engines import INSTALL_HF, HuggingFace, Ours
+from gpt2_numpy import cores
 from scripts.bench.harness import (BEGIN, END, HF, HPARAMS_124M, OURS, REPO, blas_name, blas_threads, fail, read_page,
-                                   report, vocabulary, write_between_markers)
+                                   report, sweep_report, vocabulary, write_between_markers)
 
 Run = namedtuple("Run", "engines params tf_dir hf_dir vocab_dir repeats corpus")
 PARTS = {  # --only's names, in the order they run -> (run) -> rows (the breakdown: its own table's lines)
@@ -42,6 +45,7 @@ PARTS = {  # --only's names, in the order they run -> (run) -> rows (the breakdo
     "score": lambda run: score.score_rows(run.engines, run.vocab_dir, run.repeats),
     "einsum": lambda run: forward.einsum_rows(run.repeats),
     "tricks": lambda run: forward.trick_rows(run.params, run.repeats),
+    "threads": lambda run: forward.piece_rows(run.params, run.repeats),
     "load": lambda run: memory.load_rows(run.tf_dir, run.hf_dir, run.repeats),
     "allocator": lambda run: memory.allocator_rows(run.tf_dir, run.repeats),
     "peak memory": lambda run: memory.peak_rss_rows(run.tf_dir, run.hf_dir),
@@ -94,6 +98,10 @@ def parse_args(argv):
     parser.add_argument("--repeats", type=int, default=3, help="runs per measurement, of which the median counts")
     parser.add_argument("--corpus", type=Path, default=bpe.CORPUS, metavar="FILE",
                         help="the text the BPE training part trains on (default: %(default)s)")
+    parser.add_argument("--threads", nargs="+", type=int, metavar="N",
+                        help="run the parts at each of these thread counts (ours, NumPy's BLAS and torch alike), and "
+                        "print a table per part with a column per count; counts above this machine's cores "
+                        "oversubscribe it (default: one run at the count in force)")
     parser.add_argument("--only", nargs="+", choices=PARTS, metavar="PART",
                         help=f"run only these parts: {', '.join(PARTS)} (default: all); score needs --compare-hf, load "
                         "and peak memory a TF checkpoint or --compare-hf")
@@ -116,6 +124,8 @@ def engines_for(params, hparams, compare_hf, scratch):  # -> engines, and HF's f
 def check_args(args, tf_dir):  # -> None; one error line for a run that would measure nothing
     if args.repeats < 1:
         fail(f"--repeats {args.repeats}: a median needs at least 1 run")
+    if any(count < 1 for count in args.threads or ()):
+        fail(f"--threads {' '.join(map(str, args.threads))}: each count must be a whole number >= 1")
     without = {"score": "--compare-hf", "load": "--compare-hf or a TF checkpoint (--checkpoint)",
                "peak memory": "--compare-hf or a TF checkpoint (--checkpoint)"}
     measured = {"score": args.compare_hf, "load": args.compare_hf or tf_dir, "peak memory": args.compare_hf or tf_dir}
@@ -138,28 +148,51 @@ def main(argv=None):
         read_page(args.markdown)  # now, not after a run of half an hour
     keep_freed_memory()  # as the CLIs do; both engines share this process and its allocator
     hparams, params = load_params(tf_dir) if tf_dir else (HPARAMS_124M, random_params(HPARAMS_124M))
-    results = {}
+    counts = args.threads or [None]  # None: the count in force, once
+    runs = {}  # count -> {part: rows}
     with tempfile.TemporaryDirectory() as scratch:
         engines, hf_dir = engines_for(params, hparams, args.compare_hf, scratch)
         run = Run(engines, params, tf_dir, hf_dir, vocabulary(args.checkpoint), args.repeats, args.corpus)
         names = [name for name in PARTS if name in (args.only or PARTS)]
-        with tqdm(names, desc="benchmark", unit="part", file=sys.stderr) as progress:
-            for name in progress:  # a full run takes half an hour: the bar on stderr counts the parts
-                progress.set_postfix_str(name)
-                results[name] = PARTS[name](run)
-    where = results.pop("breakdown", [])
-    rows = [r for part in results.values() for r in part]
+        with tqdm(total=len(names) * len(counts), desc="benchmark", unit="part", file=sys.stderr) as progress:
+            for count in counts:  # a full run takes half an hour: the bar on stderr counts the parts
+                if count is not None:
+                    use_threads(count, engines)
+                runs[count] = {}
+                for name in names:
+                    progress.set_postfix_str(name if count is None else f"{name}, {count} threads")
+                    runs[count][name] = PARTS[name](run)
+                    progress.update()
     torch = f", torch {engines[1].torch.__version__} ({engines[1].torch.get_num_threads()} threads)" if hf_dir else ""
     header = {
-        "machine": f"{os.cpu_count()} cores, {platform.machine()}, BLAS {blas_name()} with {blas_threads()} threads",
+        "machine": f"{os.cpu_count()} cores ({cores.available_cores()} for this process), {platform.machine()}, BLAS "
+                   f"{blas_name()} with {blas_threads()} threads",
         "versions": f"Python {platform.python_version()}, numpy {np.__version__}{torch}",
         "weights": f"checkpoint {tf_dir}" if tf_dir else "seeded random weights of the 124M shape (no TF checkpoint)",
     }
-    tables = report(header, rows, [e.name for e in engines], goal_lines(rows), where)
-    print(json.dumps({"header": header, "rows": rows, "goals": goal_lines(rows), "breakdown": where}, indent=2)
-          if args.json else tables)
+    breakdowns = {count: results.pop("breakdown", []) for count, results in runs.items()}
+    rows = {count: [r for part in results.values() for r in part] for count, results in runs.items()}
+    goals = {count: goal_lines(count_rows) for count, count_rows in rows.items()}
+    names = [e.name for e in engines]
+    if args.threads:
+        header["threads"] = ", ".join(f"{count}" + (" (oversubscribed)" if count > cores.available_cores() else "")
+                                      for count in args.threads)
+        tables = sweep_report(header, runs, names, goals, breakdowns)
+        data = {"header": header, "threads": {count: {"rows": rows[count], "goals": goals[count],
+                                                      "breakdown": breakdowns[count]} for count in counts}}
+    else:
+        tables = report(header, rows[None], names, goals[None], breakdowns[None])
+        data = {"header": header, "rows": rows[None], "goals": goals[None], "breakdown": breakdowns[None]}
+    print(json.dumps(data, indent=2) if args.json else tables)
     if args.markdown:
         write_between_markers(args.markdown, tables)
+
+
+def use_threads(count, engines):  # -> None; ours, NumPy's BLAS, torch and any fresh process a part starts: count
+    cores.set_threads(count)
+    os.environ[cores.THREADS_VARIABLE] = str(count)  # the parts' fresh processes (peak memory, the allocator)
+    for engine in engines[1:]:
+        engine.torch.set_num_threads(count)  # training's torch_step sets it again from blas_threads(), the same
 
 
 if __name__ == "__main__":

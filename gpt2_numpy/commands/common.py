@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gpt2_numpy import cores
 from gpt2_numpy.allocator import keep_freed_memory
 from gpt2_numpy.catalog import MODEL_SIZES, OFFICIAL_HPARAMS, SOURCES
 from gpt2_numpy.console import log, plural
@@ -40,8 +41,11 @@ class ArgumentParser(argparse.ArgumentParser):
         self.dash_hint = dash_hint
         self.given = None  # the command line up to "--", once parsed: errors name the flags misspelt in it
         self.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
+        self.add_argument("--threads", type=whole_number(1), metavar="N",
+                          help=f"cores the model may use, NumPy's BLAS and gpt2_numpy's own threads together (default: "
+                          f"${cores.THREADS_VARIABLE}, else the {cores.available_cores()} this process may run on)")
 
-    def parse_known_args(self, args=None, namespace=None):
+    def parse_known_args(self, args=None, namespace=None):  # -> (namespace, extras)
         if self.given is None:  # the first call sees the whole command line; intermixed parsing calls again with parts
             given = sys.argv[1:] if args is None else list(args)
             self.given = given[:given.index("--")] if "--" in given else given
@@ -50,7 +54,12 @@ class ArgumentParser(argparse.ArgumentParser):
             attached = [word for word in self.given if word.startswith("-h") and word != "-h"]
             if attached:
                 self.error(f"unrecognized arguments: {attached[0]}")
-        return super().parse_known_args(args, namespace)
+        namespace, extras = super().parse_known_args(args, namespace)
+        try:  # the thread count in force from here on
+            cores.threads() if namespace.threads is None else cores.set_threads(namespace.threads)
+        except ValueError as error:  # a bad $GPT2_NUMPY_THREADS
+            raise UsageError(f"{error}; or unset it") from None
+        return namespace, extras
 
     def error(self, message):
         raise UsageError(f"{usage_hints(self, message)} (see --help)")

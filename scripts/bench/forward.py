@@ -1,5 +1,6 @@
-"""The forward pass, one prompt at a time: prefill and decode against HF, and what each trick of the tuned pass buys
-against the textbook model.py line it replaces (the "prefill", "decode", "einsum" and "tricks" parts)."""
+"""The forward pass, one prompt at a time: prefill and decode against HF, what each trick of the tuned pass buys
+against the textbook model.py line it replaces, and each piece a long pass shares among threads, three ways (the
+"prefill", "decode", "einsum", "tricks" and "threads" parts)."""
 import itertools
 
 import numpy as np
@@ -7,8 +8,7 @@ import numpy as np
 from gpt2_numpy import cores
 from gpt2_numpy import fast as model
 from gpt2_numpy import model as textbook
-from scripts.bench.harness import (HPARAMS_124M, OURS, TEXTBOOK, blas_threads, in_turns, median_seconds, prompt_ids,
-                                   row, wall_seconds)
+from scripts.bench.harness import HPARAMS_124M, OURS, TEXTBOOK, in_turns, median_seconds, prompt_ids, row, wall_seconds
 
 
 def prefill_rows(engines, repeats):
@@ -110,5 +110,37 @@ def cores_rows(params, repeats):  # the tuned pass with its pieces on one core, 
     seconds = in_turns({"one": wall_seconds(on_one_core), "all": wall_seconds(prefill)}, repeats)
     return [row("prefill 1024 tokens, last logits, attention on one core (cores.one_core()) (s)", "lower",
                 {OURS: seconds["one"]}),
-            row(f"prefill 1024 tokens, last logits, attention's heads on {blas_threads()} cores (s)", "lower",
+            row("prefill 1024 tokens, last logits, attention's heads on cores.threads() cores (s)", "lower",
                 {OURS: seconds["all"]})]
+
+
+def piece_rows(params, repeats):  # each piece a long pass splits, three ways, in turns: where threads pay and where not
+    rng = np.random.default_rng(0)
+    x, h = rng.standard_normal((1024, 768), dtype=np.float32), rng.standard_normal((1024, 3072), dtype=np.float32)
+    q, k, v = (rng.standard_normal((12, 1024, 64), dtype=np.float32) for _ in range(3))
+    block, mask = params["blocks"][0], model.offset_causal_mask(1024, 1024)
+    pieces = {
+        "layer_norm of [1024, 768]": lambda: model.layer_norm(x, **block["ln_1"]),
+        "linear c_fc of [1024, 768]": lambda: model.linear(x, **block["mlp"]["c_fc"]),
+        "gelu of [1024, 3072]": lambda: model.gelu(h),
+        "fast.causal_attention of [12, 1024, 64]": lambda: model.causal_attention(q, k, v, mask),
+    }
+    rows = []
+    for what, piece in pieces.items():  # the ways' names hold no count, so that --threads lines up their rows
+        ways = {"on OpenBLAS's threads, none of ours (outside a pass)": piece,
+                "on one thread (OpenBLAS's and ours)": lambda piece=piece: on_one_thread(piece),
+                "shared among threads of ours, OpenBLAS on one (cores.all_cores())": lambda piece=piece:
+                    in_a_pass(piece)}
+        seconds = in_turns({way: wall_seconds(run) for way, run in ways.items()}, repeats)
+        rows += [row(f"{what}, {way} (ms)", "lower", {OURS: s * 1e3}) for way, s in seconds.items()]
+    return rows
+
+
+def on_one_thread(piece):  # piece() with OpenBLAS on one thread and no team of ours
+    with cores.all_cores(), cores.one_core():
+        piece()
+
+
+def in_a_pass(piece):  # piece() as a long pass runs it
+    with cores.all_cores():
+        piece()

@@ -128,6 +128,38 @@ def report(header, rows, names, goals, where):  # -> markdown: the setting, the 
     return "\n".join(lines)
 
 
+def sweep_report(header, runs, names, goals, breakdowns):  # -> markdown: the setting, then a table per part with a
+    # column per thread count (runs: {count: {part: rows}}), the goals with a row per count, and where time goes
+    lines = ["```", *(f"{key}: {value}" for key, value in header.items()), "```"]
+    counts = list(runs)
+    cell = f"{names[0]} / {names[1]} (ratio)" if len(names) == 2 else names[0]
+    for part in runs[counts[0]]:
+        by_count = [{r["metric"]: r for r in runs[count][part]} for count in counts]
+        lines += ["", f"{part}, {cell}:", "", "| metric | " + " | ".join(f"{count} threads" for count in counts) + " |",
+                  "|---|" + "---|" * len(counts)]
+        for metric in by_count[0]:
+            cells = [sweep_cell(rows.get(metric), names) for rows in by_count]
+            lines.append(f"| {metric} | " + " | ".join(cells) + " |")
+    goal_names = [line.split(" | ")[0].lstrip("| ") for line in goals[counts[0]][2:]]
+    if goal_names:
+        lines += ["", "Goals, a row per thread count:", "", "| threads | " + " | ".join(goal_names) + " |",
+                  "|---|" + "---|" * len(goal_names)]
+        for count in counts:
+            measured = [" ".join(line.split(" | ")[1:]).rstrip(" |") for line in goals[count][2:]]
+            lines.append(f"| {count} | " + " | ".join(measured) + " |")
+    for count in counts:
+        if breakdowns[count]:
+            lines += ["", f"Where our time goes, {count} threads:", "", *breakdowns[count]]
+    return "\n".join(lines)
+
+
+def sweep_cell(r, names):  # -> "1.66 / 1.84 (0.90× (better))", or ours alone
+    if r is None:
+        return ""
+    values = [f"{r[name]:,.3g}" for name in names if r.get(name) is not None]
+    return " / ".join(values) + (f" ({ratio(r, *names)})" if len(values) == 2 else "")
+
+
 # --- the page --markdown writes into ---
 
 
