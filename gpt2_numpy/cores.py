@@ -34,6 +34,7 @@ OPENBLAS_NAMES = [(prefix + "set_num_threads" + suffix, prefix + "get_num_thread
                   for prefix in ("scipy_openblas_", "openblas_") for suffix in ("64_", "_64", "")]
 
 THREADS_VARIABLE = "GPT2_NUMPY_THREADS"
+BLAS_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")  # OpenBLAS reads them in this order
 MIN_WORK = 1 << 19  # elements (or multiply-adds) per thread of a split, at least: about a millisecond of layer norm
 team = threading.local()  # team.size: the threads that share each split() of the current pass on this thread
 # long passes under way in the process, and OpenBLAS's count before them (None until a first pass reads it)
@@ -95,8 +96,20 @@ def parse_threads(text, source):  # -> int >= 1 from text; ValueError naming sou
 def threads():  # -> the cores a pass may use: set_threads()'s count, else $GPT2_NUMPY_THREADS's, else every core
     if settings["threads"] is None:  # the first pass applies it to OpenBLAS too
         variable = os.environ.get(THREADS_VARIABLE)
-        set_threads(available_cores() if variable is None else parse_threads(variable, THREADS_VARIABLE))
+        set_threads(default_threads() if variable is None else parse_threads(variable, THREADS_VARIABLE))
     return settings["threads"]
+
+
+def default_threads():  # -> the count a user gave the BLAS ($OPENBLAS_NUM_THREADS, $OMP_NUM_THREADS), else every core
+    # a count set for NumPy's BLAS alone is the user's word on how many cores to use: kept, not raised to every core
+    for name in BLAS_VARIABLES:
+        try:
+            count = int(os.environ.get(name, ""))
+        except ValueError:  # unset, or not a number (OpenBLAS ignores it too)
+            continue
+        if count >= 1:
+            return count
+    return available_cores()
 
 
 def set_threads(count):  # -> count; from now on passes use up to count cores, and OpenBLAS runs count threads

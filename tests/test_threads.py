@@ -123,13 +123,19 @@ print(cores.threads(), cores.openblas()[1]())
 """
 
 
-@pytest.mark.parametrize("variable, affinity, expected", [
-    ("1", "all", "1 1"), ("5", "all", "5 5"), (None, "one core", "1 1"), (None, "all", None)])
-def test_the_count_comes_from_the_variable_else_the_cpu_affinity(variable, affinity, expected, openblas):
+@pytest.mark.parametrize("variable, affinity, expected, blas", [
+    ("1", "all", "1 1", {}), ("5", "all", "5 5", {}), (None, "one core", "1 1", {}), (None, "all", None, {}),
+    ("3", "all", "3 3", {"OPENBLAS_NUM_THREADS": "1"}),  # ours over the BLAS's
+    (None, "all", "1 1", {"OPENBLAS_NUM_THREADS": "1"}), (None, "all", "1 1", {"OMP_NUM_THREADS": "1"}),
+    (None, "all", "1 1", {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "3"}),  # OpenBLAS's order
+    (None, "all", None, {"OPENBLAS_NUM_THREADS": "x"})])
+def test_the_count_comes_from_the_variable_else_the_blas_s_else_the_cpu_affinity(variable, affinity, expected, blas,
+                                                                                 openblas):
     if not hasattr(os, "sched_getaffinity"):
         pytest.skip("no CPU affinity on this system")
-    env = {key: value for key, value in os.environ.items() if key != cores.THREADS_VARIABLE}
-    env.update({"PYTHONPATH": str(REPO), **({cores.THREADS_VARIABLE: variable} if variable else {})})
+    env = {key: value for key, value in os.environ.items()
+           if key not in (cores.THREADS_VARIABLE, *cores.BLAS_VARIABLES)}
+    env.update({"PYTHONPATH": str(REPO), **({cores.THREADS_VARIABLE: variable} if variable else {}), **blas})
     result = subprocess.run([sys.executable, "-c", THREADS_IN_A_CHILD, affinity], capture_output=True, text=True,
                             timeout=60, env=env)
     every_core = len(os.sched_getaffinity(0))
