@@ -87,6 +87,9 @@ def test_the_one_entry_lists_every_command_with_one_line():
     (["scroe", "text"], "unknown command 'scroe' (did you mean score?): choose one of generate, score, explain, "
                         "train, tokenizer, download; to continue the one-word prompt 'scroe', run gpt2-numpy generate "
                         "scroe"),
+    # else the prompts "score" and "hi" would be continued, with no word on the command meant
+    (["--threads", "1", "score", "hi"], "the command goes first, its flags after it: gpt2-numpy score [flags]; to "
+                                        "continue the one-word prompt 'score', run gpt2-numpy generate [flags] score"),
 ])
 def test_a_missing_or_misspelt_command_is_one_line_naming_the_commands(argv, fragment):
     assert_one_error_line(run("-m", "gpt2_numpy", *argv), fragment)

@@ -3,7 +3,8 @@
 Each command is the module of its name here, with a main(argv); what they share is common.py, and no command imports
 another. `python -m gpt2_numpy.X` of the library's modules (generate, score, explain, train, download) runs the same
 command through a shim. A first argument that names no command is a prompt: `gpt2-numpy PROMPT ...` is short for
-`gpt2-numpy generate PROMPT ...`, except `help`, which prints the help as `gpt2-numpy help [COMMAND]`.
+`gpt2-numpy generate PROMPT ...`, except `help`, which prints the help as `gpt2-numpy help [COMMAND]`, and a command
+named after flags (`gpt2-numpy --threads 1 score`), which is refused: flags come after their command.
 """
 import difflib
 import importlib
@@ -37,11 +38,24 @@ def main(argv=None):  # -> never returns: runs the command argv names, or exits 
         return run_cli(lambda _: write_stdout(help_text() if first != "--version" else version_text()) or 0)
     if first is None or near_miss(first):
         return run_cli(lambda _: refuse(first))
+    late = command_after_flags(argv)
+    if late:  # gpt2-numpy --threads 1 score TEXT would otherwise continue the prompts "score" and TEXT, unsaid
+        return run_cli(lambda _: refuse_late(late))
     return importlib.import_module("gpt2_numpy.commands.generate").main(argv)  # gpt2-numpy PROMPT ...
 
 
 def near_miss(word):  # -> True when word looks like a misspelt command rather than a one-word prompt
     return not word.startswith("-") and bool(difflib.get_close_matches(word, COMMANDS, n=1, cutoff=0.75))
+
+
+def command_after_flags(argv):  # -> the command named after a leading flag (--threads 1 score), or None
+    words = argv[:argv.index("--")] if "--" in argv else argv
+    return next((word for word in words if word in COMMANDS), None) if words[0].startswith("-") else None
+
+
+def refuse_late(command):  # -> never returns: UsageError saying that the command comes first
+    raise UsageError(f"the command goes first, its flags after it: gpt2-numpy {command} [flags]; to continue the "
+                     f"one-word prompt {command!r}, run gpt2-numpy generate [flags] {command}")
 
 
 def refuse(word, asked=None):  # -> never returns: UsageError naming the commands; asked: "help" for help WORD
