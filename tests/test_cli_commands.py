@@ -231,6 +231,7 @@ DASH_HINT = "goes last, after '--'"
     (["explain", "--layer", "-1"], "no prompt given: gpt2-numpy explain needs one", [DASH_HINT]),  # -1 is a value
     (["explain", "hi", "--lenss"], "unrecognized arguments: --lenss; did you mean --lens for --lenss?", [DASH_HINT]),
     (["score", "-hello"], "unrecognized arguments: -hello; a text that begins with '-' goes last", ["did you mean"]),
+    (["score", "-h ello"], "unrecognized arguments: -h ello; a text that begins with '-' goes last", []),  # "-h" a flag
     (["train", "--data", "x", "--out", "y", "--step", "3"], "unrecognized arguments: --step 3; did you mean --steps "
      "for --step?", []),
     (["tokenizer", "--data", "x", "--vocab-size", "300", "--outt", "y"], "the following arguments are required: "

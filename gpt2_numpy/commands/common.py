@@ -53,8 +53,9 @@ class ArgumentParser(argparse.ArgumentParser):
             # argparse reads "-hello" (even "-hello world") as -h with "ello" attached: an error on Python 3.9, the
             # help on 3.13. It is rather a prompt, or a typo
             attached = [word for word in self.given if word.startswith("-h") and word != "-h"]
-            if attached:
-                self.error(f"unrecognized arguments: {attached[0]}")
+            if attached:  # text, so the dash hint applies, even to "-h ello", whose first word alone is a flag
+                raise UsageError("; ".join(filter(None, [f"unrecognized arguments: {attached[0]}", self.dash_hint]))
+                                 + " (see --help)")
         namespace, extras = super().parse_known_args(args, namespace)
         try:  # the thread count in force from here on
             cores.threads() if namespace.threads is None else cores.set_threads(namespace.threads)
