@@ -142,6 +142,11 @@ def test_the_count_comes_from_the_variable_else_the_blas_s_else_the_cpu_affinity
     assert result.stdout.split() == (expected or f"{every_core} {every_core}").split(), result.stderr
 
 
+def test_the_help_names_every_variable_the_count_comes_from():  # OMP_NUM_THREADS counts too, so the help says it
+    help_text = " ".join(run_score("--help").stdout.split())
+    assert all(f"${name}" in help_text for name in (cores.THREADS_VARIABLE, *cores.BLAS_VARIABLES)), help_text
+
+
 def run_score(*args, env=None):  # -> CompletedProcess of `python -m gpt2_numpy score ...` on the tiny checkpoint
     command = [sys.executable, "-m", "gpt2_numpy", "score", "hello", "--model", str(FIXTURES / "tf_tiny"), *args]
     return subprocess.run(command, capture_output=True, text=True, timeout=100,

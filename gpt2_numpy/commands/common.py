@@ -43,8 +43,8 @@ class ArgumentParser(argparse.ArgumentParser):
         self.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
         self.add_argument("--threads", type=whole_number(1), metavar="N",
                           help=f"cores the model may use, NumPy's BLAS and gpt2_numpy's own threads together (default: "
-                          f"${cores.THREADS_VARIABLE}, else $OPENBLAS_NUM_THREADS, else the {cores.available_cores()} "
-                          "this process may run on)")
+                          f"${cores.THREADS_VARIABLE}, else ${', then $'.join(cores.BLAS_VARIABLES)}, else the "
+                          f"{cores.available_cores()} this process may run on)")
 
     def parse_known_args(self, args=None, namespace=None):  # -> (namespace, extras)
         if self.given is None:  # the first call sees the whole command line; intermixed parsing calls again with parts
