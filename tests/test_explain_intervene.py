@@ -246,6 +246,10 @@ def test_patch_plot_draws_a_png(tmp_path, capsys):
                             str(png)]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "wrote" in capsys.readouterr().err
+    # its plot draws the recoveries, so a --head all, which chooses an attention plot's heads, is said to do nothing
+    assert explain_cli.run([PROMPT, "--model", str(FOLDER), "--patch", CORRUPT, "--answer", " the", " a", "--plot",
+                            str(png), "--head", "all"]) == 0
+    assert "note: --head all chooses the heads that --plot draws of the attention" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("args, fragment", [

@@ -218,8 +218,9 @@ def check_request(args, hparams, tokenizer, text):  # -> prompt ids, layer, head
     problem = repetition_problem(hparams["n_vocab"], hparams["n_ctx"], tokenizer.eot_id)
     if args.heads and problem:
         raise UsageError(f"--heads: {problem}")
-    if args.head == "all" and args.plot is None:
-        log("note: --head all chooses what --plot draws; without --plot, head 0 is shown")
+    if args.head == "all" and (args.plot is None or args.patch is not None):  # --patch's plot draws no head
+        log("note: --head all chooses the heads that --plot draws of the attention (not with --patch); "
+            "elsewhere head 0 is shown")
     return ids, layer, heads
 
 
