@@ -11,6 +11,7 @@ from argparse import Namespace
 import pytest
 
 from gpt2_numpy.commands import COMMANDS
+from gpt2_numpy.commands import main as commands_main
 from gpt2_numpy.commands.common import model_from_args, model_choice
 from gpt2_numpy.params import random_params
 from gpt2_numpy.save import save_model
@@ -134,6 +135,15 @@ def test_a_first_argument_that_names_no_command_is_a_prompt(tmp_path):
     models_dir = tiny_models_dir(tmp_path)
     result = run("-m", "gpt2_numpy", "I will go to the", "--n-tokens", "60", "--models-dir", str(models_dir))
     assert_one_error_line(result, "the prompt's 5 tokens plus 60 new tokens make 65")
+
+
+def test_after_a_double_dash_a_command_s_name_is_a_prompt(tmp_path, monkeypatch, capsys):
+    # the way to continue the one-word prompt "score": generate takes it (and the tiny 124M's 512 ids refuse it)
+    monkeypatch.setenv("GPT2_NUMPY_WEIGHTS", str(tiny_models_dir(tmp_path)))
+    with pytest.raises(SystemExit) as exit_status:
+        commands_main(["--", "score"])
+    assert exit_status.value.code == 2
+    assert "error: the prompt's token 26675 ('score', position 0) is outside" in capsys.readouterr().err
 
 
 def library_modules():  # -> every module of the package but the commands, as paths

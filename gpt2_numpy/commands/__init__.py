@@ -50,7 +50,7 @@ def near_miss(word):  # -> True when word looks like a misspelt command rather t
 
 def command_after_flags(argv):  # -> the command named after a leading flag (--threads 1 score), or None
     words = argv[:argv.index("--")] if "--" in argv else argv
-    return next((word for word in words if word in COMMANDS), None) if words[0].startswith("-") else None
+    return next((word for word in words if word in COMMANDS), None) if argv[0].startswith("-") else None
 
 
 def refuse_late(command):  # -> never returns: UsageError saying that the command comes first
