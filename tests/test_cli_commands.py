@@ -138,7 +138,8 @@ def test_a_first_argument_that_names_no_command_is_a_prompt(tmp_path):
 
 
 def test_after_a_double_dash_a_command_s_name_is_a_prompt(tmp_path, monkeypatch, capsys):
-    # the way to continue the one-word prompt "score": generate takes it (and the tiny 124M's 512 ids refuse it)
+    # the way to continue the one-word prompt "score": generate takes it (and the tiny 124M's 512 ids refuse
+    # tiktoken's id of it, 26675)
     monkeypatch.setenv("GPT2_NUMPY_WEIGHTS", str(tiny_models_dir(tmp_path)))
     with pytest.raises(SystemExit) as exit_status:
         commands_main(["--", "score"])
