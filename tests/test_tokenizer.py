@@ -12,7 +12,7 @@ import tiktoken
 import tiktoken.load
 
 from gpt2_numpy import tokenizer as tokenizer_module
-from gpt2_numpy.errors import TokenizerError, UsageError
+from gpt2_numpy.errors import OutOfVocabulary, TokenizerError
 from gpt2_numpy.likelihood import text_ids
 from gpt2_numpy.tokenizer import EOT, EOT_ID, PACKAGED_VOCABULARY, WORD_PATTERN, check_in_vocabulary, load_tokenizer
 from tests.conftest import shared_path
@@ -132,7 +132,7 @@ def test_a_scored_text_holds_end_of_text_as_its_one_id(tokenizer, reference):
 def test_ids_up_to_the_last_of_the_model_are_in_its_vocabulary(tokenizer):
     # the boundary: a model of n_vocab tokens has ids 0 .. n_vocab - 1; "!" is id 0, " the" 262
     assert check_in_vocabulary(tokenizer, [0, 262], 263, "the text", "fix it") == [0, 262]
-    with pytest.raises(UsageError, match=r"^the text's token 262 \(' the', position 1\) is outside this model's "
+    with pytest.raises(OutOfVocabulary, match=r"^the text's token 262 \(' the', position 1\) is outside this model's "
                        r"vocabulary of 262 tokens: fix it$"):
         check_in_vocabulary(tokenizer, [0, 262], 262, "the text", "fix it")
 
