@@ -56,8 +56,15 @@ def patching(clean_ids, corrupt_ids, params, n_head, answers, progress=no_progre
         def resid_runs(runs):  # -> the corrupt stream, run i with position runs[i] from the clean stream
             return (one_each(copies(corrupt[stream], len(runs)), runs, clean[stream]),)
 
-        heads.append(recoveries(layer, n_head, heads_runs))
-        resid.append(recoveries(layer, len(clean_ids), resid_runs))
+        # a patch that copies in the array already there is the corrupt run itself: recovery 0 exactly, where the
+        # batched walk's rounding, divided by a small clean - corrupt, would print as -0.001
+        same_heads = [np.array_equal(clean[z][head], corrupt[z][head]) for head in range(n_head)]
+        heads.append(np.where(same_heads, 0.0, recoveries(layer, n_head, heads_runs)))
+        same_rows = np.all(clean[stream] == corrupt[stream], axis=-1)
+        row = np.where(same_rows, 0.0, recoveries(layer, len(clean_ids), resid_runs))
+        if np.sum(~same_rows) == 1:  # the one row that differs, copied in, makes the clean run itself: 1 exactly
+            row[~same_rows] = 1.0
+        resid.append(row)
     return {"clean": m_clean, "corrupt": m_corrupt, "heads": np.array(heads), "resid": np.array(resid)}
 
 
