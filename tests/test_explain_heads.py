@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from gpt2_numpy.errors import UsageError
+from gpt2_numpy.errors import OutOfVocabulary
 from gpt2_numpy.interpret.heads import (
     PATTERNS, head_scores, heads_json, heads_table, repeat_length, repeated_tokens, repetition_problem,
 )
@@ -96,7 +96,7 @@ def test_the_repeated_sequence_is_capped_by_the_context():
     assert "more than this model's context of 2" in repetition_problem(257, 2, 256)
     assert "outside this model's vocabulary of 512 tokens" in repetition_problem(512, 64, 50256)
     assert repetition_problem(257, 3, 256) is None
-    with pytest.raises(UsageError, match="outside this model's vocabulary"):
+    with pytest.raises(OutOfVocabulary, match="outside this model's vocabulary"):  # a library error, not a usage one
         repeated_tokens(512, 50256, 10, 0)
 
 

@@ -16,7 +16,7 @@ import math
 import numpy as np
 
 from gpt2_numpy.console import plural
-from gpt2_numpy.errors import UsageError
+from gpt2_numpy.errors import OutOfVocabulary
 from gpt2_numpy.interpret.tracing import layer_weights, no_progress
 from gpt2_numpy.checks import check_finite
 
@@ -80,9 +80,9 @@ def repetition_problem(n_vocab, n_ctx, eot_id):  # -> why <|endoftext|> R R cann
 
 def repeated_tokens(n_vocab, eot_id, length, seed):  # -> int64 [2 * length + 1]: <|endoftext|> R R
     """R: `length` ids drawn uniformly, with `seed`, from the model's vocabulary 0 .. n_vocab - 1 without eot_id (the
-    tokenizer's <|endoftext|>, which starts the sequence). UsageError when eot_id is outside the vocabulary."""
+    tokenizer's <|endoftext|>, which starts the sequence). OutOfVocabulary when eot_id is outside the vocabulary."""
     if not 0 <= eot_id < n_vocab:
-        raise UsageError(repetition_problem(n_vocab, 2 * length + 1, eot_id))
+        raise OutOfVocabulary(repetition_problem(n_vocab, 2 * length + 1, eot_id))
     drawn = np.random.default_rng(seed).integers(0, n_vocab - 1, length)
     tokens = drawn + (drawn >= eot_id)  # n_vocab - 1 values mapped onto the ids other than eot_id
     return np.concatenate([[eot_id], tokens, tokens])
