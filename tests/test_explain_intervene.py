@@ -16,7 +16,7 @@ from gpt2_numpy.interpret.patching import patching
 from gpt2_numpy.interpret.tracing import trace
 from gpt2_numpy.model import gpt2, layer_norm, softmax
 from gpt2_numpy.params import random_params
-from tests.conftest import FIXTURES, assert_one_error_line, run_explain
+from tests.conftest import FIXTURES, assert_one_error_line, official_path, run_explain, tiny_models_dir
 
 RTOL = 1e-4  # relative to TransformerLens's number, as the issue asks
 CONFIGS = ["three_heads", "four_heads", "one_layer"]
@@ -248,10 +248,49 @@ def test_patch_plot_draws_a_png(tmp_path, capsys):
                             str(png)]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "wrote" in capsys.readouterr().err
-    # its plot draws the recoveries, so a --head all, which chooses an attention plot's heads, is said to do nothing
-    assert explain_cli.run([PROMPT, "--model", str(FOLDER), "--patch", CORRUPT, "--answer", " the", " a", "--plot",
-                            str(png), "--head", "all"]) == 0
-    assert "note: --head all chooses the heads that --plot draws of the attention" in capsys.readouterr().err
+
+
+def test_the_ablation_heading_says_what_was_done(capsys):
+    common = [PROMPT, "--model", str(FOLDER), "--ablate"]
+    assert explain_cli.run([*common, "2.3"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == ("Ablation of head 2.3 (layer.head): its attn.z set to zero at "
+                                                       "every position")
+    assert explain_cli.run([*common, "2.3", "0.1", "--ablation", "mean"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == ("Ablation of heads 2.3, 0.1 (layer.head): each head's attn.z "
+                                                       "replaced by its mean over the prompt's positions")
+
+
+@pytest.fixture(scope="module")
+def tiny_models(tmp_path_factory):  # -> a models dir whose 124M/ is the tiny model with GPT-2's own tokenizer
+    return tiny_models_dir(tmp_path_factory.mktemp("intervene"))
+
+
+def test_answers_and_the_corrupt_prompt_may_begin_with_a_dash(tiny_models, capsys):
+    # the tiny model keeps GPT-2's first 512 tokens: among them "-" and "--", each one token of the official vocabulary
+    vocabulary = json.loads(official_path("124M/encoder.json").read_text())
+    dashes = [vocabulary["--"], vocabulary["-"]]
+    common = ["I will go to the", "--models-dir", tiny_models]
+    for attribute in (["--attribute", "--", "-"], ["--attribute=--", "-"]):
+        assert explain_json(capsys, *common, *attribute)["answer_ids"] == dashes
+    patched = explain_json(capsys, *common, "--patch", "- will go to the", "--answer", "--", "-")
+    assert patched["answer_ids"] == dashes and patched["corrupt_ids"][0] == vocabulary["-"]
+    assert patched["corrupt_ids"][1:] == patched["clean_ids"][1:]
+    # a prompt that begins with '-' still goes last, after "--": here the answers are "-" and "--", then comes "--"
+    assert explain_cli.run(["--models-dir", str(tiny_models), "--json", "--attribute", "-", "--", "--", "- will"]) == 0
+    assert json.loads(capsys.readouterr().out)["prompt_ids"] == [vocabulary["-"], vocabulary["\u0120will"]]
+
+
+@pytest.mark.parametrize("args", [
+    ["--ablate", "1.0", "--layer", "1"], ["--lens", "--layer", "0"], ["--attribute", " the", " a", "--layer", "2"],
+    ["--lens", "--head", "1"], ["--ablate", "1.0", "--head", "all"], ["--patch", CORRUPT, "--answer", " the", " a",
+                                                                       "--head", "0", "--plot", "{tmp}/patch.png"],
+])
+def test_a_layer_or_head_that_no_output_shows_is_refused(args, tmp_path):
+    args = [arg.format(tmp=tmp_path) for arg in args]
+    flag = "--layer" if "--layer" in args else "--head"
+    assert_one_error_line(run_explain(PROMPT, "--model", str(FOLDER), *args, models_dir=tmp_path),
+                          f"{flag} picks the {flag[2:]} that the walkthrough")
+    assert list(tmp_path.iterdir()) == []  # no plot either
 
 
 @pytest.mark.parametrize("args, fragment", [
@@ -267,6 +306,10 @@ def test_patch_plot_draws_a_png(tmp_path, capsys):
     (["--ablate", "1.x"], "'1.x' is not L.H"),
     (["--ablate", "0.1.2"], "'0.1.2' is not L.H"),
     (["--ablate", "-1.0"], "'-1.0' is not L.H"),
+    (["--ablate", "1.0", "2.3", "1.0"], "--ablate names head 1.0 more than once: give each head once"),
+    (["--attribute", " the", "--json"], "--attribute A B needs 2 words after it, got 1 before --json; a word that "
+                                        "begins with '-' counts: --attribute -x +x"),
+    (["--patch", "--answer", " the", " a"], "--patch CORRUPT needs 1 word after it, got 0 before --answer"),
     (["--patch", CORRUPT], "--patch needs --answer A B"),
     (["--answer", " the", " a"], "--answer belongs to --patch"),
     (["--ablation", "mean"], "--ablation belongs to --ablate"),

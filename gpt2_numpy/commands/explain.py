@@ -12,6 +12,7 @@ import argparse
 import functools
 import json
 import os
+import sys
 
 from gpt2_numpy.catalog import OFFICIAL_HPARAMS
 from gpt2_numpy.commands.common import (
@@ -53,6 +54,36 @@ def layer_head(text):  # -> (layer, head) from "L.H"; argparse turns the error i
 
 
 OUTPUTS = ("heads", "lens", "ablate", "attribute", "patch")  # each prints a table, or with --json one JSON object
+# the options whose words are texts (answers, a prompt), with their names: as getopt does, those words are taken as
+# given even when they begin with '-' ("--attribute -- -"), which argparse alone would read as options
+TEXT_OPTIONS = {"--attribute": ("A", "B"), "--answer": ("A", "B"), "--patch": ("CORRUPT",)}
+TEXT_MARK = "\0"  # put before each such word so that argparse takes it as a value; no command-line word holds NUL
+
+
+def mark_texts(argv, options):  # -> argv with the words of TEXT_OPTIONS marked; UsageError when one has too few
+    """options: the parser's own option strings, which end a text option's words, alone or with "=" ("--attribute
+    ' the' --json" is one answer short, not an answer "--json"). "--attribute=A B" is "--attribute A B"."""
+    words, start = list(argv), 0
+    while start < len(words) and words[start] != "--":  # after "--", every word is the prompt
+        flag, equals, attached = words[start].partition("=")
+        names = TEXT_OPTIONS.get(flag)
+        if names is None:
+            start += 1
+            continue
+        texts, end = [attached] * bool(equals), start + 1
+        while len(texts) < len(names) and end < len(words) and words[end].partition("=")[0] not in options:
+            texts, end = texts + [words[end]], end + 1
+        if len(texts) < len(names):
+            found = f"{len(texts)}" + (f" before {words[end]}" if end < len(words) else "")
+            raise UsageError(f"{flag} {' '.join(names)} needs {plural(len(names), 'word')} after it, got {found}; a "
+                             f"word that begins with '-' counts: {' '.join([flag, '-x', '+x'][:1 + len(names)])}")
+        words[start:end] = [flag, *(TEXT_MARK + text for text in texts)]
+        start += 1 + len(names)
+    return words
+
+
+def text_word(word):  # -> a word of TEXT_OPTIONS as the user typed it
+    return word.removeprefix(TEXT_MARK)
 
 
 def parse_args(argv):  # -> argparse.Namespace, checked
@@ -69,7 +100,7 @@ def parse_args(argv):  # -> argparse.Namespace, checked
                         "with '-' goes last, after --")
     parser.add_argument("--layer", type=int, metavar="L",
                         help="the layer to show, from 0 (0); with --heads, the only layer whose heads are listed (all)")
-    parser.add_argument("--head", type=head_number, default=0, metavar="H",
+    parser.add_argument("--head", type=head_number, metavar="H",
                         help="the head to show, from 0 (0); 'all' plots every head of the layer (and prints head 0)")
     parser.add_argument("--walkthrough", action="store_true",
                         help="print the walkthrough also when another output is asked for (--lens, --heads, --plot, "
@@ -90,17 +121,17 @@ def parse_args(argv):  # -> argparse.Namespace, checked
     parser.add_argument("--ablation", choices=sorted(ABLATIONS),
                         help="with --ablate: set the heads' outputs (attn.z) to zero, or to their mean over the "
                         "prompt's positions (zero)")
-    parser.add_argument("--attribute", nargs=2, metavar=("A", "B"),
+    parser.add_argument("--attribute", nargs=2, type=text_word, metavar=("A", "B"),
                         help="split logit(A) - logit(B) at the last position into what each head, each MLP, the "
                         "embeddings and the biases wrote into the residual stream; A and B are texts of one token "
-                        "each")
-    parser.add_argument("--patch", metavar="CORRUPT",
+                        "each, taken as given even when they begin with '-'")
+    parser.add_argument("--patch", type=text_word, metavar="CORRUPT",
                         help="activation patching: run the CORRUPT prompt (as many tokens as PROMPT) with each head's "
                         "output, and the residual stream at each layer and position, copied in from PROMPT's run; "
-                        "print how much of logit(A) - logit(B) (--answer) each recovers")
-    parser.add_argument("--answer", nargs=2, metavar=("A", "B"),
-                        help="with --patch: the two answers, texts of one token each, whose logit difference is "
-                        "measured")
+                        "print how much of logit(A) - logit(B) (--answer) each recovers; CORRUPT may begin with '-'")
+    parser.add_argument("--answer", nargs=2, type=text_word, metavar=("A", "B"),
+                        help="with --patch: the two answers, texts of one token each as with --attribute, whose "
+                        "logit difference is measured")
     parser.add_argument("--json", action="store_true",
                         help="print one JSON object instead of a table: with --heads, the scores and the token ids "
                         "they come from; with --lens, the top next token's id, text and probability after each layer "
@@ -111,9 +142,12 @@ def parse_args(argv):  # -> argparse.Namespace, checked
                         help="write one self-contained page (.html) to explore every head's attention, the head "
                         "scores and the logit lens in a browser, offline")
     add_model_args(parser)
-    args = parser.parse_args(argv)
+    args = parser.parse_args(mark_texts(sys.argv[1:] if argv is None else argv, parser._option_string_actions))
     if args.seed is not None and not args.heads:
         raise UsageError("--seed belongs to --heads: add --heads, or drop --seed")
+    twice = [head for number, head in enumerate(args.ablate or ()) if head in args.ablate[:number]]
+    if twice:  # more likely a typo for another head than meant: ablating a head twice is ablating it once
+        raise UsageError(f"--ablate names head {'.'.join(map(str, twice[0]))} more than once: give each head once")
     if args.ablation is not None and args.ablate is None:
         raise UsageError("--ablation belongs to --ablate: add --ablate L.H, or drop --ablation")
     if args.patch is not None and args.answer is None:
@@ -130,9 +164,25 @@ def parse_args(argv):  # -> argparse.Namespace, checked
         fixes = [f"keep one of {' '.join(asked)}"] * (len(asked) > 1) + ["drop --walkthrough"] * args.walkthrough
         raise UsageError(f"--json prints one JSON object, of one output, and nothing else: {' and '.join(fixes)}, "
                          "or drop --json")
+    args.walkthrough = args.walkthrough or not (asked or args.plot or args.html)  # from here on: it prints
+    check_layer_and_head(args)
+    args.head = 0 if args.head is None else args.head
     args.ablation = args.ablation or "zero"
     args.seed = HEADS_SEED if args.seed is None else args.seed
     return args
+
+
+def check_layer_and_head(args):  # -> None; UsageError for a --layer or --head that no output shows
+    attention_plot = args.plot is not None and args.patch is None  # --patch's plot draws the recoveries instead
+    notes = ["--ablate takes its heads as L.H"] * bool(args.ablate) + ["--patch's --plot draws no head"] * (
+        args.plot is not None and args.patch is not None)
+    fix = "drop {}, or add --walkthrough" + (f" ({'; '.join(notes)})" if notes else "")
+    if args.layer is not None and not (args.walkthrough or attention_plot or args.heads):
+        raise UsageError("--layer picks the layer that the walkthrough, --heads and --plot's attention weights show, "
+                         "and none of them is asked for: " + fix.format("--layer"))
+    if args.head is not None and not (args.walkthrough or attention_plot):
+        raise UsageError("--head picks the head that the walkthrough and --plot's attention weights show, and neither "
+                         "is asked for: " + fix.format("--head"))
 
 
 def run(argv=None):  # -> exit status
@@ -157,11 +207,9 @@ def run(argv=None):  # -> exit status
     label, text_of = functools.partial(token_label, tokenizer), functools.partial(token_text, tokenizer)
     # every output is computed before any is written: a model that fails one (NaN weights) leaves nothing behind
     printed, steps, repeated, page = [], None, None, None
-    show_walkthrough = args.walkthrough or not (any(getattr(args, name) for name in OUTPUTS) or args.plot
-                                                or args.html)
-    if show_walkthrough or (args.plot is not None and args.patch is None):
+    if args.walkthrough or (args.plot is not None and args.patch is None):
         steps = walkthrough(ids, params, n_head, layer, progress=stage_bar("walkthrough"))
-    if show_walkthrough:
+    if args.walkthrough:
         printed.append(report(text, ids, label, steps, hparams, layer, heads[0]))
     if args.lens and args.json:
         printed.append(json.dumps(lens_json(ids, params, n_head, text_of, progress=stage_bar("logit lens"))) + "\n")

@@ -71,8 +71,9 @@ def ablation_json(ids, heads, how, result, text):  # -> the JSON-ready object --
 def ablation_table(ids, heads, how, result, label):  # -> the text --ablate prints; label(token_id) names a token
     (loss_before, top_before, probs_before), (loss_after, top_after, probs_after) = result["before"], result["after"]
     names = ", ".join(f"{layer}.{head}" for layer, head in heads)
-    lines = [f"Ablation: {'head' if len(heads) == 1 else 'heads'} {names} (layer.head) set to "
-             f"{'zero' if how == 'zero' else 'its mean over the positions'} at every position", ""]
+    whose = "head {}: its" if len(heads) == 1 else "heads {}: each head's"
+    done = "set to zero at every position" if how == "zero" else "replaced by its mean over the prompt's positions"
+    lines = [f"Ablation of {whose.format(names + ' (layer.head)')} attn.z {done}", ""]
     if math.isnan(loss_before):
         lines.append("mean next-token loss: none (a prompt of one token has no next token inside it)")
     else:
