@@ -5,7 +5,7 @@ the goals they are held to. Run from the repo root:
     python -m scripts.benchmark --compare-hf             # also HF transformers on the same weights, in this process
     python -m scripts.benchmark --only prefill decode    # some parts only
     python -m scripts.benchmark --markdown docs/performance.md   # also write the tables into that page
-    python -m scripts.benchmark --json                   # the rows as JSON instead of tables
+    python -m scripts.benchmark --json                   # the rows and verdicts as JSON instead of tables
     python -m scripts.benchmark --threads 1 2 4          # every part at each thread count: a table per part
 
 The weights are a TF checkpoint when `--checkpoint DIR` (default weights/124M) holds one (the real one, or a 124M-shaped
@@ -13,8 +13,10 @@ one from `python -m scripts.fixtures.make_tf_fixture --config 124M --out DIR`), 
 shape. `--compare-hf` needs `pip install torch==2.13.0 transformers safetensors` (CPU torch); HF runs with its default
 attention (sdpa) and as many torch threads as NumPy's BLAS uses; `--threads N ...` runs the parts once per count, with
 ours (gpt2_numpy.cores.set_threads), NumPy's BLAS and torch all given that count. Each time is the median of
-`--repeats` runs after a warm-up; where both engines run, they take turns, repeat by repeat. The goals are ratios
-measured in one run; the test suite asserts no timings. Each part lives in a module of scripts/bench.
+`--repeats` runs after a warm-up; where both engines run, they take turns, repeat by repeat. The goals
+(scripts/bench/goals.py) are ratios measured in one run, judged at each thread count (without --threads, at the count
+in force); a sweep also lists each row of ours that got slower when the count doubled. The test suite asserts no
+timings. Each part lives in a module of scripts/bench.
 """
 import argparse
 import json
@@ -31,10 +33,10 @@ from tqdm import tqdm
 from gpt2_numpy import keep_freed_memory
 from gpt2_numpy.formats.checkpoint import load_params
 from gpt2_numpy.params import random_params
-from scripts.bench import batch, bpe, breakdown, forward, memory, score, tokenizer, train
+from scripts.bench import batch, bpe, breakdown, forward, goals, memory, score, tokenizer, train
 from scripts.bench.engines import INSTALL_HF, HuggingFace, Ours
 from gpt2_numpy import cores
-from scripts.bench.harness import (BEGIN, END, HF, HPARAMS_124M, OURS, REPO, blas_name, blas_threads, fail, read_page,
+from scripts.bench.harness import (BEGIN, END, HF, HPARAMS_124M, REPO, blas_name, blas_threads, fail, read_page,
                                    report, sweep_report, vocabulary, write_between_markers)
 
 Run = namedtuple("Run", "engines params tf_dir hf_dir vocab_dir repeats corpus")
@@ -55,36 +57,6 @@ PARTS = {  # --only's names, in the order they run -> (run) -> rows (the breakdo
     "breakdown": lambda run: breakdown.breakdown_lines(run.engines),
     "training": lambda run: train.train_rows(run.repeats, compare_torch=bool(run.hf_dir), theirs=HF)[0],
 }
-GOALS = [  # (goal, the row's metric starts with this, ours over: HF's value in the row, or ours in this other row, met)
-    ("decode 16 + 128 ≥ 1.7× HF's tok/s", "decode with KV cache, 16", HF, lambda r: r >= 1.7),
-    ("prefill 1024, last logits ≤ 0.9× HF's time", "prefill 1024 tokens, last", HF, lambda r: r <= 0.9),
-    ("prefill 1024, all logits ≤ 0.9× HF's time", "prefill 1024 tokens, all", HF, lambda r: r <= 0.9),
-    ("score 10,000 tokens, stride 512 ≤ 0.9× HF's time", "score 10,000", HF, lambda r: r <= 0.9),
-    ("batch of 8 ≥ 2.5× our single-sequence tok/s", "generate, 8 prompts of 16", "generate, 1 prompts of 16",
-     lambda r: r >= 2.5),
-    ("batch of 8 ≥ 2× HF's batched generate", "generate, 8 prompts of 16", HF, lambda r: r >= 2),
-    ("batch of 32 ≥ 4× our single-sequence tok/s", "generate, 32 prompts of 16", "generate, 1 prompts of 16",
-     lambda r: r >= 4),
-    ("train step, 4 layers × 256 wide ≤ 1.0× torch's time", "train step, 4 layers x 256 wide", HF, lambda r: r <= 1),
-    ("train step, its own 4,096-token vocabulary ≤ 1.0× torch's time", "train step, the same with its own", HF,
-     lambda r: r <= 1),
-    ("peak RSS, batch of 8 at 144 tokens ≤ 1.2× single", "peak RSS, generate_batch",
-     "peak RSS, generate, 16-token prompt + 128", lambda r: r <= 1.2),
-]
-
-
-def goal_lines(rows):  # -> markdown lines "| goal | measured | met |" for the goals this run measured, or none
-    def value(start, name):  # -> the value under name in the row whose metric starts with start, or None
-        return next((r.get(name) for r in rows if r["metric"].startswith(start)), None)
-
-    lines = []
-    for goal, start, over, met in GOALS:
-        ours, theirs = value(start, OURS), value(start, HF) if over == HF else value(over, OURS)
-        if ours is not None and theirs is not None:
-            lines.append(f"| {goal} | {ours / theirs:.2f}× | {'yes' if met(ours / theirs) else 'no'} |")
-    return ["| goal | measured | met |", "|---|---|---|", *lines] if lines else []
-
-
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--compare-hf", action="store_true", help="also run HF transformers on the same weights")
@@ -172,17 +144,22 @@ def main(argv=None):
     }
     breakdowns = {count: results.pop("breakdown", []) for count, results in runs.items()}
     rows = {count: [r for part in results.values() for r in part] for count, results in runs.items()}
-    goals = {count: goal_lines(count_rows) for count, count_rows in rows.items()}
+    met = {count: goals.verdicts(count_rows, count or cores.threads()) for count, count_rows in rows.items()}
     names = [e.name for e in engines]
     if args.threads:
         header["threads"] = ", ".join(f"{count}" + (" (oversubscribed)" if count > cores.available_cores() else "")
                                       for count in args.threads)
-        tables = sweep_report(header, runs, names, goals, breakdowns)
-        data = {"header": header, "threads": {count: {"rows": rows[count], "goals": goals[count],
+        where = {f"Where our time goes, {count} threads:": breakdowns[count] for count in counts}
+        tables = sweep_report(header, runs, names, {"Goals, a row per thread count:": goals.sweep_goal_table(met),
+                                                    goals.MONOTONE: goals.monotone_lines(rows), **where})
+        data = {"header": header, "threads": {count: {"rows": rows[count], "goals": met[count],
                                                       "breakdown": breakdowns[count]} for count in counts}}
+        if goals.doublings(counts):
+            data["slower"] = goals.slower(rows)  # ours, by more than goals.WITHIN, from a count to its double
     else:
-        tables = report(header, rows[None], names, goals[None], breakdowns[None])
-        data = {"header": header, "rows": rows[None], "goals": goals[None], "breakdown": breakdowns[None]}
+        tables = report(header, rows[None], names, {"Goals:": goals.goal_table(met[None]),
+                                                    "Where our time goes:": breakdowns[None]})
+        data = {"header": header, "rows": rows[None], "goals": met[None], "breakdown": breakdowns[None]}
     print(json.dumps(data, indent=2) if args.json else tables)
     if args.markdown:
         write_between_markers(args.markdown, tables)

@@ -1,5 +1,8 @@
 """The thread count (cores.threads: --threads, $GPT2_NUMPY_THREADS, the CPU affinity) and every split of a pass at team
-sizes 1, 2, 3 and 16, which may oversubscribe the machine: each equals the pass on one thread. No timing is asserted."""
+sizes 1, 2, 3 and 16, which may oversubscribe the machine: each equals the pass on one thread. The benchmark's goals,
+judged at each thread count, and its check that nothing of ours got slower when the count doubled, on made-up rows
+against the bounds of issue 42. No timing is asserted."""
+import json
 import os
 import subprocess
 import sys
@@ -193,3 +196,137 @@ def test_a_bad_benchmark_thread_count_is_one_error_line():
     lines = result.stderr.splitlines()
     assert result.returncode == 2 and result.stdout == "" and len(lines) == 1, result.stderr
     assert lines[0] == "error: --threads 2 0: each count must be a whole number >= 1"
+
+
+# --- the goals, judged at each thread count, on made-up rows (no timing) ---
+
+SINGLE = "generate, 1 prompts of 16 tokens + 128 new each, total (tok/s)"
+GOALS_42 = [  # issue 42's goals and the older ones it keeps, read from the issue: the row (as the parts name it), what
+    # ours is over (HF's value in the row, or ours in another row), and each bound: (≤ or ≥, bound, its one count/None)
+    ("prefill 1024 tokens, last-position logits (s)", "HF", [("≤", 0.9, None)]),
+    ("prefill 1024 tokens, all positions (s)", "HF", [("≤", 1.0, None)]),
+    ("decode with KV cache, 16-token prompt + 128 (tok/s)", "HF", [("≥", 1.5, None), ("≥", 1.7, 2)]),
+    ("generate, 8 prompts of 16 tokens + 128 new each, total (tok/s)", "HF", [("≥", 1.5, None)]),
+    ("train step, 4 layers x 256 wide, 8 x 128 tokens (s)", "HF", [("≤", 1.0, None), ("≤", 0.6, 2)]),
+    ("train step, the same with its own 4,096-token vocabulary (s)", "HF", [("≤", 1.0, None)]),
+    ("score 10,000 tokens of English, stride 512 (s)", "HF", [("≤", 0.9, None)]),
+    ("generate, 8 prompts of 16 tokens + 128 new each, total (tok/s)", SINGLE, [("≥", 2.5, None)]),
+    ("generate, 32 prompts of 16 tokens + 128 new each, total (tok/s)", SINGLE, [("≥", 4, None)]),
+    ("peak RSS, generate_batch, 8 x (16-token prompt + 128) (MB)", "peak RSS, generate, 16-token prompt + 128 (MB)",
+     [("≤", 1.2, None)]),
+]
+
+
+def goal_rows(metric, over, ratio):  # -> rows in which ours over `over` in metric's row is ratio, and nothing else
+    from scripts.bench.harness import HF, OURS
+    if over == "HF":
+        return [{"metric": metric, "better": "lower", OURS: 3.0 * ratio, HF: 3.0}]
+    return [{"metric": metric, "better": "lower", OURS: 3.0 * ratio}, {"metric": over, "better": "lower", OURS: 3.0}]
+
+
+@pytest.mark.parametrize("count", [1, 2, 4])
+@pytest.mark.parametrize("metric, over, bounds", GOALS_42)
+def test_each_goal_is_met_just_on_its_side_of_the_bound_and_only_at_its_counts(metric, over, bounds, count):
+    from scripts.bench.goals import verdicts
+    for _, bound, _ in bounds:
+        for ratio in (bound * 0.99, bound * 1.01):
+            found = verdicts(goal_rows(metric, over, ratio), count)
+            expected = [ratio <= b if sign == "≤" else ratio >= b for sign, b, at in bounds if at in (None, count)]
+            assert sorted(v["met"] for v in found) == sorted(expected), (ratio, found)
+            assert all(v["ratio"] == pytest.approx(ratio) for v in found)
+
+
+def test_the_sweep_prints_a_dash_where_a_goal_holds_at_another_count():
+    from scripts.bench.goals import goal_table, sweep_goal_table, verdicts
+    decode = "decode with KV cache, 16-token prompt + 128 (tok/s)"
+    ratios = {1: 1.6, 2: 1.6, 4: 1.4}  # ≥ 1.5× at every count, ≥ 1.7× at 2
+    lines = sweep_goal_table({count: verdicts(goal_rows(decode, "HF", r), count) for count, r in ratios.items()})
+    table = [line.strip("| ").split(" | ") for line in lines]
+    every, two = ([i for i, name in enumerate(table[0]) if name.startswith("decode") and f"{b}×" in name]
+                  for b in ("1.5", "1.7"))
+    assert len(every) == len(two) == 1 and len(table) == 5 and [row[0] for row in table[2:]] == ["1", "2", "4"]
+    assert [row[every[0]] for row in table[2:]] == ["1.600× yes", "1.600× yes", "1.400× no"]
+    assert [row[two[0]] for row in table[2:]] == ["-", "1.600× no", "-"]
+    assert len(goal_table(verdicts(goal_rows(decode, "HF", 1.6), 1))) == 3  # header, rule, the one goal at 1 thread
+
+
+def sweep_rows(values, better="lower", metric="prefill 1024 tokens, all positions (s)"):  # {count: ours} -> rows
+    from scripts.bench.harness import OURS
+    return {count: [{"metric": metric, "better": better, OURS: value}] for count, value in values.items()}
+
+
+def slowed(rows_by_count):  # -> [(metric, counts)] that goals.slower flags
+    from scripts.bench.goals import slower
+    return [(s["metric"], tuple(s["counts"])) for s in slower(rows_by_count)]
+
+
+@pytest.mark.parametrize("metric, better, values, flagged", [
+    ("prefill 1024 tokens, all positions (s)", "lower", [1.0, 1.0, 1.06], True),  # a time 6% up from 2 to 4
+    ("prefill 1024 tokens, all positions (s)", "lower", [1.0, 1.0, 1.04], False),
+    ("prefill 1024 tokens, all positions (s)", "lower", [1.0, 1.0, 0.5], False),
+    ("decode with KV cache, 16-token prompt + 128 (tok/s)", "higher", [100, 100, 94], True),  # a speed 6% down
+    ("decode with KV cache, 16-token prompt + 128 (tok/s)", "higher", [100, 100, 96], False),
+    ("decode with KV cache, 16-token prompt + 128 (tok/s)", "higher", [100, 100, 150], False),
+    ("train tokens/s, 4 layers x 256 wide, 8 x 128 tokens", "higher", [100, 100, 90], True),
+    ("CRC32C (MB/s)", "higher", [100, 100, 90], True),
+    ("train a 4,096-token BPE on shakespeare-plays.txt, s", "lower", [1.0, 1.0, 1.1], True),
+    ("q kᵀ [12,1,64] x [12,16,64], 2^13.6 MACs, plain einsum (us)", "lower", [1.0, 1.0, 1.1], True),
+    ("peak RSS, generate, 16-token prompt + 128 (MB)", "lower", [100, 100, 150], False),  # memory: no direction
+    ("train a 4,096-token BPE on shakespeare-plays.txt, peak MB", "lower", [100, 100, 150], False),
+    ("page faults of that prefill, glibc's default allocator", "lower", [100, 100, 150], False),
+    ("tokenizer encode, one-word string of CJK, 100,000 bytes: growth, time at 10x the length (x)", "lower",
+     [1, 1, 2], False),
+])
+def test_monotone_flags_ours_getting_slower_by_over_5_percent_in_a_timed_row(metric, better, values, flagged):
+    rows = sweep_rows(dict(zip([1, 2, 4], values)), better, metric)
+    assert slowed(rows) == ([(metric, (2, 4))] if flagged else [])
+
+
+def test_monotone_compares_a_count_with_its_double_only():
+    # 1 -> 2 and 3 -> 6 double; 2 -> 3 and 1 -> 3 do not, however much slower
+    rows = sweep_rows({1: 1.0, 2: 1.1, 3: 2.0, 6: 2.2})
+    assert sorted(slowed(rows)) == [("prefill 1024 tokens, all positions (s)", (1, 2)),
+                                    ("prefill 1024 tokens, all positions (s)", (3, 6))]
+    assert slowed(sweep_rows({1: 1.0, 2: 1.0, 3: 2.0})) == []
+
+
+def test_the_monotone_section_says_nothing_got_slower_or_nothing_where_no_count_doubles():
+    from scripts.bench.goals import monotone_lines
+    assert monotone_lines(sweep_rows({1: 1.0, 2: 0.9})) == ["nothing got slower"]
+    assert monotone_lines(sweep_rows({1: 1.0, 3: 5.0})) == []  # no pair to compare: no verdict, not a pass
+    assert monotone_lines(sweep_rows({1: 1.0, 2: 1.5})) == ["- prefill 1024 tokens, all positions (s): 1 at 1 threads, "
+                                                            "1.5 at 2 threads"]
+
+
+def fake_benchmark(monkeypatch, capsys, *args):  # -> stdout of scripts.benchmark's main, its one part made-up rows
+    # decode: 1.6× HF's tok/s at every count (≥ 1.5× met; ≥ 1.7× at 2 not); ours 10% slower at each doubling
+    import scripts.benchmark as benchmark
+    from scripts.bench.harness import HF, OURS
+    count = [cores.threads()]
+    monkeypatch.setattr(benchmark, "use_threads", lambda n, engines: count.__setitem__(0, n))
+    monkeypatch.setattr(benchmark, "keep_freed_memory", lambda: None)
+    monkeypatch.setitem(benchmark.PARTS, "CRC32C", lambda run: [
+        {"metric": "decode with KV cache, 16-token prompt + 128 (tok/s)", "better": "higher", OURS: 16.0, HF: 10.0},
+        {"metric": "prefill 1024 tokens, all positions (s)", "better": "lower", OURS: 1.1 ** count[0]}])
+    benchmark.main(["--checkpoint", str(FIXTURES / "tf_tiny"), "--only", "CRC32C", *args])
+    return capsys.readouterr().out
+
+
+def test_the_benchmark_prints_and_keeps_in_its_json_the_goals_at_each_count_and_what_got_slower(monkeypatch, capsys):
+    data = json.loads(fake_benchmark(monkeypatch, capsys, "--threads", "1", "2", "4", "--json"))
+    met = {count: [v["met"] for v in data["threads"][count]["goals"]] for count in ("1", "2", "4")}
+    assert met == {"1": [True], "2": [True, False], "4": [True]}
+    assert data["slower"] == [{"metric": "prefill 1024 tokens, all positions (s)", "counts": [low, 2 * low],
+                               "values": [pytest.approx(1.1 ** low), pytest.approx(1.1 ** (2 * low))]}
+                              for low in (1, 2)]
+    lines = fake_benchmark(monkeypatch, capsys, "--threads", "1", "2").splitlines()
+    goals = lines.index("Goals, a row per thread count:")
+    assert [line.split(" | ")[1:] for line in lines[goals + 4:goals + 6]] == [["1.600× yes", "- |"],
+                                                                               ["1.600× yes", "1.600× no |"]]
+    assert lines[lines.index("Monotone (ours, within 5% when the count doubles):") + 2].startswith("- prefill 1024")
+
+
+def test_a_run_without_threads_judges_the_goals_at_the_count_in_force(monkeypatch, capsys):
+    monkeypatch.setattr(cores, "threads", lambda: 2)
+    data = json.loads(fake_benchmark(monkeypatch, capsys, "--json"))
+    assert [v["met"] for v in data["goals"]] == [True, False] and "slower" not in data

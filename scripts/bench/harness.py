@@ -119,18 +119,13 @@ def ratio(r, ours, theirs):  # "0.62× (better)": ours / theirs, and whether tha
     return f"{value:.2f}× ({'better' if better else 'worse'})"
 
 
-def report(header, rows, names, goals, where):  # -> markdown: the setting, the table, the goals, where time goes
-    lines = ["```", *(f"{key}: {value}" for key, value in header.items()), "```"]
-    sections = {"": comparison_table(rows, names), "Goals:": goals, "Where our time goes:": where}
-    for title, table in sections.items():
-        if table:  # a section only where the parts that ran measured something for it
-            lines += [""] + ([title, ""] if title else []) + table
-    return "\n".join(lines)
+def report(header, rows, names, sections):  # -> markdown: the setting, the table, then sections ({title: lines})
+    return "\n".join(setting_lines(header) + with_titles({"": comparison_table(rows, names), **sections}))
 
 
-def sweep_report(header, runs, names, goals, breakdowns):  # -> markdown: the setting, then a table per part with a
-    # column per thread count (runs: {count: {part: rows}}), the goals with a row per count, and where time goes
-    lines = ["```", *(f"{key}: {value}" for key, value in header.items()), "```"]
+def sweep_report(header, runs, names, sections):  # -> markdown: the setting, then a table per part with a column per
+    # thread count (runs: {count: {part: rows}}), then sections ({title: lines}: the goals, where time goes)
+    lines = setting_lines(header)
     counts = list(runs)
     cell = f"{names[0]} / {names[1]} (ratio)" if len(names) == 2 else names[0]
     for part in runs[counts[0]]:
@@ -140,17 +135,19 @@ def sweep_report(header, runs, names, goals, breakdowns):  # -> markdown: the se
         for metric in by_count[0]:
             cells = [sweep_cell(rows.get(metric), names) for rows in by_count]
             lines.append(f"| {metric} | " + " | ".join(cells) + " |")
-    goal_names = [line.split(" | ")[0].lstrip("| ") for line in goals[counts[0]][2:]]
-    if goal_names:
-        lines += ["", "Goals, a row per thread count:", "", "| threads | " + " | ".join(goal_names) + " |",
-                  "|---|" + "---|" * len(goal_names)]
-        for count in counts:
-            measured = [" ".join(line.split(" | ")[1:]).rstrip(" |") for line in goals[count][2:]]
-            lines.append(f"| {count} | " + " | ".join(measured) + " |")
-    for count in counts:
-        if breakdowns[count]:
-            lines += ["", f"Where our time goes, {count} threads:", "", *breakdowns[count]]
-    return "\n".join(lines)
+    return "\n".join(lines + with_titles(sections))
+
+
+def setting_lines(header):  # -> the machine, versions and weights, in a code block
+    return ["```", *(f"{key}: {value}" for key, value in header.items()), "```"]
+
+
+def with_titles(sections):  # -> markdown lines: each section with lines after a blank line, under its title if any
+    lines = []
+    for title, table in sections.items():
+        if table:  # a section only where the parts that ran measured something for it
+            lines += [""] + ([title, ""] if title else []) + table
+    return lines
 
 
 def sweep_cell(r, names):  # -> "1.66 / 1.84 (0.90× (better))", or ours alone
