@@ -27,6 +27,7 @@ SAFETENSORS_SCRIPT = "scripts.fixtures.make_safetensors_fixture"
 CHECK_HF_SCRIPT = "scripts.dev.check_train_hf"
 HF_INSTALL = "pip install torch==2.13.0 transformers safetensors"
 INTERVENE_SCRIPT = "scripts.fixtures.make_intervene_reference"
+INDUCTION_HF_SCRIPT = "scripts.dev.induction_hf"
 
 
 def run(script, *args, blocked=(), stubbed=(), cwd):  # -> CompletedProcess of `python -m script` under this Python
@@ -38,7 +39,7 @@ def run(script, *args, blocked=(), stubbed=(), cwd):  # -> CompletedProcess of `
 @pytest.mark.parametrize(
     "script, blocked",
     [(TF_SCRIPT, ["numpy", "tensorflow", "regex"]), (SAFETENSORS_SCRIPT, ["numpy", "torch", "safetensors"]),
-     (CHECK_HF_SCRIPT, ["numpy", "torch", "transformers"]),
+     (CHECK_HF_SCRIPT, ["numpy", "torch", "transformers"]), (INDUCTION_HF_SCRIPT, ["numpy", "torch", "transformers"]),
      (INTERVENE_SCRIPT, ["numpy", "torch", "transformers", "transformer_lens"]),
      # these three once ignored their arguments: under the reference venv, --help rewrote the committed fixtures
      *((f"scripts.fixtures.{name}", ["numpy", "torch", "transformers"])
@@ -75,6 +76,7 @@ def test_the_tf_fixture_maker_checks_its_arguments_before_writing(args, fragment
         (SAFETENSORS_SCRIPT, ["safetensors"], ["torch"], "safetensors", "pip install torch safetensors"),
         (CHECK_HF_SCRIPT, ["torch"], [], "torch", HF_INSTALL),
         (CHECK_HF_SCRIPT, ["transformers"], ["torch"], "transformers", HF_INSTALL),
+        (INDUCTION_HF_SCRIPT, ["transformers"], ["torch"], "transformers", HF_INSTALL),
         (INTERVENE_SCRIPT, ["transformer_lens"], ["torch", "transformers"], "transformer_lens",
          "pip install torch==2.13.0 transformer-lens transformers safetensors"),
     ],
@@ -83,7 +85,7 @@ def test_a_missing_tool_is_one_line_saying_what_to_install_where(script, blocked
     fixture = FIXTURES / "dtypes.safetensors"
     before = fixture.read_bytes()
     args = {TF_SCRIPT: ["--out", str(tmp_path / "out")],  # never the committed TF fixtures
-            CHECK_HF_SCRIPT: [str(tmp_path)]}.get(script, [])
+            CHECK_HF_SCRIPT: [str(tmp_path)], INDUCTION_HF_SCRIPT: [str(tmp_path / "text.txt")]}.get(script, [])
     result = run(script, *args, blocked=blocked, stubbed=stubbed, cwd=tmp_path)
     assert result.returncode == (2 if script == CHECK_HF_SCRIPT else 1) and result.stdout == ""
     lines = result.stderr.splitlines()

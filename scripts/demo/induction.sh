@@ -4,12 +4,12 @@
 # loss and best induction score against the step, and the loss on a repeated text it never saw, before and after
 # zero-ablating the induction head and the previous-token head that feeds it.
 #
-#   scripts/demo/induction.sh OUT [STEPS]  (OUT: a new folder; STEPS: train this many steps instead of 5,000)
+#   scripts/demo/induction.sh OUT [STEPS]  (OUT: a new folder; STEPS: train this many steps instead of 20,000)
 # Writes OUT (the model folder, with log.csv and heads.csv), OUT/induction.png, and the two texts in OUT/texts/.
 # Needs matplotlib for the picture.
 set -euo pipefail
 OUT=${1:?usage: scripts/demo/induction.sh OUT [STEPS]}
-STEPS=${2:-5000}
+STEPS=${2:-20000}
 [ "${OUT#/}" != "$OUT" ] || OUT="$PWD/$OUT"  # the caller's OUT, from the caller's folder
 cd "$(dirname "$0")/../.."  # the repo root
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -25,8 +25,8 @@ python -m scripts.demo.induction_text "$TEXTS/train.txt" --seed 0  # 1.75 MB
 # another seed: a text never trained on, 7 characters said twice (26 bytes, within the context)
 python -m scripts.demo.induction_text "$TEXTS/unseen.txt" --seed 1 --chars 1 --lengths 7 7 --gaps 0 0
 python -m gpt2_numpy.train --data "$TEXTS/train.txt" --out "$OUT" --vocab-size 257 \
-  --n-layer 2 --n-head 4 --n-embd 128 --n-ctx 32 --seq-len 32 --batch-size 32 --lr 3e-3 --warmup 100 \
-  --steps "$STEPS" --eval-every 100 --eval-batches 4 --save-every 500 --seed 0
+  --n-layer 2 --n-head 4 --n-embd 64 --n-ctx 32 --seq-len 32 --batch-size 32 --lr 3e-3 --warmup 100 \
+  --steps "$STEPS" --eval-every 250 --eval-batches 2 --save-every 2000 --seed 0
 mkdir "$OUT/texts"
 mv "$TEXTS/train.txt" "$TEXTS/unseen.txt" "$OUT/texts/"
 python -m scripts.demo.plot_loss "$OUT/log.csv" "$OUT/induction.png" --induction

@@ -1,7 +1,8 @@
-"""Train Hugging Face's GPT-2 (torch) on an induction text, with the recipe of `train`, and print the heads' scores:
-whether an induction head forms is then a fact about the recipe, not about our trainer.
+"""Train Hugging Face's GPT-2 (torch) on an induction text, with the recipe of `train` (the defaults are
+scripts/demo/induction.sh's), and print the heads' scores: whether an induction head forms is then a fact about the
+recipe, not about our trainer.
 
-    ../refvenv/bin/python -m scripts.dev.induction_hf TEXT [--n-ctx 32] [--n-embd 128] [--lr 3e-3] [--steps 5000] ...
+    ../refvenv/bin/python -m scripts.dev.induction_hf TEXT [--n-ctx 32] [--n-embd 64] [--lr 3e-3] [--steps 20000] ...
 
 TEXT: a text from scripts/demo/induction_text.py (or any). Its UTF-8 bytes are the tokens (id = the byte, 256 =
 <|endoftext|>): a byte-level vocabulary of 257, as `train --vocab-size 257` makes, up to a renaming of the ids, which
@@ -45,8 +46,8 @@ def best_scores(model, probe, length):  # -> (best previous_token of any head, b
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("text", help="the training text (UTF-8)")
-    for flag, default in (("--n-layer", 2), ("--n-head", 4), ("--n-embd", 128), ("--n-ctx", 32), ("--batch-size", 32),
-                          ("--warmup", 100), ("--steps", 5000), ("--eval-every", 100), ("--seed", 0),
+    for flag, default in (("--n-layer", 2), ("--n-head", 4), ("--n-embd", 64), ("--n-ctx", 32), ("--batch-size", 32),
+                          ("--warmup", 100), ("--steps", 20000), ("--eval-every", 250), ("--seed", 0),
                           ("--threads", 1)):
         parser.add_argument(flag, type=int, default=default, help=f"({default})")
     parser.add_argument("--lr", type=float, default=3e-3, help="the peak learning rate (3e-3)")

@@ -1,0 +1,67 @@
+"""What bounds the benchmark's parts on this machine, per thread count: how fast the cores read memory and multiply.
+
+    python -m scripts.dev.bounds [--threads 1 2]
+
+- decode: one step reads every weight of the 124M model once (124 M floats, 498 MB); the rate at which `wte @ x`
+  reads the 154 MB token embedding gives the fewest seconds a step can take, and so the most tokens a second;
+- products: the rate of a [1024, 768] × [768, 3072] product (a prefill's MLP), in GFLOP/s;
+- the training step of `--only training` (4 layers × 256 wide, 8 × 128 tokens, GPT-2's 50,257 tokens): the time of its
+  lm head's three products (the logits, their gradient into the hidden state and into wte) and of one elementwise pass
+  over the logits (np.exp), which no step can do without.
+Each figure is the best of a few runs, after a warm-up. The arrays are seeded random float32, as the benchmark's are.
+"""
+import argparse
+import time
+
+import numpy as np
+
+from gpt2_numpy import cores
+
+N_PARAMS_124M = 124_439_808  # GPT-2 124M's weights, wte counted once (the lm head reuses it)
+
+
+def best_seconds(run, repeats=5):  # -> the fastest of `repeats` runs of run(), after one to warm up
+    run()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def bounds_lines(count, rng):  # -> the printed lines for `count` threads
+    cores.set_threads(count)
+    wte, x = rng.standard_normal((50257, 768), dtype=np.float32), rng.standard_normal(768, dtype=np.float32)
+    read_rate = wte.nbytes / best_seconds(lambda: wte @ x)
+    step_bytes = 4 * N_PARAMS_124M
+    a, b = rng.standard_normal((1024, 768), dtype=np.float32), rng.standard_normal((768, 3072), dtype=np.float32)
+    flop_rate = 2 * a.shape[0] * a.shape[1] * b.shape[1] / best_seconds(lambda: a @ b)
+    hidden = rng.standard_normal((1024, 256), dtype=np.float32)
+    head = rng.standard_normal((50257, 256), dtype=np.float32)
+    grad = rng.standard_normal((1024, 50257), dtype=np.float32)
+    products = [best_seconds(product, 3) for product in (lambda: hidden @ head.T, lambda: grad @ head,
+                                                         lambda: grad.T @ hidden)]
+    exp_pass = best_seconds(lambda: np.exp(grad), 3)
+    return [f"{count} threads:",
+            f"  memory read (wte @ x, {wte.nbytes / 1e6:.0f} MB): {read_rate / 1e9:.1f} GB/s; a decode step reads "
+            f"{step_bytes / 1e6:.0f} MB: at least {step_bytes / read_rate * 1e3:.1f} ms, at most "
+            f"{read_rate / step_bytes:.1f} tokens/s",
+            f"  products ([1024, 768] x [768, 3072]): {flop_rate / 1e9:.0f} GFLOP/s",
+            f"  training step's lm head: logits {products[0]:.3f} s, gradient into the hidden state "
+            f"{products[1]:.3f} s, into wte {products[2]:.3f} s, together {sum(products):.3f} s; one pass over the "
+            f"logits (np.exp) {exp_pass:.3f} s"]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2], metavar="N",
+                        help="thread counts to measure at (1 2)")
+    args = parser.parse_args()
+    rng = np.random.default_rng(0)
+    for count in args.threads:
+        print("\n".join(bounds_lines(count, rng)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
