@@ -8,41 +8,32 @@
 - the training step of `--only training` (4 layers × 256 wide, 8 × 128 tokens, GPT-2's 50,257 tokens): the time of its
   lm head's three products (the logits, their gradient into the hidden state and into wte) and of one elementwise pass
   over the logits (np.exp), which no step can do without.
-Each figure is the best of a few runs, after a warm-up. The arrays are seeded random float32, as the benchmark's are.
+Each time is the median of 5 runs (3 for the lm head's) after a warm-up, as the benchmark's are; the
+arrays are seeded random float32.
 """
 import argparse
-import time
 
 import numpy as np
 
 from gpt2_numpy import cores
+from scripts.bench.harness import fail, median_seconds
 
 N_PARAMS_124M = 124_439_808  # GPT-2 124M's weights, wte counted once (the lm head reuses it)
-
-
-def best_seconds(run, repeats=5):  # -> the fastest of `repeats` runs of run(), after one to warm up
-    run()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def bounds_lines(count, rng):  # -> the printed lines for `count` threads
     cores.set_threads(count)
     wte, x = rng.standard_normal((50257, 768), dtype=np.float32), rng.standard_normal(768, dtype=np.float32)
-    read_rate = wte.nbytes / best_seconds(lambda: wte @ x)
+    read_rate = wte.nbytes / median_seconds(lambda: wte @ x, 5)
     step_bytes = 4 * N_PARAMS_124M
     a, b = rng.standard_normal((1024, 768), dtype=np.float32), rng.standard_normal((768, 3072), dtype=np.float32)
-    flop_rate = 2 * a.shape[0] * a.shape[1] * b.shape[1] / best_seconds(lambda: a @ b)
+    flop_rate = 2 * a.shape[0] * a.shape[1] * b.shape[1] / median_seconds(lambda: a @ b, 5)
     hidden = rng.standard_normal((1024, 256), dtype=np.float32)
     head = rng.standard_normal((50257, 256), dtype=np.float32)
     grad = rng.standard_normal((1024, 50257), dtype=np.float32)
-    products = [best_seconds(product, 3) for product in (lambda: hidden @ head.T, lambda: grad @ head,
+    products = [median_seconds(product, 3) for product in (lambda: hidden @ head.T, lambda: grad @ head,
                                                          lambda: grad.T @ hidden)]
-    exp_pass = best_seconds(lambda: np.exp(grad), 3)
+    exp_pass = median_seconds(lambda: np.exp(grad), 3)
     return [f"{count} threads:",
             f"  memory read (wte @ x, {wte.nbytes / 1e6:.0f} MB): {read_rate / 1e9:.1f} GB/s; a decode step reads "
             f"{step_bytes / 1e6:.0f} MB: at least {step_bytes / read_rate * 1e3:.1f} ms, at most "
@@ -58,6 +49,8 @@ def main():
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2], metavar="N",
                         help="thread counts to measure at (1 2)")
     args = parser.parse_args()
+    if any(count < 1 for count in args.threads):
+        fail(f"--threads {' '.join(map(str, args.threads))}: each count must be a whole number >= 1")
     rng = np.random.default_rng(0)
     for count in args.threads:
         print("\n".join(bounds_lines(count, rng)), flush=True)

@@ -16,6 +16,7 @@ transformers, in a venv of their own:
 """
 import argparse
 import sys
+from pathlib import Path
 
 try:  # without the tools, --help still works and a run says in one line what to install where
     import numpy as np
@@ -56,8 +57,15 @@ def main():
         sys.exit(f"error: {MISSING} is missing from {sys.executable}: {SETUP}")
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
-    data = np.frombuffer(open(args.text, "rb").read(), dtype=np.uint8).astype(np.int64)
-    data = torch.tensor(data[:int(0.9 * len(data))])
+    try:
+        text = Path(args.text).read_bytes()
+    except OSError as error:
+        sys.exit(f"error: cannot read {args.text} ({error.strerror}): pass a text file, such as one written by "
+                 "python -m scripts.demo.induction_text")
+    data = torch.tensor(np.frombuffer(text, dtype=np.uint8)[:int(0.9 * len(text))].astype(np.int64))
+    if len(data) <= args.n_ctx:
+        sys.exit(f"error: {args.text} holds {len(text):,} bytes, whose first 90% do not fill one window of "
+                 f"--n-ctx {args.n_ctx}: pass a longer text")
     config = GPT2Config(vocab_size=EOT + 1, n_positions=args.n_ctx, n_embd=args.n_embd, n_layer=args.n_layer,
                         n_head=args.n_head, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
                         bos_token_id=EOT, eos_token_id=EOT, attn_implementation="eager")
