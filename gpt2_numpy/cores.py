@@ -1,10 +1,10 @@
-"""Every core for a long forward pass: its products and attention's heads in pieces, on threads of our own.
+"""Every core for a long forward pass: its products and attention's queries in pieces, on threads of our own.
 
 How many cores a pass may use is one count for the whole process, threads(): set_threads(n), the commands' --threads N,
 else $GPT2_NUMPY_THREADS, else the cores the process may run on (its CPU affinity). It bounds NumPy's BLAS (OpenBLAS,
 set through ctypes) and our own threads together, never both at once: outside a long pass OpenBLAS runs that many
 threads (a decode step's products, the lm head, training); within all_cores() it runs one, and split() hands the pieces
-of a pass (a linear layer's output columns, attention's heads, GELU's chunks, layer norm's rows) to up to that many
+of a pass (a linear layer's output columns, attention's queries, GELU's elements, layer norm's rows) to up to that many
 threads of ours, each piece's products on one thread. NumPy releases the GIL inside its loops and BLAS calls, so the
 threads run at once. A split gives each thread at least MIN_WORK elements (or multiply-adds) where its caller gives
 their size: a smaller piece costs more to hand over than it saves.
@@ -35,7 +35,9 @@ OPENBLAS_NAMES = [(prefix + "set_num_threads" + suffix, prefix + "get_num_thread
 
 THREADS_VARIABLE = "GPT2_NUMPY_THREADS"
 BLAS_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")  # OpenBLAS reads them in this order
-MIN_WORK = 1 << 19  # elements (or multiply-adds) per thread of a split, at least: about a millisecond of layer norm
+# elements (or multiply-adds) per thread of a split, at least: about 0.2 ms of layer norm, twice what handing a piece
+# to a waiting thread of the pool costs (100 us measured on a 2-core VM: the submit and the thread's wake-up)
+MIN_WORK = 1 << 17
 team = threading.local()  # team.size: the threads that share each split() of the current pass on this thread
 # long passes under way in the process, and OpenBLAS's count before them (None until a first pass reads it)
 passes = {"running": 0, "n_threads": None}

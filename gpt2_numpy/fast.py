@@ -18,7 +18,8 @@ from gpt2_numpy.model import merge_heads
 # Python floats, not NumPy's: NumPy 2 would promote float32 * np.float64 to float64
 GELU_SCALE = math.sqrt(2 / math.pi)
 MINUS_2U = (-2 * GELU_SCALE, -2 * GELU_SCALE * 0.044715)  # -2 sqrt(2/pi) (x + 0.044715 x^3) = x (a + b x^2)
-CHUNK = 1 << 15  # elements per pass of in_chunks: a chunk and its output (256 KB) stay in a core's 512 KB L2
+CHUNK = 1 << 17  # elements per pass of in_chunks: a chunk and its output (1 MB) stay in a core's L2 or its share of
+# L3, and a chunk's calls hold the GIL for about 4% of its time (13% at 2^15), which 16 threads sharing chunks queue for
 ALL = slice(None)  # every position
 QUERY_BLOCK = 128  # queries per block of causal attention: a block's scores stay in L3 cache, and it skips the future
 EINSUM_PATH = ["einsum_path", (0, 1)]  # contract operand 0 with operand 1: the only order two operands have
@@ -56,13 +57,13 @@ def in_chunks(passes, *arrays):  # passes(*chunks, out=chunk of the result) over
     # L2 cache, where one pass over the whole array after another would stream it from memory each time
     out = np.empty(arrays[0].shape, np.result_type(*arrays))  # C-ordered, so that out.reshape(-1) is a view
     flats, flat_out = [np.asarray(array).reshape(-1) for array in arrays], out.reshape(-1)
-    pieces = chunks(flat_out.size)
 
-    def run(share):  # within cores.all_cores() the chunks are shared among the cores, as NumPy runs a pass on one
-        for piece in pieces[share]:
-            passes(*(flat[piece] for flat in flats), out=flat_out[piece])
+    def run(share):  # within cores.all_cores() the elements are shared among the cores, as NumPy runs a pass on one
+        for start in range(share.start, share.stop, CHUNK):
+            part = slice(start, min(start + CHUNK, share.stop))
+            passes(*(flat[part] for flat in flats), out=flat_out[part])
 
-    cores.split(run, len(pieces))
+    cores.split(run, flat_out.size, item_size=1)
     return out
 
 
@@ -179,29 +180,45 @@ def split_qkv(x, n_head):  # [..., n_seq, 3*n_embd] -> [3, ..., n_head, n_seq, d
 def causal_attention(q, k, v, mask):  # attention's shapes; the queries are the last n_q of the n_k positions
     if cores.team_size() == 1:  # one core (every decode step): no output array to fill, no copy into it
         return query_blocks(q, k, v, mask)
+    # The queries are independent: within cores.all_cores() the team shares them, as the elementwise passes (exp above
+    # all) would otherwise run on one core while the others wait. Each thread takes a run of queries of every head, of
+    # equal work (the causal triangle's rows get longer). Whole heads would leave 4 of 16 threads idle and half of 8
+    # waiting, and would make each call's arrays 12 times smaller: its NumPy calls would take longer per float, and
+    # 16 threads would queue for the GIL between them
     out = np.empty_like(q)
+    bounds = equal_work_bounds(q.shape[-2], k.shape[-2], min(cores.team_size(), q.shape[-2]))
 
-    def heads(piece):  # the heads are independent: within cores.all_cores() they are shared among the cores, whose
-        # elementwise passes (exp above all) would otherwise run on one core while the others wait
-        h = (..., piece, ALL, ALL)
-        out[h] = query_blocks(q[h], k[h], v[h], mask)
+    def some_queries(piece):  # the queries of parts piece.start ... piece.stop - 1: one run, as parts are consecutive
+        queries = slice(bounds[piece.start], bounds[piece.stop])
+        if queries.start < queries.stop:  # a part of no queries, where two cuts fall on one row
+            out[..., queries, :] = query_blocks(*visible(q, k, v, mask, queries))
 
-    cores.split(heads, q.shape[-3])
+    cores.split(some_queries, len(bounds) - 1)
     return out
+
+
+def equal_work_bounds(n_q, n_k, n_parts):  # -> int [n_parts + 1]: query bounds of parts of equal causal work
+    # query i sees n_k - n_q + i + 1 keys: the bounds cut the running sum of those counts into equal shares
+    work = np.cumsum(np.arange(n_k - n_q + 1, n_k + 1))
+    cuts = np.searchsorted(work, work[-1] * np.arange(1, n_parts) / n_parts)
+    return [0, *cuts.tolist(), n_q]
+
+
+def visible(q, k, v, mask, queries):  # -> the queries in slice queries, with the keys, values and mask they see
+    seen = k.shape[-2] - q.shape[-2] + queries.stop  # keys up to the last of these queries
+    return q[..., queries, :], k[..., :seen, :], v[..., :seen, :], mask[..., queries, :seen]
 
 
 def query_blocks(q, k, v, mask):  # causal_attention's shapes
     # block by block of queries, each against only the keys up to its last query: the causal triangle is about half
     # of the [n_q, n_k] scores, and exp, which costs many multiplies, is attention's largest elementwise pass
-    n_q, n_k = q.shape[-2], k.shape[-2]
+    n_q = q.shape[-2]
     if n_q <= QUERY_BLOCK:  # one block (every decode step): no output array to fill
         return attention(q, k, v, mask)
     out = np.empty_like(q)
     for start in range(0, n_q, QUERY_BLOCK):
-        end = min(start + QUERY_BLOCK, n_q)
-        seen = n_k - n_q + end  # keys up to this block's last query
-        block_mask = mask[..., start:end, :seen]
-        out[..., start:end, :] = attention(q[..., start:end, :], k[..., :seen, :], v[..., :seen, :], block_mask)
+        block = slice(start, min(start + QUERY_BLOCK, n_q))
+        out[..., block, :] = attention(*visible(q, k, v, mask, block))
     return out
 
 

@@ -211,13 +211,14 @@ def in_a_team(monkeypatch, size):  # -> set of the threads that run gelu's chunk
 
     monkeypatch.setattr(model, "gelu_chunk", recorded)
     monkeypatch.setattr(cores.team, "size", size, raising=False)  # as within cores.all_cores() with size threads
+    monkeypatch.setattr(cores, "MIN_WORK", 1)  # no share too small to hand over: a few elements split as millions
     return threads
 
 
 @pytest.mark.parametrize("team", [None, 3])  # one thread, or the chunks shared among 3, as in a long pass
 def test_gelu_in_many_chunks_is_the_tanh_formula_everywhere(monkeypatch, team):
     threads = in_a_team(monkeypatch, team)
-    monkeypatch.setattr(model, "CHUNK", 7)  # 3 * 5 * 11 = 165 elements: 23 whole chunks and a part
+    monkeypatch.setattr(model, "CHUNK", 7)  # 3 * 5 * 11 = 165 elements: 55 a thread, 7 whole chunks and a part
     x = np.random.default_rng(0).standard_normal((3, 5, 11), dtype=np.float32) * 4
     x[0, 0, :2] = -100, 100  # e^(-2u) overflows to inf (-100) or vanishes (100)
     for array in (x.transpose(2, 0, 1), x):  # a view in another memory order, and C-ordered

@@ -59,15 +59,28 @@ def test_each_split_pass_in_a_team_equals_one_thread(size, monkeypatch):
         alone = [fast.layer_norm(x, g[:48], b[:48]), fast.linear(x, w, b), fast.gelu(h),
                  fast.causal_attention(q, k, v, mask)]
     splits = in_a_team(monkeypatch, size)
+    monkeypatch.setattr(fast, "CHUNK", 1000)  # a thread's share of gelu's elements runs as several chunks and a rest
     shared = [fast.layer_norm(x, g[:48], b[:48]), fast.linear(x, w, b), fast.gelu(h),
               fast.causal_attention(q, k, v, mask)]
-    heads = [min(size, 6)] if size > 1 else []  # a team of one runs attention's heads without a split
-    assert [len(pieces) for pieces in splits] == [min(size, 40), size, min(size, 3), *heads]  # 40 rows, 144 columns,
-    # gelu's 76,800 elements in 3 chunks of CHUNK, 6 heads: a piece per thread of the team, at most
+    queries = [min(size, 40)] if size > 1 else []  # a team of one runs attention's queries without a split
+    assert [len(pieces) for pieces in splits] == [min(size, 40), size, size, *queries]  # 40 rows, 144 columns,
+    # gelu's 76,800 elements, 40 queries: a piece per thread of the team, at most
     np.testing.assert_array_equal(shared[0], alone[0])  # row by row, the same operations on each row
     np.testing.assert_array_equal(shared[2], alone[2])  # elementwise
     for got, expected in zip(shared[1::2], alone[1::2]):  # products of other shapes may sum in another order
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5 * np.abs(expected).max())
+
+
+@pytest.mark.parametrize("n_q, n_k, n_parts", [(1024, 1024, 2), (1024, 1024, 16), (40, 40, 3), (300, 1000, 7),
+                                                 (5, 5, 5)])
+def test_attention_parts_share_the_causal_work_equally(n_q, n_k, n_parts):
+    bounds = fast.equal_work_bounds(n_q, n_k, n_parts)
+    assert len(bounds) == n_parts + 1 and bounds[0] == 0 and bounds[-1] == n_q and bounds == sorted(bounds)
+    # query i (of the last n_q of n_k positions) sees n_k - n_q + i + 1 keys; each part's work, from that count alone,
+    # is within one query's keys of an equal share
+    keys_seen = np.arange(n_k - n_q + 1, n_k + 1)
+    work = [keys_seen[start:stop].sum() for start, stop in zip(bounds, bounds[1:])]
+    assert np.abs(np.array(work) - keys_seen.sum() / n_parts).max() <= n_k
 
 
 @pytest.mark.parametrize("size", TEAMS)

@@ -115,14 +115,13 @@ def floors(params):  # -> (what, prefill ms, decode ms): the limits this machine
     n, n_embd, n_layer, n_head = 1024, HPARAMS_124M["n_embd"], HPARAMS_124M["n_layer"], HPARAMS_124M["n_head"]
     linear_flops = 2 * n * (n_layer - 1) * 12 * n_embd**2 + 2 * n * 3 * n_embd**2  # the last block: c_attn alone
     scores, gelu_inputs = (n_layer - 1) * n_head * n * (n + 1) / 2, (n_layer - 1) * n * 4 * n_embd  # one exp each
-    n_cores = blas_threads()  # attention's heads are shared among them (cores.py), gelu runs on one
+    n_cores = blas_threads()  # attention's queries are shared among them (cores.py)
     weight_bytes = sum(leaf.nbytes for _, leaf in flatten(params)) - params["wpe"].nbytes
     return [
         (f"floor: the linear layers' {linear_flops / 1e9:.0f} GFLOP at {sgemm:.0f} GFLOPS (large sgemm here)",
          f"{linear_flops / sgemm / 1e6:,.0f}", ""),
-        (f"floor: {scores / 1e6:.0f}M exps of the causal triangle of scores on {n_cores} cores, and "
-         f"{gelu_inputs / 1e6:.0f}M of gelu on one, at {exp:.2f} ns each",
-         f"{(scores / n_cores + gelu_inputs) * exp / 1e6:,.0f}", ""),
+        (f"floor: {scores / 1e6:.0f}M exps of the causal triangle of scores and {gelu_inputs / 1e6:.0f}M of gelu, "
+         f"on {n_cores} cores at {exp:.2f} ns each", f"{(scores + gelu_inputs) / n_cores * exp / 1e6:,.0f}", ""),
         (f"floor: reading {weight_bytes / 1e6:.0f} MB of weights at {bandwidth:.1f} GB/s (streaming x @ W)", "",
          f"{weight_bytes / bandwidth / 1e6:.1f}"),
     ]

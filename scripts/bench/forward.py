@@ -108,9 +108,9 @@ def cores_rows(params, repeats):  # the tuned pass with its pieces on one core, 
             prefill()
 
     seconds = in_turns({"one": wall_seconds(on_one_core), "all": wall_seconds(prefill)}, repeats)
-    return [row("prefill 1024 tokens, last logits, attention on one core (cores.one_core()) (s)", "lower",
+    return [row("prefill 1024 tokens, last logits, every split on one thread (cores.one_core()) (s)", "lower",
                 {OURS: seconds["one"]}),
-            row("prefill 1024 tokens, last logits, attention's heads on cores.threads() cores (s)", "lower",
+            row("prefill 1024 tokens, last logits, splits shared by cores.threads() threads (s)", "lower",
                 {OURS: seconds["all"]})]
 
 

@@ -7,7 +7,9 @@
 - products: the rate of a [1024, 768] × [768, 3072] product (a prefill's MLP), in GFLOP/s;
 - the training step of `--only training` (4 layers × 256 wide, 8 × 128 tokens, GPT-2's 50,257 tokens): the time of its
   lm head's three products (the logits, their gradient into the hidden state and into wte) and of one elementwise pass
-  over the logits (np.exp), which no step can do without.
+  over the logits (np.exp), which no step can do without;
+- a batch of 8's decode step: its products alone, 8 rows through every layer's four weights (fast.linear) and the lm
+  head (fast.lm_head), on seeded random weights of the 124M shape laid out as generate lays them out.
 Each time is the median of 5 runs (3 for the lm head's) after a warm-up, as the benchmark's are; the
 arrays are seeded random float32.
 """
@@ -15,13 +17,14 @@ import argparse
 
 import numpy as np
 
-from gpt2_numpy import cores
-from scripts.bench.harness import fail, median_seconds
+from gpt2_numpy import cores, fast
+from gpt2_numpy.params import random_params
+from scripts.bench.harness import HPARAMS_124M, fail, median_seconds
 
 N_PARAMS_124M = 124_439_808  # GPT-2 124M's weights, wte counted once (the lm head reuses it)
 
 
-def bounds_lines(count, rng):  # -> the printed lines for `count` threads
+def bounds_lines(count, rng, params):  # -> the printed lines for `count` threads
     cores.set_threads(count)
     wte, x = rng.standard_normal((50257, 768), dtype=np.float32), rng.standard_normal(768, dtype=np.float32)
     read_rate = wte.nbytes / median_seconds(lambda: wte @ x, 5)
@@ -34,6 +37,8 @@ def bounds_lines(count, rng):  # -> the printed lines for `count` threads
     products = [median_seconds(product, 3) for product in (lambda: hidden @ head.T, lambda: grad @ head,
                                                          lambda: grad.T @ hidden)]
     exp_pass = median_seconds(lambda: np.exp(grad), 3)
+    rows, wide = (rng.standard_normal((8, n), dtype=np.float32) for n in (768, 4 * 768))
+    batch_products = median_seconds(lambda: batch_step_products(rows, wide, params), 3)
     return [f"{count} threads:",
             f"  memory read (wte @ x, {wte.nbytes / 1e6:.0f} MB): {read_rate / 1e9:.1f} GB/s; a decode step reads "
             f"{step_bytes / 1e6:.0f} MB: at least {step_bytes / read_rate * 1e3:.1f} ms, at most "
@@ -41,7 +46,15 @@ def bounds_lines(count, rng):  # -> the printed lines for `count` threads
             f"  products ([1024, 768] x [768, 3072]): {flop_rate / 1e9:.0f} GFLOP/s",
             f"  training step's lm head: logits {products[0]:.3f} s, gradient into the hidden state "
             f"{products[1]:.3f} s, into wte {products[2]:.3f} s, together {sum(products):.3f} s; one pass over the "
-            f"logits (np.exp) {exp_pass:.3f} s"]
+            f"logits (np.exp) {exp_pass:.3f} s",
+            f"  a batch of 8's decode step, its products alone (every weight, 8 rows): {batch_products * 1e3:.1f} ms"]
+
+
+def batch_step_products(rows, wide, params):  # rows [8, n_embd], wide [8, 4 n_embd]: each weight's input in a step
+    for block in params["blocks"]:
+        for layer in (block["attn"]["c_attn"], block["attn"]["c_proj"], block["mlp"]["c_fc"], block["mlp"]["c_proj"]):
+            fast.linear(wide if len(layer["w"]) > rows.shape[-1] else rows, **layer)
+    fast.lm_head(rows, params["wte"])
 
 
 def main():
@@ -52,8 +65,9 @@ def main():
     if any(count < 1 for count in args.threads):
         fail(f"--threads {' '.join(map(str, args.threads))}: each count must be a whole number >= 1")
     rng = np.random.default_rng(0)
+    params = fast.inference_layout(random_params(HPARAMS_124M, seed=0))
     for count in args.threads:
-        print("\n".join(bounds_lines(count, rng)), flush=True)
+        print("\n".join(bounds_lines(count, rng, params)), flush=True)
 
 
 if __name__ == "__main__":
