@@ -29,6 +29,8 @@ import threading
 from concurrent import futures
 from contextlib import contextmanager
 
+import numpy as np
+
 # NumPy's wheels bundle scipy-openblas, whose symbols carry a prefix and, for its 64-bit integers, a suffix
 OPENBLAS_NAMES = [(prefix + "set_num_threads" + suffix, prefix + "get_num_threads" + suffix)
                   for prefix in ("scipy_openblas_", "openblas_") for suffix in ("64_", "_64", "")]
@@ -187,6 +189,42 @@ def split(work, n_items, item_size=MIN_WORK):  # work(piece) for contiguous slic
         futures.wait(others)  # every piece ends before the caller goes on, even if one raised
     for other in others:
         other.result()  # a helper's exception, if any, raises here
+
+
+COLUMNS, ROWS, INNER = "columns", "rows", "inner"  # how matmul() shares a product
+
+
+def matmul(a, b, bias=None, over=COLUMNS):  # [n, k] @ [k, m] (+ bias [m]) -> [n, m], its pieces shared by split()
+    # Within all_cores() OpenBLAS runs one thread, so a product's pieces go to the team; outside, it is one product on
+    # OpenBLAS's threads. over picks the pieces by what each thread reads: COLUMNS of the result, all of a and its
+    # columns of b (a linear layer: x is the smaller); ROWS, its rows of a and all of b (dwte = dlogitsᵀ x); INNER,
+    # its part of k of both into a partial product of its own, the partials summed in order (dx = dlogits wte: by
+    # columns or rows every thread would read all of the [n, 50257] dlogits). The bias is added by each piece while
+    # its output is in cache
+    n, k, m = a.shape[0], a.shape[1], b.shape[1]
+    out = np.empty((n, m), np.result_type(a, b))
+    if over == INNER:
+        partials = {}
+
+        def inner(piece):  # the first piece's partial goes to out, each other's to an array of its own
+            partials[piece.start] = np.matmul(a[:, piece], b[piece], out=out if piece.start == 0 else None)
+
+        split(inner, k, item_size=n * m)  # a step of k: n x m multiply-adds
+        for start in sorted(partials)[1:]:
+            out += partials[start]
+        if bias is not None:
+            out += bias
+        return out
+    by_rows = over == ROWS
+
+    def product(piece):
+        part = (piece, slice(None)) if by_rows else (slice(None), piece)
+        np.matmul(a[piece] if by_rows else a, b if by_rows else b[:, piece], out=out[part])
+        if bias is not None:
+            out[part] += bias[part[1]]
+
+    split(product, n if by_rows else m, item_size=k * (m if by_rows else n))  # a row's or a column's multiply-adds
+    return out
 
 
 @functools.cache

@@ -108,16 +108,10 @@ def linear(x, w, b):  # [..., n_in] -> [..., n_out]
     # one product for all leading axes: matmul on a [n_rows, n_seq, n_in] stack would run one product per row, each
     # streaming all of w, and a batch decode step would cost as much as n_rows single ones
     rows = x.reshape(-1, x.shape[-1])
-    y = np.empty((len(rows), w.shape[-1]), np.result_type(x, w))
-
-    def columns(piece):  # x w + b for some output columns, in place: no second [n_seq, n_out] array
-        np.matmul(rows, w[:, piece], out=y[:, piece])
-        y[:, piece] += b[piece]
-
-    # within cores.all_cores(), OpenBLAS runs one thread, so the columns are shared among the cores here: each thread
-    # reads its part of w and all of the smaller x (by rows, each would read all of w)
-    cores.split(columns, w.shape[-1], item_size=rows.size)  # a column's multiply-adds: x's size
-    return y.reshape(*x.shape[:-1], w.shape[-1])
+    # x w + b by output columns, the bias added in place: no second [n_seq, n_out] array. Within cores.all_cores(),
+    # OpenBLAS runs one thread and the columns are shared among the cores: each thread reads its part of w and all of
+    # the smaller x (by rows, each would read all of w)
+    return cores.matmul(rows, w, bias=b).reshape(*x.shape[:-1], w.shape[-1])
 
 
 def inference_layout(params):  # -> params of the same values, each block's mlp.c_proj.w stored column-major
