@@ -5,8 +5,9 @@ else $GPT2_NUMPY_THREADS, else the cores the process may run on (its CPU affinit
 set through ctypes) and our own threads together, never both at once: outside a long pass OpenBLAS runs that many
 threads (a decode step's products, the lm head); within all_cores() it runs one, and split() hands the pieces of a
 pass (a linear layer's output columns, attention's heads, GELU's chunks, layer norm's rows, a training step's products
-and passes) to up to that many threads of ours, each piece's products on one thread. NumPy releases the GIL inside its loops and BLAS calls, so the
-threads run at once. A split gives each thread at least MIN_WORK elements (or multiply-adds) where its caller gives
+and passes) to up to that many threads of ours, each piece's products on one thread. NumPy releases the GIL inside its
+loops and BLAS calls, so the threads run at once. A split gives each thread at least MIN_WORK elements (or multiply-
+adds) where its caller gives
 their size: a smaller piece costs more to hand over than it saves.
 
 NumPy runs elementwise passes (mask, max, exp, sums) on one core; only its products use OpenBLAS's threads, which spin

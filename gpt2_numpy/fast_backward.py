@@ -162,6 +162,9 @@ def each_head(work, q, k):  # work(at) for index tuples `at` that cover q's and 
     n_head = heads[-1]
 
     def some_heads(piece):
+        if piece.stop - piece.start == math.prod(heads):  # one thread: one call for every head, as the plain form
+            work((...,))
+            return
         item = piece.start
         while item < piece.stop:
             *row, head = (int(i) for i in np.unravel_index(item, heads))

@@ -32,6 +32,7 @@ def openblas():  # -> OpenBLAS's (set_num_threads, get_num_threads); the count a
 
 def in_a_team(monkeypatch, size):  # -> list of the pieces of each split; every split from now shares its pieces
     monkeypatch.setattr(cores, "MIN_WORK", 1)  # no piece too small to hand over: the tiny model splits as the 124M
+    monkeypatch.setattr(fast, "CHUNK", 1 << 15)  # and its elementwise passes come in several chunks
     monkeypatch.setattr(cores.team, "size", size, raising=False)  # as within cores.all_cores() with size threads
     splits, split = [], cores.split
 
