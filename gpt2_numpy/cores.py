@@ -6,9 +6,8 @@ set through ctypes) and our own threads together, never both at once: outside a 
 threads (a decode step's products, the lm head); within all_cores() it runs one, and split() hands the pieces of a
 pass (a linear layer's output columns, attention's heads, GELU's chunks, layer norm's rows, a training step's products
 and passes) to up to that many threads of ours, each piece's products on one thread. NumPy releases the GIL inside its
-loops and BLAS calls, so the threads run at once. A split gives each thread at least MIN_WORK elements (or multiply-
-adds) where its caller gives
-their size: a smaller piece costs more to hand over than it saves.
+loops and BLAS calls, so the threads run at once. A split gives each thread at least MIN_WORK elements (or
+multiply-adds) where its caller gives their size: a smaller piece costs more to hand over than it saves.
 
 NumPy runs elementwise passes (mask, max, exp, sums) on one core; only its products use OpenBLAS's threads, which spin
 on their cores for about a tenth of a second after each product before they sleep, so a thread of ours beside them
