@@ -40,9 +40,10 @@ def linear_forward(x, w, b):  # model.linear -> [..., n_out]
 
 def linear_backward(d_out, x, w):  # [..., n_out], [..., n_in], [n_in, n_out] -> [..., n_in], {"w", "b"}
     # y = x w + b: dx = dy wᵀ, dw = xᵀ dy and db = Σ dy, both summed over every position
-    # Within cores.all_cores() both products go by columns: dx's are w's rows, dw's are dy's
+    # Within cores.all_cores() dx goes by rows (all of w, the smaller, and some rows of dy: a little faster here than
+    # by columns), dw by columns (dy's)
     rows_x, rows_d = rows(x), rows(d_out)
-    d_x, d_w = cores.matmul(rows_d, w.T).reshape(*x.shape), cores.matmul(rows_x.T, rows_d)
+    d_x, d_w = cores.matmul(rows_d, w.T, over=cores.ROWS).reshape(*x.shape), cores.matmul(rows_x.T, rows_d)
     return d_x, {"w": d_w, "b": rows_d.sum(axis=0)}
 
 
