@@ -126,15 +126,16 @@ def softmax_backward(d_out, y):  # [..., n], [..., n] (the softmax's output) -> 
 
 def attention_forward(q, k, v, mask):  # model.attention -> [..., n_head, n_q, d_head], weights [..., n_head, n_q, n_k]
     # model.attention's two lines, keeping the weights for the backward (recomputing them there would cost another
-    # q kᵀ and softmax per layer), in the tuned pass's forms (held equal to model.py's by tests/test_fast.py): its
-    # attention_scores, and its softmax from the scores into the weights, where model.softmax(scores + mask) would
-    # make three more arrays of the weights' size. Every product below is a matmul, one BLAS call per head
+    # q kᵀ and softmax per layer): the scores made in the weights' own memory, with q scaled first as
+    # fast.attention_scores does, and the tuned pass's softmax in place on them, where model.softmax(scores + mask)
+    # would make three more arrays of the weights' size. Every product below is a matmul, one BLAS call per head
     out, weights = np.empty(q.shape, q.dtype), np.empty((*q.shape[:-1], k.shape[-2]), q.dtype)
+    scale = 1 / math.sqrt(q.shape[-1])
 
     def some_heads(at):
-        scores = fast.attention_scores(q[at], k[at])
+        scores = np.matmul(q[at] * scale, k[at].swapaxes(-1, -2), out=weights[at])
         scores += mask
-        np.matmul(fast.softmax(scores, out=weights[at]), v[at], out=out[at])
+        np.matmul(fast.softmax(scores, out=scores), v[at], out=out[at])
 
     each_head(some_heads, q, k)
     return out, weights
