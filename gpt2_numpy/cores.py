@@ -3,11 +3,11 @@
 How many cores a pass may use is one count for the whole process, threads(): set_threads(n), the commands' --threads N,
 else $GPT2_NUMPY_THREADS, else the cores the process may run on (its CPU affinity). It bounds NumPy's BLAS (OpenBLAS,
 set through ctypes) and our own threads together, never both at once: outside a long pass OpenBLAS runs that many
-threads (a decode step's products, the lm head, training); within all_cores() it runs one, and split() hands the pieces
-of a pass (a linear layer's output columns, attention's queries, GELU's elements, layer norm's rows) to up to that many
-threads of ours, each piece's products on one thread. NumPy releases the GIL inside its loops and BLAS calls, so the
-threads run at once. A split gives each thread at least MIN_WORK elements (or multiply-adds) where its caller gives
-their size: a smaller piece costs more to hand over than it saves.
+threads (a decode step's products, the lm head of a short pass); within all_cores() it runs one, and split() hands the
+pieces of a pass (a linear layer's output columns, attention's queries, GELU's elements, layer norm's rows, a training
+step's products and passes) to up to that many threads of ours, each piece's products on one thread. NumPy releases the
+GIL inside its loops and BLAS calls, so the threads run at once. A split gives each thread at least MIN_WORK elements
+(or multiply-adds) where its caller gives their size: a smaller piece costs more to hand over than it saves.
 
 NumPy runs elementwise passes (mask, max, exp, sums) on one core; only its products use OpenBLAS's threads, which spin
 on their cores for about a tenth of a second after each product before they sleep, so a thread of ours beside them
@@ -28,6 +28,8 @@ import os
 import threading
 from concurrent import futures
 from contextlib import contextmanager
+
+import numpy as np
 
 # NumPy's wheels bundle scipy-openblas, whose symbols carry a prefix and, for its 64-bit integers, a suffix
 OPENBLAS_NAMES = [(prefix + "set_num_threads" + suffix, prefix + "get_num_threads" + suffix)
@@ -189,6 +191,42 @@ def split(work, n_items, item_size=MIN_WORK):  # work(piece) for contiguous slic
         futures.wait(others)  # every piece ends before the caller goes on, even if one raised
     for other in others:
         other.result()  # a helper's exception, if any, raises here
+
+
+COLUMNS, ROWS, INNER = "columns", "rows", "inner"  # how matmul() shares a product
+
+
+def matmul(a, b, bias=None, over=COLUMNS):  # [n, k] @ [k, m] (+ bias [m]) -> [n, m], its pieces shared by split()
+    # Within all_cores() OpenBLAS runs one thread, so a product's pieces go to the team; outside, it is one product on
+    # OpenBLAS's threads. over picks the pieces by what each thread reads: COLUMNS of the result, all of a and its
+    # columns of b (a linear layer: x is the smaller); ROWS, its rows of a and all of b (dwte = dlogitsᵀ x); INNER,
+    # its part of k of both into a partial product of its own, the partials summed in order (dx = dlogits wte: by
+    # columns or rows every thread would read all of the [n, 50257] dlogits). The bias is added by each piece while
+    # its output is in cache
+    n, k, m = a.shape[0], a.shape[1], b.shape[1]
+    out = np.empty((n, m), np.result_type(a, b))
+    if over == INNER:
+        partials = {}
+
+        def inner(piece):  # the first piece's partial goes to out, each other's to an array of its own
+            partials[piece.start] = np.matmul(a[:, piece], b[piece], out=out if piece.start == 0 else None)
+
+        split(inner, k, item_size=n * m)  # a step of k: n x m multiply-adds
+        for start in sorted(partials)[1:]:
+            out += partials[start]
+        if bias is not None:
+            out += bias
+        return out
+    by_rows = over == ROWS
+
+    def product(piece):
+        part = (piece, slice(None)) if by_rows else (slice(None), piece)
+        np.matmul(a[piece] if by_rows else a, b if by_rows else b[:, piece], out=out[part])
+        if bias is not None:
+            out[part] += bias[part[1]]
+
+    split(product, n if by_rows else m, item_size=k * (m if by_rows else n))  # a row's or a column's multiply-adds
+    return out
 
 
 @functools.cache

@@ -18,8 +18,9 @@ from gpt2_numpy.model import merge_heads
 # Python floats, not NumPy's: NumPy 2 would promote float32 * np.float64 to float64
 GELU_SCALE = math.sqrt(2 / math.pi)
 MINUS_2U = (-2 * GELU_SCALE, -2 * GELU_SCALE * 0.044715)  # -2 sqrt(2/pi) (x + 0.044715 x^3) = x (a + b x^2)
-CHUNK = 1 << 17  # elements per pass of in_chunks: a chunk and its output (1 MB) stay in a core's L2 or its share of
-# L3, and a chunk's calls hold the GIL for about 4% of its time (13% at 2^15), which 16 threads sharing chunks queue for
+CHUNK = 1 << 17  # elements per pass of in_chunks: a chunk and its output (1 MB) stay in cache, and each NumPy call
+# runs long enough that threads sharing a pass seldom queue for the GIL between calls: a chunk's calls hold it for 4%
+# of its time (13% at 2^15), and at 2^15 AdamW's chunks ran slower on 2 threads than on one here (71 ms against 49)
 ALL = slice(None)  # every position
 QUERY_BLOCK = 128  # queries per block of causal attention: a block's scores stay in L3 cache, and it skips the future
 EINSUM_PATH = ["einsum_path", (0, 1)]  # contract operand 0 with operand 1: the only order two operands have
@@ -109,16 +110,10 @@ def linear(x, w, b):  # [..., n_in] -> [..., n_out]
     # one product for all leading axes: matmul on a [n_rows, n_seq, n_in] stack would run one product per row, each
     # streaming all of w, and a batch decode step would cost as much as n_rows single ones
     rows = x.reshape(-1, x.shape[-1])
-    y = np.empty((len(rows), w.shape[-1]), np.result_type(x, w))
-
-    def columns(piece):  # x w + b for some output columns, in place: no second [n_seq, n_out] array
-        np.matmul(rows, w[:, piece], out=y[:, piece])
-        y[:, piece] += b[piece]
-
-    # within cores.all_cores(), OpenBLAS runs one thread, so the columns are shared among the cores here: each thread
-    # reads its part of w and all of the smaller x (by rows, each would read all of w)
-    cores.split(columns, w.shape[-1], item_size=rows.size)  # a column's multiply-adds: x's size
-    return y.reshape(*x.shape[:-1], w.shape[-1])
+    # x w + b by output columns, the bias added in place: no second [n_seq, n_out] array. Within cores.all_cores(),
+    # OpenBLAS runs one thread and the columns are shared among the cores: each thread reads its part of w and all of
+    # the smaller x (by rows, each would read all of w)
+    return cores.matmul(rows, w, bias=b).reshape(*x.shape[:-1], w.shape[-1])
 
 
 def inference_layout(params):  # -> params of the same values, each block's mlp.c_proj.w stored column-major

@@ -18,9 +18,9 @@ import math
 
 import numpy as np
 
-from gpt2_numpy import fast
+from gpt2_numpy import cores, fast
 from gpt2_numpy.checks import check_heads, check_inputs
-from gpt2_numpy.model import causal_mask, linear, merge_heads, split_heads
+from gpt2_numpy.model import causal_mask, merge_heads, split_heads
 
 GELU_C = math.sqrt(2 / math.pi)  # gelu(x) = ½x(1 + tanh(GELU_C (x + 0.044715x³)))
 
@@ -35,13 +35,16 @@ def rows(x):  # [..., n] -> [n_rows, n], a view
 
 
 def linear_forward(x, w, b):  # model.linear -> [..., n_out]
-    return linear(rows(x), w, b).reshape(*x.shape[:-1], -1)  # one BLAS call for every position: see rows()
+    return fast.linear(x, w, b)  # one product for every position (see rows()), by columns within cores.all_cores()
 
 
 def linear_backward(d_out, x, w):  # [..., n_out], [..., n_in], [n_in, n_out] -> [..., n_in], {"w", "b"}
     # y = x w + b: dx = dy wᵀ, dw = xᵀ dy and db = Σ dy, both summed over every position
+    # Within cores.all_cores() dx goes by rows (all of w, the smaller, and some rows of dy: a little faster here than
+    # by columns), dw by columns (dy's)
     rows_x, rows_d = rows(x), rows(d_out)
-    return (rows_d @ w.T).reshape(*x.shape), {"w": rows_x.T @ rows_d, "b": rows_d.sum(axis=0)}
+    d_x, d_w = cores.matmul(rows_d, w.T, over=cores.ROWS).reshape(*x.shape), cores.matmul(rows_x.T, rows_d)
+    return d_x, {"w": d_w, "b": rows_d.sum(axis=0)}
 
 
 # --- GELU (its forward is fast.gelu) ---
@@ -76,20 +79,34 @@ def gelu_backward_chunk(d_out, x, y, out):  # [n] x3 -> out [n]: gelu_backward's
 def layer_norm_forward(x, g, b, eps=1e-5):  # model.layer_norm -> [..., n], kept
     # model.layer_norm's formula in two steps, keeping x̂ and 1/σ for the backward, as llm.c keeps μ and 1/σ: the
     # backward needs no second pass over x. Centred in place, with the variance as one dot product per row
-    x_hat = x - x.mean(axis=-1, keepdims=True)
-    inv_sigma = 1 / np.sqrt(np.vecdot(x_hat, x_hat)[..., None] / x.shape[-1] + eps)
-    x_hat *= inv_sigma
-    return g * x_hat + b, {"x_hat": x_hat, "inv_sigma": inv_sigma}
+    rows_x, n = rows(x), x.shape[-1]
+    out, x_hat, inv_sigma = np.empty(rows_x.shape, x.dtype), np.empty(rows_x.shape, x.dtype), np.empty((len(rows_x), 1),
+                                                                                                        x.dtype)
+
+    def some_rows(piece):  # within cores.all_cores() the rows are shared among the cores, as in fast.layer_norm
+        centered = np.subtract(rows_x[piece], rows_x[piece].mean(axis=-1, keepdims=True), out=x_hat[piece])
+        inv_sigma[piece] = 1 / np.sqrt(np.vecdot(centered, centered)[:, None] / n + eps)
+        centered *= inv_sigma[piece]
+        np.multiply(g, centered, out=out[piece])
+        out[piece] += b
+
+    cores.split(some_rows, len(rows_x), item_size=n)
+    return out.reshape(x.shape), {"x_hat": x_hat.reshape(x.shape), "inv_sigma": inv_sigma.reshape(*x.shape[:-1], 1)}
 
 
 def layer_norm_backward(d_out, kept, g):  # [..., n], layer_norm_forward's kept, [n] -> [..., n], {"g", "b"}
     # dx = (ĝ - mean(ĝ) - x̂ mean(ĝ x̂))/σ with ĝ = g dy; dg = Σ dy x̂, db = Σ dy. In place on ĝ, a fresh array
-    x_hat, n = kept["x_hat"], d_out.shape[-1]
-    d_x = g * d_out
-    d_x -= d_x.mean(axis=-1, keepdims=True)  # mean(x̂) = 0, so this leaves d_x's product with x̂ as it was
-    d_x -= x_hat * (np.vecdot(d_x, x_hat)[..., None] / n)
-    d_x *= kept["inv_sigma"]
-    return d_x, {"g": (rows(d_out) * rows(x_hat)).sum(axis=0), "b": rows(d_out).sum(axis=0)}
+    rows_d, x_hat, inv_sigma, n = rows(d_out), rows(kept["x_hat"]), rows(kept["inv_sigma"]), d_out.shape[-1]
+    d_x = np.empty(rows_d.shape, d_out.dtype)
+
+    def some_rows(piece):  # shared among the cores within cores.all_cores(), as layer_norm_forward's
+        d = np.multiply(g, rows_d[piece], out=d_x[piece])
+        d -= d.mean(axis=-1, keepdims=True)  # mean(x̂) = 0, so this leaves d's product with x̂ as it was
+        d -= x_hat[piece] * (np.vecdot(d, x_hat[piece])[:, None] / n)
+        d *= inv_sigma[piece]
+
+    cores.split(some_rows, len(rows_d), item_size=n)
+    return d_x.reshape(d_out.shape), {"g": (rows_d * x_hat).sum(axis=0), "b": rows_d.sum(axis=0)}
 
 
 # --- softmax (its forward is model.softmax) ---
@@ -109,22 +126,55 @@ def softmax_backward(d_out, y):  # [..., n], [..., n] (the softmax's output) -> 
 
 def attention_forward(q, k, v, mask):  # model.attention -> [..., n_head, n_q, d_head], weights [..., n_head, n_q, n_k]
     # model.attention's two lines, keeping the weights for the backward (recomputing them there would cost another
-    # q kᵀ and softmax per layer), in the tuned pass's forms (held equal to model.py's by tests/test_fast.py): its
-    # attention_scores, and its softmax in place on the scores, where model.softmax(scores + mask) would make three
-    # more arrays of the weights' size. Every product below is a matmul, one BLAS call per head
-    scores = fast.attention_scores(q, k)
-    scores += mask
-    weights = fast.softmax(scores, out=scores)
-    return weights @ v, weights
+    # q kᵀ and softmax per layer): the scores made in the weights' own memory, with q scaled first as
+    # fast.attention_scores does, and the tuned pass's softmax in place on them, where model.softmax(scores + mask)
+    # would make three more arrays of the weights' size. Every product below is a matmul, one BLAS call per head
+    out, weights = np.empty(q.shape, q.dtype), np.empty((*q.shape[:-1], k.shape[-2]), q.dtype)
+    scale = 1 / math.sqrt(q.shape[-1])
+
+    def some_heads(at):
+        scores = np.matmul(q[at] * scale, k[at].swapaxes(-1, -2), out=weights[at])
+        scores += mask
+        np.matmul(fast.softmax(scores, out=scores), v[at], out=out[at])
+
+    each_head(some_heads, q, k)
+    return out, weights
 
 
 def attention_backward(d_out, q, k, v, weights):  # [..., n_head, n_q, d_head], q, k, v, [..., n_head, n_q, n_k]
     # out = w v, w = softmax(q kᵀ/√d + mask): dv = wᵀ dout, dw = dout vᵀ, ds = softmax'(dw), dq = ds k/√d, dk = dsᵀ q/√d
     # (the mask: none). The 1/√d scales k and q, [n, d_head] each, instead of ds, [n_q, n_k]
-    d_v = weights.swapaxes(-1, -2) @ d_out
-    d_scores = softmax_backward(d_out @ v.swapaxes(-1, -2), weights)
+    d_q, d_k, d_v = (np.empty(a.shape, a.dtype) for a in (q, k, v))
     scale = 1 / math.sqrt(q.shape[-1])
-    return d_scores @ (k * scale), d_scores.swapaxes(-1, -2) @ (q * scale), d_v
+
+    def some_heads(at):
+        np.matmul(weights[at].swapaxes(-1, -2), d_out[at], out=d_v[at])
+        d_scores = softmax_backward(d_out[at] @ v[at].swapaxes(-1, -2), weights[at])
+        np.matmul(d_scores, k[at] * scale, out=d_q[at])
+        np.matmul(d_scores.swapaxes(-1, -2), q[at] * scale, out=d_k[at])
+
+    each_head(some_heads, q, k)
+    return d_q, d_k, d_v
+
+
+def each_head(work, q, k):  # work(at) for index tuples `at` that cover q's and k's heads [..., n_head] once
+    # Within cores.all_cores() the batch rows' heads, each independent, are shared among the cores, as NumPy runs the
+    # softmax's passes on one: a thread's share may span batch rows, so it runs one call per row it touches
+    heads = q.shape[:-2]
+    n_head = heads[-1]
+
+    def some_heads(piece):
+        if piece.stop - piece.start == math.prod(heads):  # one thread: one call for every head, as the plain form
+            work((...,))
+            return
+        item = piece.start
+        while item < piece.stop:
+            *row, head = (int(i) for i in np.unravel_index(item, heads))
+            stop = min(n_head, head + piece.stop - item)
+            work((*row, slice(head, stop)))
+            item += stop - head
+
+    cores.split(some_heads, math.prod(heads), item_size=q.shape[-2] * k.shape[-2])  # a head's weights
 
 
 # --- multi-head attention: c_proj(merge(attention(split(c_attn(x))))) ---
@@ -203,8 +253,11 @@ def embedding_backward(d_x, inputs, d_wte, n_ctx):  # [..., n_seq, n_embd], int 
 
 def lm_head_backward(d_logits, x, wte):  # [..., n_seq, n_vocab], [..., n_seq, n_embd], [n_vocab, n_embd]
     # logits = x wteᵀ: dx = dlogits wte, dwte = dlogitsᵀ x (the tied head's share of wte's gradient)
+    # Within cores.all_cores() each product is shared by the vocabulary: dx by its partial sums over the vocabulary
+    # (cores.INNER: by columns, every thread would read all of dlogits), dwte by its rows
     rows_d = rows(d_logits)
-    return (rows_d @ wte).reshape(*x.shape), rows_d.T @ rows(x)
+    return cores.matmul(rows_d, wte, over=cores.INNER).reshape(*x.shape), cores.matmul(rows_d.T, rows(x),
+                                                                                         over=cores.ROWS)
 
 
 def cross_entropy(logits, targets):  # [..., n_vocab] (overwritten), int [...] -> mean loss (float), dlogits
@@ -213,9 +266,15 @@ def cross_entropy(logits, targets):  # [..., n_vocab] (overwritten), int [...] -
     # would make three [n_positions, n_vocab] temporaries (200 MB each at 4 x 256 tokens of GPT-2's vocabulary) and
     # a pass over each: the logits become the gradient
     flat, targets = rows(logits), targets.reshape(-1)
-    total = sum(cross_entropy_rows(flat[piece], targets[piece], len(targets))
-                for piece in fast.chunks(len(flat), flat.shape[-1]))
-    return total / len(targets), logits
+    pieces = fast.chunks(len(flat), flat.shape[-1])
+    losses = np.empty(len(pieces))  # each chunk's summed loss, added up in order: the same sum on any team
+
+    def some_chunks(share):  # within cores.all_cores() the chunks are shared among the cores
+        for i in range(len(pieces))[share]:
+            losses[i] = cross_entropy_rows(flat[pieces[i]], targets[pieces[i]], len(targets))
+
+    cores.split(some_chunks, len(pieces), item_size=flat.size // len(pieces))
+    return sum(losses.tolist()) / len(targets), logits
 
 
 def cross_entropy_rows(logits, targets, n_positions):  # [n, n_vocab] (made the gradient), int [n] -> the summed loss
@@ -242,6 +301,13 @@ def checked_ids(ids, what, n_vocab, n_ctx):  # int [..., n_seq] -> int64, the sa
         raise ValueError(f"{what}: {error}") from None
 
 
+def all_cores(inputs):  # -> cores.all_cores() for a training step of these inputs: on for ALL_CORES_FROM positions
+    # The forward's rule (fast.ALL_CORES_FROM): from 512 positions each split of the step's products and passes holds
+    # enough work to pay for its hand-over, and OpenBLAS on one thread stops its workers spinning beside ours; a
+    # shorter step keeps OpenBLAS's threads for its products (each split stays on one thread below cores.MIN_WORK)
+    return cores.all_cores(enabled=np.size(inputs) >= fast.ALL_CORES_FROM)
+
+
 def loss_and_grads(inputs, targets, params, n_head):  # int [..., n_seq] x2 -> (mean cross-entropy, grads like params)
     """The mean next-token cross-entropy of `targets` given `inputs`, and its gradient for every parameter."""
     wte, wpe, ln_f = params["wte"], params["wpe"], params["ln_f"]
@@ -252,19 +318,20 @@ def loss_and_grads(inputs, targets, params, n_head):  # int [..., n_seq] x2 -> (
     if targets.shape != inputs.shape:
         raise ValueError(f"targets {targets.shape} must have the inputs' shape {inputs.shape}: the next token of each "
                          "position")
-    x = wte[inputs] + wpe[np.arange(inputs.shape[-1])]  # as model.gpt2
-    kept = []
-    for block_params in params["blocks"]:
-        x, block_kept = block_forward(x, **block_params, n_head=n_head)
-        kept.append(block_kept)
-    x_f, ln_f_kept = layer_norm_forward(x, **ln_f)
-    loss, d_logits = cross_entropy((rows(x_f) @ wte.T).reshape(*x.shape[:-1], -1), targets)
+    with all_cores(inputs):  # a no-op within train_step's, which includes clipping and AdamW
+        x = wte[inputs] + wpe[np.arange(inputs.shape[-1])]  # as model.gpt2
+        kept = []
+        for block_params in params["blocks"]:
+            x, block_kept = block_forward(x, **block_params, n_head=n_head)
+            kept.append(block_kept)
+        x_f, ln_f_kept = layer_norm_forward(x, **ln_f)
+        loss, d_logits = cross_entropy(cores.matmul(rows(x_f), wte.T).reshape(*x.shape[:-1], -1), targets)
 
-    d_x_f, d_wte_head = lm_head_backward(d_logits, x_f, wte)
-    d_x, g_ln_f = layer_norm_backward(d_x_f, ln_f_kept, ln_f["g"])
-    block_grads = []
-    for block_params, block_kept in zip(reversed(params["blocks"]), reversed(kept)):
-        d_x, block_grad = block_backward(d_x, block_kept, **block_params, n_head=n_head)
-        block_grads.append(block_grad)
-    d_wte, d_wpe = embedding_backward(d_x, inputs, d_wte_head, wpe.shape[0])  # the embedding's share + the head's
-    return loss, {"wte": d_wte, "wpe": d_wpe, "blocks": block_grads[::-1], "ln_f": g_ln_f}
+        d_x_f, d_wte_head = lm_head_backward(d_logits, x_f, wte)
+        d_x, g_ln_f = layer_norm_backward(d_x_f, ln_f_kept, ln_f["g"])
+        block_grads = []
+        for block_params, block_kept in zip(reversed(params["blocks"]), reversed(kept)):
+            d_x, block_grad = block_backward(d_x, block_kept, **block_params, n_head=n_head)
+            block_grads.append(block_grad)
+        d_wte, d_wpe = embedding_backward(d_x, inputs, d_wte_head, wpe.shape[0])  # the embedding's share + the head's
+        return loss, {"wte": d_wte, "wpe": d_wpe, "blocks": block_grads[::-1], "ln_f": g_ln_f}

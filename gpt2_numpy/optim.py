@@ -8,7 +8,8 @@ import math
 
 import numpy as np
 
-from gpt2_numpy.fast import chunks
+from gpt2_numpy import cores
+from gpt2_numpy.fast import CHUNK, chunks
 from gpt2_numpy.params import flatten, map_leaves
 
 BETAS, EPS, WEIGHT_DECAY, CLIP = (0.9, 0.95), 1e-8, 0.1, 1.0
@@ -20,15 +21,32 @@ def adamw_state(params):  # -> a fresh state: no steps taken, both moments zero
 
 
 def global_norm(grads):  # -> √(Σ g²) over every gradient, as one vector
-    return math.sqrt(sum(float(np.vdot(g, g)) for _, g in flatten(grads)))  # vdot: the sum of squares, no temporary
+    # vdot: the sum of squares, no temporary; the chunks' sums added up in order, the same on any team
+    return math.sqrt(sum(in_chunks(lambda g: float(np.vdot(g, g)), grads)))
+
+
+def in_chunks(work, *trees):  # -> [work(*each tree's chunk)] for every chunk of every leaf, in order
+    # trees: nested dicts in the params layout (params, grads, moments), chunked alike, a few rows of a leaf at a time
+    # so that each pass over a chunk runs in cache, not memory. Within cores.all_cores() the chunks of every leaf are
+    # shared among the cores in one split, as NumPy runs each pass on one
+    leaves = [[leaf for _, leaf in flatten(tree)] for tree in trees]
+    pieces = [(i, rows) for i, leaf in enumerate(leaves[0]) for rows in chunks(len(leaf), leaf[0].size)]
+    results = [None] * len(pieces)
+
+    def some_chunks(share):
+        for at in range(len(pieces))[share]:
+            i, rows = pieces[at]
+            results[at] = work(*(tree[i][rows] for tree in leaves))
+
+    cores.split(some_chunks, len(pieces), item_size=CHUNK)
+    return results
 
 
 def clip_grads(grads, max_norm=CLIP):  # scales grads in place so their global norm is at most max_norm -> the norm
     norm = global_norm(grads)
     scale = max_norm / (norm + 1e-6)  # as torch's clip_grad_norm_: the 1e-6 keeps a zero norm finite
     if scale < 1:
-        for _, g in flatten(grads):
-            g *= np.float32(scale)
+        in_chunks(lambda g: np.multiply(g, np.float32(scale), out=g), grads)  # in place
     return norm
 
 
@@ -53,11 +71,12 @@ def adamw_step(params, grads, state, lr, betas=BETAS, eps=EPS, weight_decay=WEIG
     # the bias corrections of m̂ = m/(1-β₁ᵗ), v̂ = v/(1-β₂ᵗ), folded into the step size and eps as torch does:
     # lr m̂/(√v̂ + eps) = (lr/(1-β₁ᵗ)) m / (√v/√(1-β₂ᵗ) + eps)
     step_size, sqrt_c2 = lr / (1 - beta1**t), math.sqrt(1 - beta2**t)
-    moments = zip(flatten(params), flatten(grads), flatten(state["m"]), flatten(state["v"]))
-    for (_, p), (_, g), (_, m), (_, v) in moments:
-        decay = np.float32(1 - lr * weight_decay) if p.ndim >= 2 else None  # the matrices and embeddings only
-        for rows in chunks(len(p), p[0].size):  # a few rows at a time: the passes below run in cache, not memory
-            adamw_update(p[rows], g[rows], m[rows], v[rows], decay, beta1, beta2, step_size, sqrt_c2, eps)
+    decay = np.float32(1 - lr * weight_decay)
+
+    def update(p, g, m, v):  # a chunk's rows keep its leaf's ndim: decay for the matrices and embeddings only
+        adamw_update(p, g, m, v, decay if p.ndim >= 2 else None, beta1, beta2, step_size, sqrt_c2, eps)
+
+    in_chunks(update, params, grads, state["m"], state["v"])
     return state
 
 

@@ -15,7 +15,7 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
-from gpt2_numpy.fast_backward import loss_and_grads
+from gpt2_numpy.fast_backward import all_cores, loss_and_grads
 from gpt2_numpy.console import log, plural, progress_bar
 from gpt2_numpy.errors import Interrupted, UsageError
 from gpt2_numpy.fast import lm_head, log_softmax_at, transformer
@@ -223,12 +223,10 @@ def train(run, params, state, data):  # -> exit status: run (runs.Run) trained f
         while step < steps and not stop.requested:
             step_start = time.perf_counter()
             inputs, targets = batches.next()
-            loss, grads = loss_and_grads(inputs, targets, params, n_head)
             lr = learning_rate(step, settings.lr, settings.warmup, steps, settings.schedule)
-            grad_norm = clip_grads(grads)
-            if not (math.isfinite(loss) and math.isfinite(grad_norm)):  # before the update: the weights stay finite
+            loss, grad_norm = train_step(inputs, targets, params, n_head, opt_state, lr)
+            if not (math.isfinite(loss) and math.isfinite(grad_norm)):  # no update was made: the weights stay finite
                 raise diverged(out, step + 1, f"the loss is {loss:.4g} and the gradient norm {grad_norm:.4g}")
-            opt_state = adamw_step(params, grads, opt_state, lr)
             step += 1
             train_seconds += time.perf_counter() - step_start
             row = {"step": step, "train_loss": f"{loss:.6f}", "lr": f"{lr:.6g}", "grad_norm": f"{grad_norm:.4f}",
@@ -252,6 +250,19 @@ def train(run, params, state, data):  # -> exit status: run (runs.Run) trained f
         raise Interrupted(f"saved step {step} to {out}; continue with the same command and --resume")
     log(f"step {step}: saved the model to {out}; load it with --model {out}")
     return 0
+
+
+def train_step(inputs, targets, params, n_head, opt_state, lr):  # -> (loss, gradient norm); params, opt_state updated
+    """One training step: the loss and gradients, clipping and AdamW, updating params and opt_state in place; no
+    update where the loss or the gradient norm is not finite."""
+    # one cores.all_cores() for the whole step, not one per part: every product and pass of it runs on our team, with
+    # OpenBLAS on one thread whose workers never spin beside ours
+    with all_cores(inputs):
+        loss, grads = loss_and_grads(inputs, targets, params, n_head)
+        grad_norm = clip_grads(grads)
+        if math.isfinite(loss) and math.isfinite(grad_norm):
+            adamw_step(params, grads, opt_state, lr)
+    return loss, grad_norm
 
 
 class StopRequest:

@@ -10,9 +10,9 @@ import sys
 import numpy as np
 import pytest
 
-from gpt2_numpy import cores, fast
+from gpt2_numpy import cores, fast, fast_backward, optim, training
 from gpt2_numpy.commands import score
-from gpt2_numpy.params import random_params
+from gpt2_numpy.params import flatten, random_params
 from tests.conftest import FIXTURES, REPO, missing
 
 HPARAMS = {"n_vocab": 97, "n_ctx": 48, "n_embd": 48, "n_head": 6, "n_layer": 2}
@@ -32,6 +32,7 @@ def openblas():  # -> OpenBLAS's (set_num_threads, get_num_threads); the count a
 
 def in_a_team(monkeypatch, size):  # -> list of the pieces of each split; every split from now shares its pieces
     monkeypatch.setattr(cores, "MIN_WORK", 1)  # no piece too small to hand over: the tiny model splits as the 124M
+    monkeypatch.setattr(fast, "CHUNK", 1 << 15)  # and its elementwise passes come in several chunks
     monkeypatch.setattr(cores.team, "size", size, raising=False)  # as within cores.all_cores() with size threads
     splits, split = [], cores.split
 
@@ -93,6 +94,61 @@ def test_a_whole_pass_in_a_team_equals_one_thread(size, monkeypatch):
     shared = fast.gpt2(ids, **params, n_head=HPARAMS["n_head"])
     assert max(len(pieces) for pieces in splits) == size  # linear's columns outnumber any team here
     assert np.abs(shared - alone).max() <= 1e-5 * np.abs(alone).max()
+
+
+@pytest.mark.parametrize("size", TEAMS)
+@pytest.mark.parametrize("over", [cores.COLUMNS, cores.ROWS, cores.INNER])
+def test_a_product_shared_each_way_equals_one_thread(size, over, monkeypatch):
+    rng = np.random.default_rng(size)
+    a, b, bias = rng.standard_normal((40, 30), dtype=np.float32), *rng.standard_normal((2, 30, 50), dtype=np.float32)
+    expected = a.astype(np.float64) @ b + bias[0]  # the product, from the math
+    splits = in_a_team(monkeypatch, size)
+    got = cores.matmul(a, b, bias=bias[0], over=over)
+    assert [len(pieces) for pieces in splits] == [size]  # 40 rows, 50 columns, 30 of the inner axis: one per thread
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5 * np.abs(expected).max())
+
+
+TRAIN_HPARAMS = {**HPARAMS, "n_vocab": 2000}  # cross-entropy's chunks of 16 rows: 4 chunks of 60 positions
+LR = 1e-2
+
+
+def a_step(ids, params):  # -> (loss, grads, params after clipping and AdamW, the gradient norm)
+    loss, grads = fast_backward.loss_and_grads(*ids, params, TRAIN_HPARAMS["n_head"])
+    norm, state = optim.clip_grads(grads, max_norm=0.5), optim.adamw_state(params)  # 0.5: the norm is over it
+    optim.adamw_step(params, grads, state, lr=LR)
+    return loss, grads, params, norm
+
+
+@pytest.mark.parametrize("size", TEAMS)
+def test_a_training_step_in_a_team_equals_one_thread(size, monkeypatch):
+    # the loss, every gradient, the clipped norm and the updated weights; 3 rows of 6 heads: a thread's share of
+    # attention's 18 heads spans rows, except with 3 threads
+    ids = np.random.default_rng(5).integers(0, TRAIN_HPARAMS["n_vocab"], (2, 3, 20))
+    with cores.one_core():
+        alone = a_step(ids, random_params(TRAIN_HPARAMS, seed=7))
+    splits = in_a_team(monkeypatch, size)
+    shared = a_step(ids, random_params(TRAIN_HPARAMS, seed=7))
+    assert max(len(pieces) for pieces in splits) == size
+    assert shared[0] == pytest.approx(alone[0], rel=1e-6) and shared[3] == pytest.approx(alone[3], rel=1e-5)
+    for (path, got), (_, expected) in zip(flatten(shared[1]), flatten(alone[1])):
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5 * np.abs(expected).max(), err_msg=path)
+    # AdamW's first step moves each weight by about lr times g / (|g| + eps): by up to lr where g is near eps, whose
+    # rounding differs between the teams; a chunk it skipped would differ by lr
+    for (path, got), (_, expected) in zip(flatten(shared[2]), flatten(alone[2])):
+        np.testing.assert_allclose(got, expected, rtol=0, atol=LR / 10, err_msg=path)
+
+
+def test_train_step_runs_the_whole_step_on_one_team(openblas, monkeypatch):
+    # one cores.all_cores() around loss, clipping and AdamW, with OpenBLAS on one thread throughout; none for a
+    # short step
+    cores.set_threads(2)
+    seen = []
+    monkeypatch.setattr(training, "adamw_step", lambda *args: seen.append((openblas[1](), cores.team_size())))
+    params = random_params(TRAIN_HPARAMS, seed=7)
+    for n_seq in (7, 8):  # 448 positions, and 512: a long step
+        ids = np.random.default_rng(5).integers(0, TRAIN_HPARAMS["n_vocab"], (2, 64, n_seq))
+        training.train_step(*ids, params, TRAIN_HPARAMS["n_head"], optim.adamw_state(params), 1e-3)
+    assert seen == [(2, 1), (1, 2)]
 
 
 @pytest.mark.parametrize("size, item_size, n_threads", [

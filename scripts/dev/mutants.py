@@ -13,6 +13,7 @@ Every mutant must be caught. The test files that catch each part (the word befor
     sampling,decode,tokenizer   tests/test_sampling.py tests/test_decode.py tests/test_cli_tokenizer.py
     vocabulary,score,checkpoint,explain  tests/test_tokenizer.py tests/test_checkpoint.py tests/test_explain_trace.py
     "explain page"              tests/test_explain_page.py
+    threads                     tests/test_threads.py
 
 for example `python -m scripts.dev.mutants --only download tests/test_download.py`. A test earns its place by failing
 when the code is wrong; a mutant that no test catches is a hole in the suite. Each mutant replaces one line's text; the
@@ -44,8 +45,10 @@ MUTANTS = [  # (what, file, text, replacement)
      "np.arange(n_past, n_past + n_seq) - pad[:, None] + 1, 0)"),
     ("fast: each piece of the lm head one token short", "gpt2_numpy/fast.py",
      "chunk = slice(start, start + VOCAB_CHUNK)", "chunk = slice(start, start + VOCAB_CHUNK - 1)"),
-    ("fast: each thread adds the first columns' bias", "gpt2_numpy/fast.py", "y[:, piece] += b[piece]",
-     "y[:, piece] += b[: piece.stop - piece.start]"),
+    ("threads: each thread adds the first columns' bias", "gpt2_numpy/cores.py", "out[part] += bias[part[1]]",
+     "out[part] += bias[: len(bias[part[1]])]"),
+    ("threads: a product by its inner axis drops its last partial", "gpt2_numpy/cores.py",
+     "for start in sorted(partials)[1:]:", "for start in sorted(partials)[1:-1]:"),
     ("fast: the pieces of attention cut along the queries", "gpt2_numpy/fast.py", "h = (..., piece, ALL, ALL)",
      "h = (..., piece, ALL)"),
     ("fast: inference_layout leaves mlp.c_proj.w row-major", "gpt2_numpy/fast.py", 'np.asfortranarray(c_proj["w"])',
@@ -156,7 +159,9 @@ MUTANTS = [  # (what, file, text, replacement)
     ("backward: the softmax's backward without its row sums", "gpt2_numpy/fast_backward.py",
      "    d_out -= np.vecdot(d_out, y)[..., None]\n", ""),
     ("backward: layer norm's backward keeps the gradient's mean", "gpt2_numpy/fast_backward.py",
-     "d_x -= d_x.mean(axis=-1, keepdims=True)", "d_x -= 0 * d_x.mean(axis=-1, keepdims=True)"),
+     "d -= d.mean(axis=-1, keepdims=True)", "d -= 0 * d.mean(axis=-1, keepdims=True)"),
+    ("threads: a share of attention's heads goes on at the next row's first head", "gpt2_numpy/fast_backward.py",
+     "item += stop - head", "item += n_head"),
     ("fast: the pieces of a chunked pass skip an item between them", "gpt2_numpy/fast.py",
      "slice(start, start + step)", "slice(start, start + step - 1)"),
     ("optim: weight decay on the biases and norms too", "gpt2_numpy/optim.py", "if p.ndim >= 2 else None",
