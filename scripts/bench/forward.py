@@ -124,6 +124,7 @@ def piece_rows(params, repeats):  # each piece a long pass splits, three ways, i
         "linear c_fc of [1024, 768]": lambda: model.linear(x, **block["mlp"]["c_fc"]),
         "gelu of [1024, 3072]": lambda: model.gelu(h),
         "fast.causal_attention of [12, 1024, 64]": lambda: model.causal_attention(q, k, v, mask),
+        "every logit of [1024, 768] (x wteᵀ, by the vocabulary's columns)": lambda: cores.matmul(x, params["wte"].T),
     }
     rows = []
     for what, piece in pieces.items():  # the ways' names hold no count, so that --threads lines up their rows
