@@ -22,10 +22,10 @@ def adamw_state(params):  # -> a fresh state: no steps taken, both moments zero
 
 def global_norm(grads):  # -> √(Σ g²) over every gradient, as one vector
     # vdot: the sum of squares, no temporary; the chunks' sums added up in order, the same on any team
-    return math.sqrt(sum(in_chunks(lambda g: float(np.vdot(g, g)), grads)))
+    return math.sqrt(sum(each_chunk(lambda g: float(np.vdot(g, g)), grads)))
 
 
-def in_chunks(work, *trees):  # -> [work(*each tree's chunk)] for every chunk of every leaf, in order
+def each_chunk(work, *trees):  # -> [work(*each tree's chunk)] for every chunk of every leaf, in order
     # trees: nested dicts in the params layout (params, grads, moments), chunked alike, a few rows of a leaf at a time
     # so that each pass over a chunk runs in cache, not memory. Within cores.all_cores() the chunks of every leaf are
     # shared among the cores in one split, as NumPy runs each pass on one
@@ -46,7 +46,7 @@ def clip_grads(grads, max_norm=CLIP):  # scales grads in place so their global n
     norm = global_norm(grads)
     scale = max_norm / (norm + 1e-6)  # as torch's clip_grad_norm_: the 1e-6 keeps a zero norm finite
     if scale < 1:
-        in_chunks(lambda g: np.multiply(g, np.float32(scale), out=g), grads)  # in place
+        each_chunk(lambda g: np.multiply(g, np.float32(scale), out=g), grads)  # in place
     return norm
 
 
@@ -76,7 +76,7 @@ def adamw_step(params, grads, state, lr, betas=BETAS, eps=EPS, weight_decay=WEIG
     def update(p, g, m, v):  # a chunk's rows keep its leaf's ndim: decay for the matrices and embeddings only
         adamw_update(p, g, m, v, decay if p.ndim >= 2 else None, beta1, beta2, step_size, sqrt_c2, eps)
 
-    in_chunks(update, params, grads, state["m"], state["v"])
+    each_chunk(update, params, grads, state["m"], state["v"])
     return state
 
 
