@@ -37,8 +37,8 @@ OPENBLAS_NAMES = [(prefix + "set_num_threads" + suffix, prefix + "get_num_thread
 
 THREADS_VARIABLE = "GPT2_NUMPY_THREADS"
 BLAS_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")  # OpenBLAS reads them in this order
-# elements (or multiply-adds) per thread of a split, at least: about 0.2 ms of layer norm, twice what handing a piece
-# to a waiting thread of the pool costs (100 us measured on a 2-core VM: the submit and the thread's wake-up)
+# elements (or multiply-adds) per thread of a split, at least: about 0.2 ms of layer norm, about what a split of no
+# work costs on a 2-core VM (about 200 us: scripts/dev/bounds.py), less where the cores are idle and not virtual
 MIN_WORK = 1 << 17
 team = threading.local()  # team.size: the threads that share each split() of the current pass on this thread
 # long passes under way in the process, and OpenBLAS's count before them (None until a first pass reads it)

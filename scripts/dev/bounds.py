@@ -9,11 +9,16 @@
   lm head's three products (the logits, their gradient into the hidden state and into wte) and of one elementwise pass
   over the logits (np.exp), which no step can do without;
 - a batch of 8's decode step: its products alone, 8 rows through every layer's four weights (fast.linear) and the lm
-  head (fast.lm_head), on seeded random weights of the 124M shape laid out as generate lays them out.
-Each time is the median of 5 runs (3 for the lm head's) after a warm-up, as the benchmark's are; the
-arrays are seeded random float32.
+  head (fast.lm_head), on seeded random weights of the 124M shape laid out as generate lays them out;
+- once, for cores.py's design: the CPU time OpenBLAS's idle workers take in a 0.3 s sleep after a product on 2
+  threads (their spin), what handing a piece to a thread of our pool costs (a split of no work, on 2 threads), and the
+  share of GELU's time on [1024, 3072] that its chunks' calls hold the GIL for (the same calls on one element), at
+  chunks of 2^15 and of fast.CHUNK.
+Each time is the median of 5 runs (3 for the lm head's and the batch step's) after a warm-up, as the benchmark's are;
+the arrays are seeded random float32.
 """
 import argparse
+import time
 
 import numpy as np
 
@@ -37,7 +42,8 @@ def bounds_lines(count, rng, params):  # -> the printed lines for `count` thread
     products = [median_seconds(product, 3) for product in (lambda: hidden @ head.T, lambda: grad @ head,
                                                          lambda: grad.T @ hidden)]
     exp_pass = median_seconds(lambda: np.exp(grad), 3)
-    rows, wide = (rng.standard_normal((8, n), dtype=np.float32) for n in (768, 4 * 768))
+    n_embd = HPARAMS_124M["n_embd"]
+    rows, wide = (rng.standard_normal((8, n), dtype=np.float32) for n in (n_embd, 4 * n_embd))
     batch_products = median_seconds(lambda: batch_step_products(rows, wide, params), 3)
     return [f"{count} threads:",
             f"  memory read (wte @ x, {wte.nbytes / 1e6:.0f} MB): {read_rate / 1e9:.1f} GB/s; a decode step reads "
@@ -57,6 +63,34 @@ def batch_step_products(rows, wide, params):  # rows [8, n_embd], wide [8, 4 n_e
     fast.lm_head(rows, params["wte"])
 
 
+def threading_lines(rng):  # -> the printed lines on OpenBLAS's spin, a hand-over and the GIL
+    cores.set_threads(2)
+    a = rng.standard_normal((1024, 1024), dtype=np.float32)
+    a @ a  # OpenBLAS's workers, on 2 threads, then spin
+    cpu = time.process_time()
+    time.sleep(0.3)
+    spin = time.process_time() - cpu
+    with cores.all_cores():
+        hand_over = median_seconds(lambda: cores.split(lambda piece: None, 2), 5)
+    x, one, out = rng.standard_normal((1024, 3072), dtype=np.float32), np.ones(1, np.float32), np.empty(1, np.float32)
+    shares, default = [], fast.CHUNK
+    for chunk in (1 << 15, default):
+        fast.CHUNK = chunk  # read by fast.in_chunks at each call
+        try:
+            with cores.one_core():
+                gelu_seconds = median_seconds(lambda: fast.gelu(x), 5)
+        finally:
+            fast.CHUNK = default
+        n_chunks = -(-x.size // chunk)
+        with np.errstate(over="ignore"):
+            calls = median_seconds(lambda n=n_chunks: [fast.gelu_chunk(one, out=out) for _ in range(n)], 5)
+        shares.append(f"chunks of {chunk:,}: {calls / gelu_seconds:.0%} of {gelu_seconds * 1e3:.1f} ms")
+    return ["cores.py:",
+            f"  OpenBLAS's spin: {spin:.3f} s of CPU in a 0.3 s sleep after a product on 2 threads",
+            f"  a hand-over to a thread of the pool (a split of no work on 2 threads): {hand_over * 1e6:.0f} us",
+            f"  GELU's calls on [1024, 3072] hold the GIL for at most: {'; '.join(shares)}"]
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2], metavar="N",
@@ -68,6 +102,7 @@ def main():
     params = fast.inference_layout(random_params(HPARAMS_124M, seed=0))
     for count in args.threads:
         print("\n".join(bounds_lines(count, rng, params)), flush=True)
+    print("\n".join(threading_lines(rng)), flush=True)
 
 
 if __name__ == "__main__":
