@@ -3,7 +3,7 @@ to its inputs and its params, given the gradient with respect to its output (d_o
 
 This is the file to read beside model.py. Training runs fast_backward.py, which computes the same gradients in the forms
 that make a step quick (a chunk at a time in cache, in place, from what the forward kept), composes them by the chain
-rule through the blocks, and is checked against torch autograd; tests/test_backward.py holds the two equal. A leading
+rule through the blocks, checked against torch autograd; tests/unit/test_backward.py holds the two equal. A leading
 batch axis works too ("..." in shapes): a param's gradient sums over every position.
 """
 import math

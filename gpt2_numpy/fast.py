@@ -1,6 +1,6 @@
 """The tuned GPT-2 forward pass: model.py's math, with the tricks that make it fast. Float32 throughout, no I/O.
 
-model.py is the textbook to read; this file computes the same logits (tests/test_fast.py holds the two equal) with a
+model.py is the textbook; this file computes the same logits (tests/unit/test_fast.py holds the two equal) with a
 KV cache for decoding, batches of ragged prompts, query blocks, last_only, in-place passes, a chunked GELU and every
 core for long passes. Each trick's comment names the textbook line it replaces and why it is faster. generate, score
 and the package's gpt2 run this pass. Params are nested dicts named like OpenAI's checkpoint (see README), splatted

@@ -1,6 +1,6 @@
 """GPT-2's backward pass as training runs it: each training forward directly above its backward, as llm.c lays them
-out. backward.py states each of these backwards as its plain formula; tests/test_backward.py holds the two equal, and
-tests/test_fast_backward.py this file against torch autograd.
+out. backward.py states each backward as its plain formula; tests/unit/test_backward.py holds the two equal, and
+tests/unit/test_fast_backward.py this file against torch autograd.
 
 A `*_forward` runs model.py's function and also returns what its backward needs, kept by name in a dict (named like
 explain's trace: a block keeps {"ln_1": {"x_hat", "inv_sigma"}, "attn": {"x", "q", "k", "v", "weights", "heads"},
@@ -10,7 +10,7 @@ dict named like the params.
 
 The training forward is model.py's functions composed as `gpt2` composes them, except where model.py's form costs
 most: the attention scores, the attention's softmax and GELU run in the tuned pass's form (fast.py, held equal to
-model.py by tests/test_fast.py), and layer norm in two steps that keep x̂. `loss_and_grads` runs both directions: the
+model.py by tests/unit/test_fast.py), and layer norm in two steps keeping x̂. `loss_and_grads` runs both directions: the
 mean cross-entropy of next-token prediction and its gradient for every param. Float32 throughout, as the forward; a
 leading batch axis works too ("..." in shapes).
 """
@@ -202,7 +202,7 @@ def mha_backward(d_out, kept, c_attn, c_proj, n_head):  # [..., n_seq, n_embd], 
 
 def ffn_forward(x, c_fc, c_proj):  # model.ffn -> [..., n_seq, n_embd], kept
     pre = linear_forward(x, **c_fc)
-    hidden = fast.gelu(pre)  # the tuned pass's form (tests/test_fast.py): model.gelu is several times slower
+    hidden = fast.gelu(pre)  # the tuned pass's form (tests/unit/test_fast.py): model.gelu is several times slower
     return linear_forward(hidden, **c_proj), {"x": x, "pre": pre, "hidden": hidden}
 
 

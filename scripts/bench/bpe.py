@@ -6,7 +6,7 @@ and as the rows of `python -m scripts.benchmark --only 'BPE training'`.
 
 The two train in turns (ours, Hugging Face's, ours, ...), each run in a fresh child process, so both see the same load
 on a shared machine and each peak memory is that run's own. Hugging Face's trainer is BpeTrainer with the ByteLevel
-pre-tokenizer, as tests/test_tokenizer_train.py checks ours against; it runs under --hf-python (default: this Python),
+pre-tokenizer, as tests/unit/test_tokenizer_train.py checks ours against; it runs under --hf-python (default: this one),
 and is left out when that Python lacks `tokenizers`, e.g. `--hf-python ../refvenv/bin/python`.
 
 Prints a markdown table row: the text, the vocabulary size, seconds for ours and for Hugging Face's (the median over the

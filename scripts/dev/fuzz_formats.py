@@ -1,7 +1,7 @@
 """Fuzz the checkpoint readers: seeded random damage to the fixtures, each damaged file loaded and judged.
 
 The mutations and the rule each outcome must obey live in scripts/common/fuzzing/, shared with
-tests/test_fuzz_formats.py (which runs a fixed number of cases in CI). Every case is reproducible from its format,
+tests/hostile/test_fuzz_formats.py (a fixed number of cases, in CI). Every case is reproducible from its format,
 seed and number:
     python -m scripts.dev.fuzz_formats --cases 100000                 # both formats, 100,000 cases each
     python -m scripts.dev.fuzz_formats --format tf --seed 3 --case 4242 # one case again, with its description

@@ -5,15 +5,16 @@ tests that catch it.
 
 Every mutant must be caught. The test files that catch each part (the word before each mutant's colon):
 
-    model,fast,cores (default)  tests/test_model.py tests/test_fast.py tests/test_cores.py
-    backward                    tests/test_fast_backward.py
-    train,commands,optim,save   tests/test_train_resume.py tests/test_train_vocab.py tests/test_optim.py
-    intervene                   tests/test_explain_intervene.py
+    model,fast,cores (default)  tests/unit/test_model.py tests/unit/test_fast.py tests/unit/test_cores.py
+    backward                    tests/unit/test_fast_backward.py
+    train,commands,optim,save   tests/cli/test_train_resume.py tests/cli/test_train_vocab.py tests/unit/test_optim.py
+    intervene                   tests/unit/test_edits.py
     download                    tests/test_download.py
-    sampling,decode,tokenizer   tests/test_sampling.py tests/test_decode.py tests/test_cli_tokenizer.py
-    vocabulary,score,checkpoint,explain  tests/test_tokenizer.py tests/test_checkpoint.py tests/test_explain_trace.py
-    "explain page"              tests/test_explain_page.py
-    threads                     tests/test_threads.py
+    sampling,decode,tokenizer   tests/unit/test_sampling.py tests/unit/test_decode.py tests/cli/test_tokenizer.py
+    vocabulary,score,checkpoint  tests/unit/test_tokenizer.py tests/unit/test_checkpoint.py tests/unit/test_tracing.py
+    explain                     tests/unit/test_tracing.py
+    "explain page"              tests/unit/test_page.py
+    threads                     tests/unit/test_cores_threads.py
 
 for example `python -m scripts.dev.mutants --only download tests/test_download.py`. A test earns its place by failing
 when the code is wrong; a mutant that no test catches is a hole in the suite. Each mutant replaces one line's text; the
@@ -137,7 +138,7 @@ MUTANTS = [  # (what, file, text, replacement)
      "    if args.init is not None:  # a model folder", "    if False:  # a model folder"),
     ("commands: abbreviated flags accepted", "gpt2_numpy/commands/common.py",
      "super().__init__(*args, allow_abbrev=False, **", "super().__init__(*args, **"),
-    # caught by tests/test_explain_intervene.py (the math, and TransformerLens's numbers)
+    # caught by tests/unit/test_edits.py (the math, and TransformerLens's numbers)
     ("intervene: an attribution term not centred as ln_f centres the stream", "gpt2_numpy/interpret/attribution.py",
      "return g * (part - part.mean()) / sigma", "return g * part / sigma"),
     ("intervene: a mean ablation averages over d_head, not over the positions", "gpt2_numpy/interpret/ablation.py",
@@ -151,7 +152,7 @@ MUTANTS = [  # (what, file, text, replacement)
      'step("attn.z", weighted_sum(softmax(scores + causal_mask(len(x))), v))'),
     ("intervene: a patched resid_pre one layer late", "gpt2_numpy/interpret/edits.py",
      'return "embed" if layer == 0 else f"blocks.{layer - 1}.out"', 'return f"blocks.{layer}.out"'),
-    # caught by tests/test_fast_backward.py and tests/test_optim.py
+    # caught by tests/unit/test_fast_backward.py and tests/unit/test_optim.py
     ("backward: GELU's slope at x = 0 taken as 0", "gpt2_numpy/fast_backward.py", "    out.fill(0.5)\n",
      "    out.fill(0.0)\n"),
     ("backward: each piece of the loss divided by its own rows, not by all", "gpt2_numpy/fast_backward.py",
@@ -173,7 +174,7 @@ MUTANTS = [  # (what, file, text, replacement)
      '"eos_token_id": eot_id,', '"eos_token_id": hparams["n_vocab"] - 1,'),
     ("train: validation bits per byte count the inputs' bytes", "gpt2_numpy/training.py",
      "token_lengths[windows[:, 1:]]", "token_lengths[windows[:, :-1]]"),
-    # caught by tests/test_tokenizer.py, tests/test_checkpoint.py and tests/test_explain_trace.py
+    # caught by tests/unit/test_tokenizer.py, tests/unit/test_checkpoint.py and tests/unit/test_tracing.py
     ("vocabulary: an id equal to n_vocab passes the model's vocabulary check", "gpt2_numpy/tokenizer.py",
      "if token_id >= n_vocab), None)", "if token_id > n_vocab), None)"),
     ("vocabulary: a CRLF vocab.bpe keeps its carriage returns", "gpt2_numpy/formats/vocabulary.py",
@@ -184,7 +185,7 @@ MUTANTS = [  # (what, file, text, replacement)
      "value = config.get(option, values[0])", "value = values[0]"),
     ("explain: trace's blocks take any n_head", "gpt2_numpy/interpret/tracing.py",
      "    check_heads(n_head, x.shape[-1])  # the error", "    pass  # the error"),
-    # caught by tests/test_explain_page.py (a page of 300 tokens, whose map pixels cover 2 x 2 weights)
+    # caught by tests/unit/test_page.py (a page of 300 tokens, whose map pixels cover 2 x 2 weights)
     ("explain page: a map pixel shows the last weight it covers, not the largest", "gpt2_numpy/interpret/page.html",
      "cells[cell] = Math.max(cells[cell], values[s] / DATA.scale);", "cells[cell] = values[s] / DATA.scale;"),
 ]
@@ -205,7 +206,7 @@ def main(argv):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                      allow_abbrev=False)
     parser.add_argument("tests", nargs="*", metavar="TEST_FILE",
-                        default=["tests/test_model.py", "tests/test_fast.py", "tests/test_cores.py"])
+                        default=["tests/unit/test_model.py", "tests/unit/test_fast.py", "tests/unit/test_cores.py"])
     parser.add_argument("--only", metavar="PARTS", help="only the mutants of these parts, e.g. model,fast (the word "
                         "before each mutant's colon)")
     args = parser.parse_args(argv)

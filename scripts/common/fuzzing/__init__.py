@@ -8,7 +8,7 @@ must either
 - raise CheckpointError naming the damaged file (an index may also be blamed through the data file it describes),
   unless the mutation only re-encodes the same tensors validly, which must load;
 and never raise anything else, take over a second, or allocate more than a small multiple of the files' size.
-tests/test_fuzz_formats.py runs a fixed number of cases per format; scripts/dev/fuzz_formats.py runs as many as asked.
+tests/hostile/test_fuzz_formats.py runs a set number of cases per format, scripts/dev/fuzz_formats.py as many as asked.
 
 fixtures.py: the fixtures and how each loads; tf_index.py: the TF index written and read; mutations.py and
 tf_mutations.py: the damage; runner.py: the cases, and the runner that judges each by the rule above.

@@ -3,7 +3,7 @@
 Expected values come from outside the code under test: the validation loss and bits per byte recomputed with
 model.py's textbook forward from the saved folder and the held-out text's bytes; score's bits per byte recomputed
 the same way; the tokenizer's vocabulary counted from its definition (256 bytes, the merges, <|endoftext|> last).
-That Hugging Face's GPT2TokenizerFast reads such a folder id for id is tests/test_tokenizer_train.py's.
+That Hugging Face's GPT2TokenizerFast reads such a folder id for id is tests/unit/test_tokenizer_train.py's.
 """
 import json
 import math
@@ -20,7 +20,7 @@ from gpt2_numpy.generate import generate
 from gpt2_numpy.params import random_params
 from gpt2_numpy.tokenizer import PACKAGED_VOCABULARY, load_tokenizer
 from tests.conftest import assert_one_error_line
-from tests.test_cli_train import SHAPE, log_rows, run_cli
+from tests.cli.test_train import SHAPE, log_rows, run_cli
 
 WORDS = "the king and queen of a far land rode out to see what the sea had left upon its sand".split()
 FLAGS = [*SHAPE, "--seq-len", 16, "--batch-size", 2, "--eval-batches", 2, "--warmup", 2, "--lr", 1e-2,

@@ -13,7 +13,7 @@ from tests.conftest import FIXTURES, official_path
 from scripts.common.fuzzing.fixtures import DATA, FIXTURES_BY_NAME, FORMATS, INDEX, STATE
 from scripts.common.fuzzing.runner import Case, Runner, cases
 from scripts.common.fuzzing.tf_index import BYTES, VARINT, fields_of, fields_of_value, proto, set_field, table
-from tests.test_cli_generate import assert_one_error_line, cli
+from tests.cli.test_generate import assert_one_error_line, cli
 
 CASES_PER_FORMAT = 800  # first a cut at every structural boundary (240 TF, 416 safetensors), then random damage
 

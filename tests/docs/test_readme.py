@@ -3,7 +3,7 @@ from pathlib import Path
 
 import gpt2_numpy.model
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_the_readme_prints_model_py_whole():

@@ -27,8 +27,8 @@ from gpt2_numpy.fast import log_softmax_at
 from gpt2_numpy.score import score_windows, summary, token_log_probs
 from gpt2_numpy.tokenizer import EOT_ID, load_tokenizer
 from tests.conftest import FIXTURES, REPO, assert_one_error_line, official_path
-from tests.test_checkpoint import write_safetensors_raw
-from tests.test_decode import with_weight
+from tests.unit.test_checkpoint import write_safetensors_raw
+from tests.unit.test_decode import with_weight
 
 CONFIGS = json.loads((FIXTURES / "configs.json").read_text())
 TINY = CONFIGS["tiny"]

@@ -4,7 +4,7 @@ verified.
 Files placed by hand are verified on their first use and the verification is recorded (.verified.json), so a damaged
 file is refused with the downloader's own error line instead of generating garbage, and later runs only compare sizes.
 Expected error lines come from the download CLI run on the same folder; expected text is Hugging Face's greedy
-continuation (tests/fixtures/reference_tiny.npz), as in tests/test_cli_generate.py.
+continuation (tests/fixtures/reference_tiny.npz), as in tests/cli/test_generate.py.
 """
 import json
 import os

@@ -1,7 +1,7 @@
 """gpt2_numpy.explain's walkthrough and plot: the attention weights against Hugging Face's
 (scripts/fixtures/make_explain_reference.py), the walkthrough against the textbook model and against math, the printed
 text against the arrays, and the command line end to end on the tiny TF checkpoint with the official tokenizer. The
-trace, the lens and the page have tests of their own (test_explain_trace.py, test_explain_page.py)."""
+trace, the lens and the page have tests of their own (unit/test_tracing.py, unit/test_page.py)."""
 import json
 import os
 import re
@@ -27,7 +27,7 @@ from gpt2_numpy.model import block, gpt2
 from gpt2_numpy.params import random_params
 from gpt2_numpy.tokenizer import load_tokenizer
 from tests.conftest import FIXTURES, REPO, assert_one_error_line, byte_model_dir, run_explain, tiny_models_dir
-from tests.test_cli_tokenizer import read_only_file_system
+from tests.cli.test_tokenizer import read_only_file_system
 
 CONFIGS = json.loads((FIXTURES / "configs.json").read_text())
 HF_TOLERANCE = 1e-5  # max |weights - HF's| in float32; measured 1.3e-6 (tiny) and 1.1e-6 (odd_heads)

@@ -2,7 +2,7 @@
 
 The greedy text is Hugging Face's greedy continuation of the prompt (tests/fixtures/reference_tiny.npz), decoded.
 Sampled text is `generate`'s continuation decoded: on these weights (random_params of the "tiny" config, which
-tests/fixtures/tf_tiny holds) `generate` reproduces Hugging Face's greedy ids (tests/test_decode.py).
+tests/fixtures/tf_tiny holds) `generate` reproduces Hugging Face's greedy ids (tests/unit/test_decode.py).
 """
 import errno
 import json
@@ -27,8 +27,8 @@ from gpt2_numpy.params import random_params
 from gpt2_numpy.tokenizer import Tokenizer, load_tokenizer
 from tests.conftest import FIXTURES, REPO, assert_one_error_line, official_path, tiny_models_dir
 from tests.http_server import FileServer, official_layout_files
-from tests.test_decode import with_weight
-from tests.test_likelihood import hf_models_dir
+from tests.unit.test_decode import with_weight
+from tests.unit.test_likelihood import hf_models_dir
 
 PROMPT = "I will go to the"  # [40, 481, 467, 284, 262]: every id fits the tiny model's 512-token vocabulary
 N_TOKENS = 20

@@ -329,4 +329,4 @@ def test_a_mutant_that_breaks_importing_counts_as_caught(tmp_path):  # pytest's 
     copy = tmp_path / "repo"
     shutil.copytree(REPO, copy, ignore=shutil.ignore_patterns(".git", "__pycache__", "weights"))
     (copy / "gpt2_numpy" / "sampling.py").write_text("x = (\n")
-    assert caught_by(copy, ["tests/test_sampling.py"]) == ["tests/test_sampling.py"]
+    assert caught_by(copy, ["tests/unit/test_sampling.py"]) == ["tests/unit/test_sampling.py"]

@@ -11,8 +11,8 @@ from gpt2_numpy.generate import generate
 from gpt2_numpy.model import gpt2
 from gpt2_numpy.tokenizer import load_tokenizer
 from tests.conftest import REPO
-from tests.test_cli_generate import cli
-from tests.test_likelihood import score_cli
+from tests.cli.test_generate import cli
+from tests.unit.test_likelihood import score_cli
 
 WEIGHTS = REPO / "weights" / "124M"
 # the official files (see ../shared/gpt2-official/README.md): the index holds every tensor's CRC32C, so it tells the

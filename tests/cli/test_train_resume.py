@@ -25,7 +25,7 @@ from gpt2_numpy.save import save_model
 from gpt2_numpy.tokenizer import PACKAGED_VOCABULARY
 from gpt2_numpy.training import Batches, eval_loss, val_windows
 from tests.conftest import FIXTURES, HF_TOLERANCE, REPO, assert_one_error_line
-from tests.test_cli_train import SHAPE, assert_same_weights, log_rows, run_cli, weights
+from tests.cli.test_train import SHAPE, assert_same_weights, log_rows, run_cli, weights
 
 TINY = json.loads((FIXTURES / "configs.json").read_text())["tiny"]
 # 8-token windows, half the text held out: a text of a hundred tokens makes an epoch of a few steps

@@ -28,7 +28,7 @@ from gpt2_numpy.errors import Gpt2NumpyError
 from gpt2_numpy.formats.safetensors import read_metadata
 from gpt2_numpy.tokenizer import load_tokenizer
 from tests.conftest import REPO, assert_one_error_line, tiny_models_dir
-from tests.test_cli_train import assert_same_weights, log_rows, train, weights
+from tests.cli.test_train import assert_same_weights, log_rows, train, weights
 from scripts.common.text_samples import WORDS
 
 SHAPE = ["--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--n-ctx", "64", "--seq-len", "32", "--batch-size", "2"]

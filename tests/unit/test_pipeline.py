@@ -79,7 +79,7 @@ def test_stream_checks_its_arguments_before_the_first_piece(tiny):
         with pytest.raises(UsageError):
             stream(tiny, PROMPT, **bad)  # no next(): the call itself refuses
     with pytest.raises(OutOfVocabulary, match="outside this model's vocabulary of 512"):  # a library error, which the
-        stream(tiny, "Jabberwocky")  # command lines print as one line with exit status 2 (tests/test_cli_generate.py)
+        stream(tiny, "Jabberwocky")  # command lines print as one line with exit status 2 (tests/cli/test_generate.py)
 
 
 def test_score_text_puts_end_of_text_first_and_sums_up_token_log_probs(full_vocab):

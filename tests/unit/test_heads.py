@@ -1,7 +1,7 @@
 """explain --heads: the five head scores against the same scores computed here, with a few lines of numpy, from
 Hugging Face's attention probabilities (scripts/fixtures/make_heads_reference.py: configs the scores were never tuned
 to); the repeated sequence <|endoftext|> R R; the table and the JSON object on the command line, on a model with a
-vocabulary of its own. The page's table is tested in test_explain_page.py."""
+vocabulary of its own. The page's table is tested in test_page.py."""
 import json
 
 import numpy as np
@@ -190,7 +190,7 @@ def test_an_empty_prompt_starts_from_the_model_s_own_endoftext(byte_model):
 
 
 def test_lens_json_is_the_logit_lens_at_every_position(byte_model):
-    # the lens's numbers against logit_lens (held to Hugging Face's hidden states in test_explain_trace.py)
+    # the lens's numbers against logit_lens (held to Hugging Face's hidden states in test_tracing.py)
     result = explain(PROMPT, "--lens", "--json", model=byte_model)
     assert result.returncode == 0, result.stderr
     printed = json.loads(result.stdout)

@@ -1,6 +1,6 @@
 """`gpt2-numpy tokenizer`: a tokenizer trained on a file and written as Hugging Face's GPT-2 files, or one error line.
 
-The merges are held to the textbook trainer's (itself held to Hugging Face's trainer by tests/test_tokenizer_train.py),
+The merges are held to the textbook trainer's (itself held to Hugging Face's by tests/unit/test_tokenizer_train.py),
 and the files to the format's definition: `#version: 0.2`, then one merge a line; ids 0..N-1, <|endoftext|> last.
 """
 import errno
@@ -17,7 +17,7 @@ from gpt2_numpy.errors import UsageError
 from gpt2_numpy.tokenizer import load_tokenizer
 from gpt2_numpy.tokenizer_train import spelled_tokens, train_bpe_textbook
 from tests.conftest import assert_one_error_line
-from tests.test_cli_train import run_cli
+from tests.cli.test_train import run_cli
 
 TEXT = "".join(f"the {word} and the {word}s of a {word}ed land.\n" for word in
                "king queen sea sand wind fire stone crown field river night".split()) * 3
