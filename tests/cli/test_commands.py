@@ -46,6 +46,7 @@ def test_every_command_is_in_the_table():
 OLD_MODULES = [command for command in FLAGS if command != "tokenizer"]  # python -m gpt2_numpy.X before the one entry
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("module, command", [
     *((f"gpt2_numpy.{command}", command) for command in OLD_MODULES),  # library modules, each with a shim
     *((f"gpt2_numpy.commands.{command}", command) for command in FLAGS),
@@ -66,6 +67,7 @@ def test_python_m_of_the_tokenizer_library_names_the_tokenizer_command():
                           "tokenizer (or gpt2-numpy tokenizer)")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", FLAGS)
 def test_each_command_of_the_one_entry_lists_its_flags(command):
     result = run("-m", "gpt2_numpy", command, "--help")
@@ -83,6 +85,7 @@ def test_the_one_entry_lists_every_command_with_one_line():
     assert all(COMMANDS[name] in line for name, line in listed.items())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("argv, fragment", [
     ([], "no command given: choose one of generate, score, explain, train, tokenizer, download"),
     (["scroe", "text"], "unknown command 'scroe' (did you mean score?): choose one of generate, score, explain, "
@@ -96,6 +99,7 @@ def test_a_missing_or_misspelt_command_is_one_line_naming_the_commands(argv, fra
     assert_one_error_line(run("-m", "gpt2_numpy", *argv), fragment)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("argv, same_as", [(["help"], ["--help"]), (["help", "score"], ["score", "--help"])])
 def test_help_is_no_prompt_but_the_help(argv, same_as):  # as `git help` and `pip help` are: not a download of 124M
     result = run("-m", "gpt2_numpy", *argv)
@@ -117,6 +121,7 @@ def test_model_and_its_old_name_together_are_one_error_line(tmp_path):  # else t
     assert_one_error_line(result, "argument --model-size: not allowed with argument --model")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("argv, flag", [
     (["generate", "hi", "--model", ""], "--model"),
     (["score", "hi", "--models-dir", ""], "--models-dir"),
@@ -198,6 +203,7 @@ def models_dir(tmp_path):
     return tiny_models_dir(tmp_path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flag", ["--model", "--model-size"])  # --model-size: the old name
 def test_model_as_a_size_loads_that_size_from_the_models_dir(models_dir, flag):
     result = run("-m", "gpt2_numpy", "score", "I will go to the", "--no-bos", flag, "124M", "--models-dir",
@@ -228,6 +234,7 @@ def test_model_that_is_neither_a_size_nor_a_folder_is_one_error_line(tmp_path):
 DASH_HINT = "goes last, after '--'"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("argv, message, absent", [
     (["generate", "--tokens", "20", "x"], "unrecognized arguments: --tokens; did you mean --n-tokens for --tokens?",
      [DASH_HINT]),
@@ -256,6 +263,7 @@ def test_a_usage_error_gets_the_hints_that_apply_to_it_and_no_other(argv, messag
     assert [text for text in absent if text in result.stderr] == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("argv", [["score", "I will go to the", "--model", "124m"],
                                   ["score", "I will go to the", "--model-size", "124m"]])
 def test_a_size_in_the_wrong_case_is_that_size(models_dir, argv):

@@ -114,6 +114,7 @@ def test_a_damaged_checkpoint_placed_by_hand_gets_the_downloaders_error(models_d
     assert data.read_bytes() == damaged  # and it stays where the user put it
 
 
+@pytest.mark.slow
 def test_files_placed_by_hand_are_verified_on_first_use_only(models_dir, monkeypatch, capsys):
     monkeypatch.setenv("GPT2_NUMPY_BASE_URL", UNREACHABLE)
     checked = []  # names of the tensors whose CRC32C was checked
@@ -146,6 +147,7 @@ def test_files_placed_by_hand_are_verified_on_first_use_only(models_dir, monkeyp
     assert json.loads((folder / marker.MARKER).read_text())["hparams.json"][0] == hparams_size
 
 
+@pytest.mark.slow
 def test_a_model_on_disk_is_loaded_without_the_network_stack(models_dir):
     load = ("import sys; from argparse import Namespace; from gpt2_numpy.commands.common import model_from_args; "
             f"model_from_args(Namespace(model='124M', models_dir={str(models_dir)!r}, source='openai')); "
@@ -156,6 +158,7 @@ def test_a_model_on_disk_is_loaded_without_the_network_stack(models_dir):
         assert (result.returncode, result.stdout) == (0, "[]\n"), (use, result.stderr)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("msvcrt", [False, pytest.param(True, marks=pytest.mark.skipif(
     sys.platform == "win32", reason="Windows has the real msvcrt"))], ids=["no lock module", "msvcrt"])
 def test_without_fcntl_a_download_and_a_generate_work(tmp_path, hf_greedy_text, msvcrt):
@@ -224,6 +227,7 @@ def hf_models_dir(root):  # -> a models dir whose 124M-hf/ holds the tiny safete
     return folder.parent
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("source, suffix", [("openai", ""), ("huggingface", "-hf")])
 def test_the_read_only_folder_hint_fills_that_very_folder(tmp_path, source, suffix):
     models_dir = tiny_models_dir(tmp_path) if source == "openai" else hf_models_dir(tmp_path)
@@ -291,6 +295,7 @@ def test_an_official_shape_is_named_by_its_size_and_only_there(size):
     assert cli.loaded_name(other, hparams).startswith(f"a GPT-2 of GPT-2 {size}'s shape, n_vocab 50257")
 
 
+@pytest.mark.slow
 def test_more_new_tokens_than_any_official_context_are_refused_before_any_download(tmp_path):
     with FileServer(official_layout_files()) as server:
         refused = run_module("gpt2_numpy.generate", PROMPT, "--n-tokens", "1024", "--models-dir",

@@ -282,6 +282,7 @@ def test_an_empty_prompt_explains_from_endoftext(monkeypatch, capsys):
 # --- The picture ---
 
 
+@pytest.mark.slow
 def test_the_figure_draws_each_head_with_the_future_left_empty(steps):
     n_head, n_seq = steps["attn.weights"].shape[:2]
     labels = [fake_label(i) for i in range(n_seq)]
@@ -361,6 +362,7 @@ def png_size(data):  # -> (width, height) from the IHDR chunk, which a PNG start
     return struct.unpack(">II", data[16:24])
 
 
+@pytest.mark.slow
 def test_plot_writes_a_png_of_every_head_and_an_svg_of_one(models_dir, tmp_path):
     import matplotlib.image
 
@@ -382,6 +384,7 @@ def test_plot_writes_a_png_of_every_head_and_an_svg_of_one(models_dir, tmp_path)
     assert sorted(path.name for path in tmp_path.iterdir()) == ["head.svg", "heads.png"]  # no temporary file left
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "args, fragment",
     [
@@ -437,6 +440,7 @@ main(sys.argv[1:])
 """
 
 
+@pytest.mark.slow
 def test_without_matplotlib_plot_names_the_install_command_and_the_rest_works(models_dir, tmp_path):
     result = run_explain(PROMPT, "--plot", str(tmp_path / "a.png"), models_dir=models_dir, code=HIDE_MATPLOTLIB)
     assert_one_error_line(result, '--plot needs matplotlib, an optional extra: pip install -e ".[plot]"')
@@ -465,6 +469,7 @@ def test_a_prompt_with_dollar_signs_plots(monkeypatch, tmp_path):
     assert shown == [("'$$'", False), ("'$x$'", False), ("'a$b'", False)]
 
 
+@pytest.mark.slow
 def test_a_long_file_name_that_the_folder_allows_is_written(models_dir, tmp_path):
     target = tmp_path / ("a" * 250 + ".png")  # 254 bytes: a valid name, with no room for a longer temporary one
     result = run_explain(PROMPT, "--plot", str(target), models_dir=models_dir)
@@ -506,6 +511,7 @@ def run_as_nobody(argv, folder):  # -> (exit status, stdout, stderr) of explain'
     return result.returncode, result.stdout, result.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flag, name, mode, fragment", [
     ("--plot", "a.png", 0o000, "cannot read the folder {folder} (Permission denied): fix its permissions"),
     ("--plot", "a.png", 0o555, "cannot write into the folder {folder} (permission denied)"),
@@ -530,6 +536,7 @@ def test_a_folder_this_user_may_not_use_is_one_error_line(public_dir, models_dir
 BYTES = {"n_vocab": 257, "n_ctx": 128, "n_embd": 32, "n_head": 4, "n_layer": 2}  # a model with a vocabulary of its own
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args", [[], ["--lens"], ["--heads"], ["--heads", "--json"], ["--plot", "{tmp}/a.png"],
                                   ["--html", "{tmp}/a.html"], ["--html", "{tmp}/a.html", "--walkthrough"]])
 def test_a_model_with_a_nan_weight_is_one_error_line_in_every_output(tmp_path, args):
@@ -543,6 +550,7 @@ def test_a_model_with_a_nan_weight_is_one_error_line_in_every_output(tmp_path, a
     assert [path.name for path in tmp_path.iterdir()] == ["nan"]  # no picture, no page
 
 
+@pytest.mark.slow
 def test_a_command_that_writes_a_file_prints_only_where_it_went(models_dir, tmp_path):
     for flag, name in [("--html", "page.html"), ("--plot", "heads.png")]:
         target = tmp_path / name

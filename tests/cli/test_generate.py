@@ -74,6 +74,7 @@ def hf_greedy_text(tokenizer):  # -> Hugging Face's greedy continuation of PROMP
     return tokenizer.decode(reference["cli_greedy_ids"])
 
 
+@pytest.mark.slow
 def test_greedy_stdout_is_only_the_continuation(models_dir, hf_greedy_text):
     result = cli(PROMPT, "--n-tokens", str(N_TOKENS), models_dir=models_dir)
     assert result.returncode == 0
@@ -104,6 +105,7 @@ def test_stdin_prompt_without_streaming_gives_the_same_text(models_dir, tokenize
     assert result.stdout == continuation(tokenizer, params) + "\n"
 
 
+@pytest.mark.slow
 def test_samples_use_seed_plus_i_and_are_separated_by_a_blank_line(models_dir, tokenizer, params):
     args = ["--n-tokens", str(N_TOKENS), "--temperature", "1", "--top-k", "40", "--top-p", "0.9", "--seed", "5"]
     result = cli(PROMPT, *args, "--num-samples", "2", models_dir=models_dir)
@@ -114,6 +116,7 @@ def test_samples_use_seed_plus_i_and_are_separated_by_a_blank_line(models_dir, t
     assert "sample 2 of 2 (seed 6)" in result.stderr
 
 
+@pytest.mark.slow
 def test_missing_weights_are_downloaded_from_the_server(tmp_path, tokenizer, params):
     with FileServer(official_layout_files("124M")) as server:
         result = cli(PROMPT, "--n-tokens", str(N_TOKENS), models_dir=tmp_path / "models", base_url=server.url)
@@ -123,6 +126,7 @@ def test_missing_weights_are_downloaded_from_the_server(tmp_path, tokenizer, par
     assert len(server.requested("/124M/model.ckpt.data-00000-of-00001")) == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "args, fragment",
     [
@@ -144,6 +148,7 @@ def test_bad_arguments_are_one_error_line_with_exit_2(models_dir, args, fragment
     assert_one_error_line(cli(PROMPT, *args, models_dir=models_dir), fragment)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "prompt, stdin, fragment",
     [
@@ -169,6 +174,7 @@ def test_malformed_vocabulary_reports_the_tokenizer_message(models_dir):
     assert_one_error_line(cli(PROMPT, models_dir=models_dir), "encoder.json is malformed")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["hparams.json", "model.ckpt.index", "model.ckpt.data-00000-of-00001", "vocab.bpe"])
 def test_unreadable_model_files_are_reported_by_the_loaders(models_dir, name):
     path = models_dir / "124M" / name
@@ -254,6 +260,7 @@ def test_ignore_eos_keeps_going_past_end_of_text(models_dir, tokenizer, params, 
     assert f"generated {N_TOKENS} tokens in " in err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "args, note",
     [
@@ -331,6 +338,7 @@ def test_ctrl_c_says_what_was_kept(models_dir, monkeypatch, capsys):
     assert err.splitlines()[-1] == "interrupted: stopped by Ctrl-C; the text generated so far is printed above"
 
 
+@pytest.mark.slow
 def test_several_prompts_and_samples_print_in_order_with_blank_lines(models_dir, tokenizer, params):
     prompts = [PROMPT, "I go"]
     args = ["--n-tokens", "6", "--temperature", "1", "--seed", "3", "--num-samples", "2", "--batch-size", "3"]
@@ -345,6 +353,7 @@ def test_several_prompts_and_samples_print_in_order_with_blank_lines(models_dir,
     assert "generated 24 tokens in 4 rows in " in result.stderr and "batches of up to 3" in result.stderr
 
 
+@pytest.mark.slow
 def test_greedy_several_prompts_equal_each_alone(models_dir, tokenizer, params, hf_greedy_text):
     result = cli(PROMPT, "I go", "--n-tokens", str(N_TOKENS), "--num-samples", "2", models_dir=models_dir)
     assert result.returncode == 0, result.stderr
@@ -352,6 +361,7 @@ def test_greedy_several_prompts_equal_each_alone(models_dir, tokenizer, params, 
     assert result.stdout == "\n\n".join([hf_greedy_text, hf_greedy_text, other, other]) + "\n"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "args, fragment",
     [
@@ -371,6 +381,7 @@ def test_bad_batch_arguments_are_one_error_line(models_dir, args, fragment):
     assert len(errors) == 1 and fragment in errors[0], result.stderr
 
 
+@pytest.mark.slow
 def test_prompts_stand_before_and_after_the_flags_as_the_dash_hint_says(models_dir):
     # the hint's form, `... -- "-x"`, once a first prompt stood before the flags: argparse alone refused the second
     env = {**os.environ, "GPT2_NUMPY_BASE_URL": UNREACHABLE, "PYTHONPATH": str(REPO)}
@@ -428,6 +439,7 @@ def sampled(tokenizer, params, prompt, seed, n_tokens):  # -> generate()'s ids f
     return generate(tokenizer.encode(prompt), params, TINY["hparams"]["n_head"], n_tokens, temperature=1.0, seed=seed)
 
 
+@pytest.mark.slow
 def test_json_prints_one_line_per_sample_of_every_prompt(models_dir, tokenizer, params):
     prompts = [PROMPT, "I go"]
     args = ["--n-tokens", "6", "--temperature", "1", "--seed", "3", "--num-samples", "2", "--batch-size", "3", "--json"]
@@ -502,6 +514,7 @@ def test_a_json_sample_holding_blank_lines_reads_back_exactly(models_dir, tokeni
 # --- Weights that hold NaN, and a KV cache too large for the machine ---
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args", [[PROMPT], [PROMPT, "--temperature", "1", "--seed", "0"], [PROMPT, "I go"]])
 def test_weights_holding_nan_are_one_error_line(tmp_path, params, args):
     models_dir = hf_models_dir(tmp_path, with_weight(params, np.nan), TINY["hparams"])
@@ -519,6 +532,7 @@ generate.main(sys.argv[1:])
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
 def test_a_kv_cache_too_large_to_allocate_is_one_line_naming_its_size_and_the_flags(models_dir):
     env = {**os.environ, "GPT2_NUMPY_BASE_URL": UNREACHABLE, "PYTHONPATH": str(REPO)}
@@ -564,6 +578,7 @@ FULL_STDOUT_CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("module, args, unbuffered", [
     *[(module, args, unbuffered) for module, args in FULL_STDOUT_CASES for unbuffered in (True, False)],
     *[("download", ["124M"], unbuffered) for unbuffered in (True, False)],  # prints the model's folder
@@ -577,6 +592,7 @@ def test_a_full_stdout_is_one_error_line(models_dir, module, args, unbuffered):
     assert len(re.findall("^error", result.stderr, re.MULTILINE)) == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("module", ["generate", "score", "explain"])
 def test_a_closed_stdout_is_one_error_line_before_the_model_loads(models_dir, module):
     result = cli_with_streams(module, CLI_ARGS[module], models_dir, redirect="1>&-")
@@ -584,6 +600,7 @@ def test_a_closed_stdout_is_one_error_line_before_the_model_loads(models_dir, mo
     assert result.stderr == "error: stdout is closed: give the command somewhere to write its output, e.g. > out.txt\n"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("module", CLI_ARGS)
 @pytest.mark.parametrize("redirect", ["2>&-", "2>/dev/full"])
 def test_a_closed_or_full_stderr_leaves_stdout_to_the_output_alone(models_dir, module, redirect):
@@ -593,6 +610,7 @@ def test_a_closed_or_full_stderr_leaves_stdout_to_the_output_alone(models_dir, m
     assert (result.returncode, result.stdout, result.stderr) == (0, expected.stdout, "")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("module", CLI_ARGS)
 @pytest.mark.parametrize("redirect, fragment", [
     ("0<&-", 'stdin is closed, and "-" reads {} from it: pipe the text in, or give it as an argument'),

@@ -66,6 +66,7 @@ def test_the_tf_fixture_maker_checks_its_arguments_before_writing(args, fragment
     assert (tmp_path / "precious" / "model.ckpt.index").read_text() == "a checkpoint of the user's"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "script, blocked, stubbed, missing, install",
     [
@@ -118,6 +119,7 @@ def test_markdown_puts_the_tables_between_the_markers_and_keeps_the_rest(tmp_pat
                                 + PAGE_AFTER)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, fragment", [
     (["--repeats", "0", "--only", "einsum"], "--repeats 0: a median needs at least 1 run"),  # was a table of nan
     (["--only", "score"], "--only score measures nothing without --compare-hf"),  # was an empty table, status 0
@@ -147,6 +149,7 @@ def test_the_bpe_children_find_a_text_named_from_the_callers_folder(tmp_path, mo
     assert seconds > 0 and peak_mb > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("text", [None, "# Performance\n\n<!-- benchmark:begin -->\nno end marker\n",
                                   "<!-- benchmark:end -->\nthe end before the beginning\n<!-- benchmark:begin -->\n"])
 def test_markdown_without_its_markers_is_one_error_line_before_any_run(text, tmp_path):
@@ -184,6 +187,7 @@ def test_the_bpe_benchmark_reports_the_childs_own_peak_memory(tmp_path):
 # --- the mutants ---
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, fragment", [
     (["--only", "nosuchpart"], "--only 'nosuchpart' names no part: choose among backward, "),  # was silence, status 0
     (["--only", "decode", "tests/no_such_test.py"], "pytest ran none of tests/no_such_test.py (status 4"),  # was
@@ -196,6 +200,7 @@ def test_a_mutant_run_that_would_test_nothing_is_one_error_line(args, fragment, 
     assert len(result.stderr.splitlines()) == 1 and result.stderr.startswith(f"error: {fragment}"), result.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, fragment", [
     (["scripts.demo.plot_loss", "no-such-log.csv", "out.png"], "error: cannot plot no-such-log.csv into out.png"),
     (["scripts.demo.plot_loss", "no-such-log.csv", "out"],
@@ -255,6 +260,7 @@ def test_the_induction_demo_refuses_steps_that_are_not_a_count(tmp_path, steps):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_the_induction_demo_trains_plots_scores_and_ablates_in_a_few_steps(tmp_path):
     result = run_induction_demo(tmp_path, "out", "2")
     assert result.returncode == 0, result.stderr
@@ -273,6 +279,7 @@ def test_the_induction_demo_trains_plots_scores_and_ablates_in_a_few_steps(tmp_p
                                                      f"zero-ablating {induction} {previous}"]
 
 
+@pytest.mark.slow
 def test_the_induction_plot_takes_each_evaluations_best_head(tmp_path):
     from scripts.demo.plot_loss import best_scores
 
@@ -290,6 +297,7 @@ def test_the_induction_plot_takes_each_evaluations_best_head(tmp_path):
     assert (tmp_path / "i.png").read_bytes().startswith(b"\x89PNG")
 
 
+@pytest.mark.slow
 def test_a_loss_plot_that_cannot_be_written_leaves_the_old_picture(tmp_path):  # savefig wrote it in place
     import resource
     import signal
@@ -323,6 +331,7 @@ def test_the_mutants_help_names_existing_tests_for_every_part():  # the table on
     assert all((REPO / path).is_file() for _, files in rows for path in ("tests/" + files).split())
 
 
+@pytest.mark.slow
 def test_a_mutant_that_breaks_importing_counts_as_caught(tmp_path):  # pytest's status 2: a module that cannot load
     from scripts.dev.mutants import caught_by
 

@@ -99,6 +99,7 @@ def test_a_folder_holding_a_tokenizer_is_never_written_over(tmp_path, data):
     assert (tmp_path / "model" / "vocab.json").read_text() == "{}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", HF_TOKENIZER_FILES)
 def test_a_folder_whose_hugging_face_files_would_win_is_refused(tmp_path, data, name):
     # GPT2TokenizerFast.from_pretrained reads tokenizer.json before vocab.json + merges.txt: an old one would load

@@ -82,6 +82,7 @@ def log_rows(folder):  # -> the rows of folder/log.csv
 # --- Initialisation and the folder ---
 
 
+@pytest.mark.slow
 def test_a_saved_folder_generates_hugging_faces_text(tmp_path, models_dir):
     # the tiny weights written by save_model must generate, through --model, what Hugging Face generated from them
     params = random_params(TINY["hparams"], TINY["seed"])
@@ -131,6 +132,7 @@ def test_atomic_write_keeps_a_private_file_private_and_a_symlink_a_link(tmp_path
 # --- Training, resuming, Ctrl-C ---
 
 
+@pytest.mark.slow
 def test_from_scratch_writes_a_complete_folder_that_every_command_loads(tmp_path, data):
     out, no_models = tmp_path / "out", tmp_path / "no-models"
     result = train(data, out, no_models, *SHAPE, *RUN, "--steps", 4, "--eval-every", 2)
@@ -150,6 +152,7 @@ def test_from_scratch_writes_a_complete_folder_that_every_command_loads(tmp_path
         assert result.returncode == 0 and result.stdout, result.stderr
 
 
+@pytest.mark.slow
 def test_learning_lowers_the_loss(tmp_path, data, models_dir):
     out = tmp_path / "out"
     result = train(data, out, models_dir, *SHAPE, *RUN, "--steps", 30, "--eval-every", 30, "--schedule", "constant")
@@ -158,6 +161,7 @@ def test_learning_lowers_the_loss(tmp_path, data, models_dir):
     assert float(rows[-1]["val_loss"]) < float(rows[0]["val_loss"]) - 1.0
 
 
+@pytest.mark.slow
 def test_constant_schedule_resumed_from_3_to_6_equals_6_steps(tmp_path, data, models_dir):
     options = [*SHAPE, *RUN, "--schedule", "constant"]
     assert train(data, tmp_path / "whole", models_dir, *options, "--steps", 6).returncode == 0
@@ -175,6 +179,7 @@ def test_constant_schedule_resumed_from_3_to_6_equals_6_steps(tmp_path, data, mo
         row["train_loss"] for row in log_rows(tmp_path / "parts")]
 
 
+@pytest.mark.slow
 def test_cosine_resumed_with_other_steps_says_the_schedule_changes(tmp_path, data, models_dir):
     assert train(data, tmp_path / "out", models_dir, *SHAPE, *RUN, "--steps", 2).returncode == 0
     result = train(data, tmp_path / "out", models_dir, "--steps", 3, "--resume")
@@ -187,6 +192,7 @@ def test_cosine_resumed_with_other_steps_says_the_schedule_changes(tmp_path, dat
     assert fewer.stderr.splitlines()[-1] == f"{tmp_path / 'out'} holds the model at step 3; --steps 1 asks for no more"
 
 
+@pytest.mark.slow
 def test_ctrl_c_saves_the_last_step_and_a_resumed_run_equals_an_uninterrupted_one(tmp_path, data, models_dir):
     steps = 40
     options = [*SHAPE, *RUN, "--steps", steps, "--eval-every", 10]
@@ -216,6 +222,7 @@ def test_ctrl_c_saves_the_last_step_and_a_resumed_run_equals_an_uninterrupted_on
     assert [int(row["step"]) for row in log_rows(out)] == list(range(steps + 1))  # each step logged once
 
 
+@pytest.mark.slow
 def test_fine_tuning_starts_from_the_official_model(tmp_path, data):
     models_dir = tiny_models_dir(tmp_path)  # 124M/ holds the tiny checkpoint, standing in for the official one
     before = weights(models_dir / "124M")
@@ -239,6 +246,7 @@ def test_fine_tuning_starts_from_the_official_model(tmp_path, data):
 # --- Bad input ---
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case, fragment", [
     ("missing", "cannot read --data"),
     ("folder", "cannot read --data"),
@@ -268,6 +276,7 @@ def test_bad_input_is_one_error_line(tmp_path, data, models_dir, case, fragment)
     assert not out.exists() or out == data  # nothing written
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("out, in_the_way", [("link", "link"), ("link/run", "link"), ("a_file/run", "a_file")])
 @pytest.mark.parametrize("vocabulary", [[], ["--vocab-size", 300]], ids=["GPT-2's vocabulary", "its own"])
 def test_an_out_that_can_be_no_folder_is_refused_before_any_work(tmp_path, data, models_dir, out, in_the_way,
@@ -283,6 +292,7 @@ def test_an_out_that_can_be_no_folder_is_refused_before_any_work(tmp_path, data,
     assert sorted(path.name for path in tmp_path.iterdir()) == ["a_file", "link"]
 
 
+@pytest.mark.slow
 def test_model_flag_loads_openais_layout_too(tmp_path):
     folder = tiny_models_dir(tmp_path) / "124M"  # the tiny weights as a TF checkpoint, with OpenAI's vocabulary files
     reference = np.load(FIXTURES / "reference_tiny.npz")

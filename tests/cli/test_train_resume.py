@@ -165,6 +165,7 @@ main(sys.argv[2:])
 """
 
 
+@pytest.mark.slow
 def test_ctrl_c_advice_followed_across_epochs_equals_an_uninterrupted_run(tmp_path, short_text):
     steps, stop_at = 12, 5  # 3 steps an epoch: stopped in the second epoch, resumed through the third and fourth
     command = ["--data", short_text, "--out", tmp_path / "stopped", *FLAGS, "--steps", steps]
@@ -330,6 +331,7 @@ def test_a_run_killed_after_its_last_save_resumes_to_the_heads_csv_of_an_uninter
 # --- Fine-tuning a model folder: --init DIR, alias --model DIR ---
 
 
+@pytest.mark.slow
 def test_model_dir_fine_tunes_that_model_and_resumes_with_the_same_flag(tmp_path, short_text):
     source = tmp_path / "mine"
     source.mkdir()

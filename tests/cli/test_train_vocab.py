@@ -162,6 +162,7 @@ def test_resume_refuses_vocabulary_files_that_are_not_the_runs_own(trained, tmp_
     assert_one_error_line(result, expected)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flags, fragment", [
     (["--vocab-size", "256"], "--vocab-size: must be at least 257, got 256"),
     (["--vocab-size", "5000"], "make a vocabulary of"),

@@ -197,6 +197,7 @@ def first_run(tmp_path_factory):  # -> the folder where README.md's blocks ran: 
     return folder
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_the_readme_blocks_run_and_make_the_tiny_model(first_run):
     readme = (REPO / "README.md").read_text(encoding="utf-8")
@@ -205,6 +206,7 @@ def test_the_readme_blocks_run_and_make_the_tiny_model(first_run):
     assert (first_run / "my-gpt" / "model.safetensors").is_file()  # the offline first run made the tiny model
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_the_readme_python_block_shows_text_on_the_tiny_model(first_run, tmp_path):
     # greedy decoding of the 20-step model is 20 newlines, which reads as a failure: the block must print more
@@ -219,6 +221,7 @@ def test_the_readme_python_block_shows_text_on_the_tiny_model(first_run, tmp_pat
     assert completions and all(text.strip() for text in completions), completions
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("page", RUNNABLE_DOCS, ids=page_name)
 def test_the_runnable_blocks_of_each_page_run(page, first_run, tmp_path):

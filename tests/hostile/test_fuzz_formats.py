@@ -24,6 +24,7 @@ def runner(tmp_path_factory):
         yield runner
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", sorted(FORMATS))
 def test_damaged_files_load_exactly_or_raise_checkpoint_error(runner, fmt):
     outcomes, failures = Counter(), []
@@ -131,6 +132,7 @@ CLI_DAMAGE = {  # id: (fixture, damage, the file the error line must name); each
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fixture, damage, fragment", CLI_DAMAGE.values(), ids=CLI_DAMAGE)
 def test_a_damaged_checkpoint_is_one_error_line_on_the_command_line(tmp_path, fixture, damage, fragment):
     hf = fixture.startswith("hf")

@@ -73,6 +73,7 @@ CASES = {  # name: (layout, file, make(path, original bytes) after the file is r
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES)
 def test_a_hostile_file_is_one_error_line_naming_it(case, tmp_path):
     layout, name, make, expected = CASES[case]
@@ -111,6 +112,7 @@ def test_a_config_json_of_exactly_the_limit_loads(tmp_path):  # the limit refuse
     assert result.returncode == 0 and result.stdout, result.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("make", [os.mkfifo, lambda path: path.write_text("[" * 100_000)],
                          ids=["named pipe", "deep JSON"])
 def test_a_hostile_verification_record_is_verified_again(make, tmp_path):  # --models-dir's .verified.json

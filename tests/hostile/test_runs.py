@@ -31,6 +31,8 @@ from tests.conftest import REPO, assert_one_error_line, tiny_models_dir
 from tests.cli.test_train import assert_same_weights, log_rows, train, weights
 from scripts.common.text_samples import WORDS
 
+pytestmark = pytest.mark.slow  # every case trains and cuts a run: the quick lane leaves them out
+
 SHAPE = ["--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--n-ctx", "64", "--seq-len", "32", "--batch-size", "2"]
 # The two saves a cut can hit. The first, into an empty folder: a run of 0 steps, nothing trained. A later one, over
 # the save of step 1: a run resumed to step 2. Each run, uninterrupted, is the reference its cut runs must end as.

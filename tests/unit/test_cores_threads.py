@@ -195,6 +195,7 @@ print(cores.threads(), cores.openblas()[1]())
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variable, affinity, expected, blas", [
     ("1", "all", "1 1", {}), ("5", "all", "5 5", {}), (None, "one core", "1 1", {}), (None, "all", None, {}),
     ("3", "all", "3 3", {"OPENBLAS_NUM_THREADS": "1"}),  # ours over the BLAS's
@@ -225,6 +226,7 @@ def run_score(*args, env=None):  # -> CompletedProcess of `python -m gpt2_numpy 
                           env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, env, fragment", [
     (["--threads", "0"], None, "argument --threads: must be at least 1, got 0"),
     (["--threads", "two"], None, "argument --threads: invalid whole number value: 'two'"),

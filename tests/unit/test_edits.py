@@ -265,6 +265,7 @@ def tiny_models(tmp_path_factory):  # -> a models dir whose 124M/ is the tiny mo
     return tiny_models_dir(tmp_path_factory.mktemp("intervene"))
 
 
+@pytest.mark.slow
 def test_answers_and_the_corrupt_prompt_may_begin_with_a_dash(tiny_models, capsys):
     # the tiny model keeps GPT-2's first 512 tokens: among them "-" and "--", each one token of the official vocabulary
     vocabulary = json.loads(official_path("124M/encoder.json").read_text())
@@ -280,6 +281,7 @@ def test_answers_and_the_corrupt_prompt_may_begin_with_a_dash(tiny_models, capsy
     assert json.loads(capsys.readouterr().out)["prompt_ids"] == [vocabulary["-"], vocabulary["\u0120will"]]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args", [
     ["--ablate", "1.0", "--layer", "1"], ["--lens", "--layer", "0"], ["--attribute", " the", " a", "--layer", "2"],
     ["--lens", "--head", "1"], ["--ablate", "1.0", "--head", "all"], ["--patch", CORRUPT, "--answer", " the", " a",
@@ -293,6 +295,7 @@ def test_a_layer_or_head_that_no_output_shows_is_refused(args, tmp_path):
     assert list(tmp_path.iterdir()) == []  # no plot either
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, fragment", [
     (["--attribute", " cat", " a"], "--attribute: ' cat' encodes to 4 tokens: ' ' 'c' 'a' 't'"),
     (["--attribute", "", " a"], "--attribute: '' encodes to 0 tokens"),

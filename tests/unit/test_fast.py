@@ -31,7 +31,7 @@ def tiny():
     return load_reference("tiny")
 
 
-@pytest.mark.parametrize("name", ["tiny", "odd_heads", "124M"])
+@pytest.mark.parametrize("name", ["tiny", "odd_heads", pytest.param("124M", marks=pytest.mark.slow)])
 def test_logits_match_hugging_face(name):
     hparams, params, reference = load_reference(name)
     logits = gpt2(reference["inputs"], **params, n_head=hparams["n_head"])
@@ -372,6 +372,7 @@ def test_tuned_equals_textbook_at_full_context_and_one_position(name, form, monk
         assert_tuned_equals_textbook(gpt2(inputs, **params, n_head=n_head), expected)
 
 
+@pytest.mark.slow
 def test_tuned_equals_textbook_on_the_124M_shape():
     hparams, params, _ = reference_inputs("124M")
     ids = np.random.default_rng(0).integers(0, hparams["n_vocab"], 300)  # 3 query blocks; einsums by matmul

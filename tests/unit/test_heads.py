@@ -116,6 +116,7 @@ def own_scores(ids, repeated, params, n_head):  # -> {pattern: [n_layer, n_head]
     return scores_from(attention_weights(ids, params, n_head), attention_weights(repeated, params, n_head))
 
 
+@pytest.mark.slow
 def test_heads_json_holds_the_ids_and_every_head_s_scores(byte_model):
     result = explain(PROMPT, "--heads", "--json", model=byte_model)
     assert result.returncode == 0, result.stderr
@@ -137,6 +138,7 @@ def test_heads_json_holds_the_ids_and_every_head_s_scores(byte_model):
     assert other["repeated_ids"] != repeated and other["prompt_ids"] == printed["prompt_ids"]
 
 
+@pytest.mark.slow
 def test_heads_prints_a_table_and_layer_keeps_one_layer(byte_model):
     printed = json.loads(explain(PROMPT, "--heads", "--json", model=byte_model).stdout)
     result = explain(PROMPT, "--heads", "--layer", "1", model=byte_model)
@@ -162,6 +164,7 @@ def test_the_context_caps_the_repeated_sequence(tmp_path):
     assert len(printed["repeated_ids"]) == 2 * 19 + 1  # (40 - 1) // 2 tokens, twice, after <|endoftext|>
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, fragment", [
     (["--json"], "--json belongs to --heads, --lens, --ablate, --attribute, --patch: add one of them, or drop --json"),
     (["--seed", "3"], "--seed belongs to --heads: add --heads, or drop --seed"),

@@ -51,7 +51,7 @@ def tiny_params():
 # --- token_log_probs against Hugging Face ---
 
 
-@pytest.mark.parametrize("name", ["tiny", "124M"])
+@pytest.mark.parametrize("name", ["tiny", pytest.param("124M", marks=pytest.mark.slow)])
 def test_one_window_matches_hugging_face_log_softmax_and_loss(name, tiny_params):
     config = CONFIGS[name]
     params = tiny_params if name == "tiny" else random_params(config["hparams"], config["seed"])
@@ -62,6 +62,7 @@ def test_one_window_matches_hugging_face_log_softmax_and_loss(name, tiny_params)
     assert -log_probs.mean() == pytest.approx(float(REFERENCE[f"single_{name}_loss"]), abs=HF_LOSS_TOLERANCE)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stride", STRIDES)
 def test_sliding_windows_match_the_guide_token_by_token(stride, tiny_params):
     inputs = REFERENCE["sliding_inputs"]
@@ -235,6 +236,7 @@ def assert_scores(output, log_probs, n_bytes):  # the JSON fields against the AP
     assert output["bits_per_byte"] == pytest.approx(output["nll"] * len(log_probs) / math.log(2) / n_bytes, rel=1e-12)
 
 
+@pytest.mark.slow
 def test_json_without_bos_scores_from_the_second_token(tiny_dir, tokenizer, tiny_params):
     text = "¿I will go to the¿"  # "¿" is two bytes and two tokens: bytes are not characters, scored or not
     ids = tokenizer.encode(text)
@@ -264,6 +266,7 @@ def test_json_with_bos_scores_the_first_token_after_endoftext(full_vocab_dir, to
     assert "tokens" not in output  # only with --per-token
 
 
+@pytest.mark.slow
 def test_long_text_goes_through_windows_with_a_progress_bar(full_vocab_dir, tokenizer, full_vocab_params):
     text = "The quick brown fox jumps over the lazy dog. " * 12  # 121 ids with <|endoftext|>: n_ctx is 32
     result = score_cli("-", "--json", "--stride", "10", "--source", "huggingface", models_dir=full_vocab_dir,
@@ -278,6 +281,7 @@ def test_long_text_goes_through_windows_with_a_progress_bar(full_vocab_dir, toke
     assert short.returncode == 0 and "windows" not in short.stderr  # one window: no bar
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flag", ["--data", "--file"])  # --file: the old name
 def test_a_file_gives_the_same_scores_as_text(tiny_dir, tmp_path, flag):
     path = tmp_path / "text.txt"
@@ -334,6 +338,7 @@ def on_terminal(args, models_dir, env=()):  # -> what the CLI writes to stdout w
     return output.decode().replace("\r\n", "\n")
 
 
+@pytest.mark.slow
 def test_a_terminal_gets_tokens_coloured_by_surprisal_unless_no_color(tiny_dir, tokenizer, tiny_params):
     args = ["I will go to the", "--no-bos", "--per-token"]
     coloured = on_terminal(args, tiny_dir)
@@ -349,6 +354,7 @@ def test_a_terminal_gets_tokens_coloured_by_surprisal_unless_no_color(tiny_dir, 
     assert piped.stdout == plain
 
 
+@pytest.mark.slow
 def test_text_with_a_leading_dash_goes_after_double_dash(tiny_dir):
     result = score_cli("--no-bos", "--json", "--", "-I", models_dir=tiny_dir)
     assert result.returncode == 0, result.stderr
@@ -357,6 +363,7 @@ def test_text_with_a_leading_dash_goes_after_double_dash(tiny_dir):
                           "unrecognized arguments: -I; a text that begins with '-' goes last, after '--'")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, fragment", [
     ([""], "the text is empty"),
     (["-"], "the text is empty"),  # stdin is empty
@@ -388,6 +395,7 @@ def test_bad_input_is_one_error_line_with_exit_2(tiny_dir, tmp_path, monkeypatch
 # --- Weights that give NaN, infinite or huge logits ---
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # NumPy meeting the inf
 @pytest.mark.parametrize("value", [np.nan, np.inf])
 def test_weights_holding_nan_or_inf_are_an_error_not_a_nan_score(tmp_path, full_vocab_params, tiny_params, value):
@@ -399,6 +407,7 @@ def test_weights_holding_nan_or_inf_are_an_error_not_a_nan_score(tmp_path, full_
     assert "Warning" not in result.stderr  # NumPy's warnings about the NaN would only repeat the error
 
 
+@pytest.mark.slow
 def test_a_perplexity_past_the_largest_double_is_inf_and_null_in_json(tmp_path, full_vocab_params, tokenizer):
     params = copy.deepcopy(full_vocab_params)
     params["ln_f"]["g"] *= 1e4  # logits 10^4 times as far apart: finite, but e^nll overflows

@@ -18,7 +18,7 @@ def logits_error(name):  # -> max |model.gpt2's logits - HF's| on a fixture
     return np.abs(logits - reference["logits"]).max()
 
 
-@pytest.mark.parametrize("name", ["tiny", "odd_heads", "124M"])
+@pytest.mark.parametrize("name", ["tiny", "odd_heads", pytest.param("124M", marks=pytest.mark.slow)])
 def test_textbook_logits_match_hugging_face(name):
     assert logits_error(name) <= HF_TOLERANCE
 

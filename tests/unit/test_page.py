@@ -439,6 +439,7 @@ def models_dir(tmp_path_factory):
 
 
 
+@pytest.mark.slow
 def test_the_page_is_titled_by_the_model_it_shows(models_dir, tmp_path):
     hparams = {"n_vocab": 257, "n_ctx": 64, "n_embd": 16, "n_head": 2, "n_layer": 3}
     model = byte_model_dir(tmp_path / "my-model", hparams, random_params(hparams, 3))
@@ -468,6 +469,7 @@ def current_umask():
     return umask
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, fragment", [
     ("no/such/folder/a.html", "--html {tmp}/no/such/folder/a.html: the folder {tmp}/no/such/folder does not exist"),
     ("a.txt", "--html {tmp}/a.txt: the file name must end in .html or .htm (got '.txt')"),

@@ -137,6 +137,7 @@ def test_the_exported_names_are_the_functions_whatever_was_imported_first():
     assert result.returncode == 0, result.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["generate", "score", "explain", "train", "download"])
 def test_running_a_command_as_a_module_gives_no_import_warning(command):
     # importing the package must not import the module `python -m` is about to run (runpy's RuntimeWarning)

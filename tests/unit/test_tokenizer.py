@@ -142,6 +142,7 @@ def test_vocabulary_facts(tokenizer, reference):
     assert tokenizer.decode([EOT_ID]) == EOT
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bpe", ["_bpe", "textbook_bpe"])
 def test_every_token_is_rebuilt_by_merging_its_bytes(tokenizer, bpe):
     # why encode may take a word that is itself a token without running BPE: BPE would end at that token anyway
@@ -257,6 +258,7 @@ def stream(tokenizer, ids):  # -> [text returned by each add(), then by finish()
     return [decoder.add(token_id) for token_id in ids] + [decoder.finish()]
 
 
+@pytest.mark.slow
 def test_stream_decoder_emits_each_character_once_complete(tokenizer, reference, strings):
     for text in strings:
         if "\ufffd" in text:

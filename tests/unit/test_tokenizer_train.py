@@ -50,6 +50,7 @@ def test_tuned_trainer_matches_hugging_face(name, request):
     assert spelled_merges(merges) == case["merges"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [name for name, case in CASES.items()
                                   if "text" in case or case["corpus"][1] <= TEXTBOOK_MAX_CHARS])
 def test_textbook_trainer_matches_hugging_face(name, request):
@@ -58,6 +59,7 @@ def test_textbook_trainer_matches_hugging_face(name, request):
     assert spelled_merges(train_bpe_textbook(text, case["vocab_size"], case["min_frequency"])) == case["merges"]
 
 
+@pytest.mark.slow
 def test_textbook_and_tuned_trainers_agree():
     rng = random.Random(1)
     for n in range(60):
@@ -67,6 +69,7 @@ def test_textbook_and_tuned_trainers_agree():
         assert tuned == train_bpe_textbook(text, vocab_size, min_frequency), (text, vocab_size, min_frequency)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)  # a few seconds alone; the whole corpus, on a machine others share
 def test_whole_corpus_at_4096_matches_hugging_face(corpus, tmp_path):
     save_tokenizer(tmp_path, train_bpe(corpus, 4096, quiet=True))
