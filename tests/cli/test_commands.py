@@ -135,6 +135,7 @@ def test_an_empty_path_is_refused_by_its_flag(argv, flag):  # Path("") is ".": t
     assert_one_error_line(run("-m", "gpt2_numpy", *argv), f"argument {flag}: is empty: name a file or folder")
 
 
+@pytest.mark.slow
 def test_a_first_argument_that_names_no_command_is_a_prompt(tmp_path):
     # as before the commands: `python -m gpt2_numpy PROMPT` generates (here refused for the prompt's length)
     models_dir = tiny_models_dir(tmp_path)

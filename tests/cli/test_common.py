@@ -99,6 +99,7 @@ def hf_greedy_text():  # -> Hugging Face's greedy continuation of PROMPT on the 
     return tokenizer.decode(reference["cli_greedy_ids"])
 
 
+@pytest.mark.slow
 def test_a_damaged_checkpoint_placed_by_hand_gets_the_downloaders_error(models_dir):
     data = models_dir / "124M" / DATA
     damaged = bytearray(data.read_bytes())
@@ -258,6 +259,7 @@ def test_a_folder_holding_another_shape_than_its_size_says_what_was_loaded(model
                            f"that --model asked for) from {models_dir / '355M'}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n_layer, n_head, words", [(1, 2, "1 layer, 32 wide, 2 heads"),
                                                     (2, 1, "2 layers, 32 wide, 1 head")])
 def test_a_model_folder_says_its_shape_in_words(tmp_path, capsys, n_layer, n_head, words):

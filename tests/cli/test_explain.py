@@ -298,6 +298,7 @@ def test_the_figure_draws_each_head_with_the_future_left_empty(steps):
     assert [label.get_text() for label in maps[0].get_yticklabels()] == labels
 
 
+@pytest.mark.slow
 def test_head_all_plots_every_head_of_the_layer_and_prints_head_0(tiny, monkeypatch, capsys, tmp_path):
     hparams, params, _ = tiny
     tokenizer = load_tokenizer()
@@ -341,6 +342,7 @@ def models_dir(tmp_path_factory):  # -> a models dir whose 124M/ holds the tiny 
 
 
 
+@pytest.mark.slow
 def test_the_command_prints_every_section_for_the_chosen_head(models_dir):
     result = run_explain(PROMPT, "--layer", "1", "--head", "3", models_dir=models_dir)
     assert result.returncode == 0, result.stderr
@@ -405,6 +407,7 @@ def test_bad_arguments_are_one_error_line_with_exit_2(models_dir, tmp_path, args
     assert list(tmp_path.iterdir()) == []  # no plot, not even a part of one
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, fragment", [
     (["--layer", "12"], "--layer 12 is out of range: this model has 12 layers, numbered 0 to 11"),
     (["--head", "12"], "--head 12 is out of range: this model has 12 heads per layer, numbered 0 to 11"),
@@ -415,11 +418,13 @@ def test_a_layer_or_head_beyond_an_official_size_is_refused_before_its_download(
     assert not empty.exists()
 
 
+@pytest.mark.slow
 def test_a_prompt_longer_than_the_context_is_one_error_line(models_dir):
     assert_one_error_line(run_explain(" the" * 65, models_dir=models_dir),
                           "the prompt's 65 tokens exceed the model's context of 64 tokens: shorten it")
 
 
+@pytest.mark.slow
 def test_a_prompt_that_fills_the_context_exactly_is_explained(models_dir):
     result = run_explain(" the" * 64, models_dir=models_dir)
     assert result.returncode == 0, result.stderr
@@ -452,6 +457,7 @@ def test_without_matplotlib_plot_names_the_install_command_and_the_rest_works(mo
 # --- Issue 20: plots of any prompt, any valid name, and folders this user may not use ---
 
 
+@pytest.mark.slow
 def test_a_prompt_with_dollar_signs_plots(monkeypatch, tmp_path):
     # matplotlib reads a label with two "$" as mathtext: '$$' failed to draw, "$x$" would show an italic x
     tokenizer = load_tokenizer()

@@ -83,6 +83,7 @@ def test_greedy_stdout_is_only_the_continuation(models_dir, hf_greedy_text):
     assert str(models_dir / "124M") in result.stderr
 
 
+@pytest.mark.slow
 def test_the_hugging_face_layout_generates_the_same_text(tmp_path, hf_greedy_text):
     folder = tmp_path / "models" / "124M-hf"
     shutil.copytree(FIXTURES / "hf_tiny", folder)
@@ -93,12 +94,14 @@ def test_the_hugging_face_layout_generates_the_same_text(tmp_path, hf_greedy_tex
     assert result.stdout == hf_greedy_text + "\n"
 
 
+@pytest.mark.slow
 def test_a_terminal_that_cannot_show_the_text_gets_replacements(models_dir, hf_greedy_text):
     result = cli(PROMPT, "--n-tokens", str(N_TOKENS), models_dir=models_dir, env={"PYTHONIOENCODING": "ascii"})
     assert result.returncode == 0
     assert result.stdout == hf_greedy_text.encode("ascii", "replace").decode() + "\n"
 
 
+@pytest.mark.slow
 def test_stdin_prompt_without_streaming_gives_the_same_text(models_dir, tokenizer, params):
     result = cli("-", "--n-tokens", str(N_TOKENS), "--no-stream", models_dir=models_dir, stdin=PROMPT.encode())
     assert result.returncode == 0
@@ -221,6 +224,7 @@ def test_a_models_dir_that_is_a_file_is_refused(tmp_path):
     assert_one_error_line(cli(PROMPT, models_dir=tmp_path / "models"), "is a file: pass a folder with --models-dir")
 
 
+@pytest.mark.slow
 def test_a_reader_that_quits_early_ends_generation_quietly(models_dir):
     env = {**os.environ, "GPT2_NUMPY_BASE_URL": UNREACHABLE, "PYTHONPATH": str(REPO)}
     command = [sys.executable, "-m", "gpt2_numpy.generate", PROMPT, "--models-dir", str(models_dir)]
@@ -245,6 +249,7 @@ def stand_in_for_end_of_text(monkeypatch, token_id):  # tokenizers loaded from n
     monkeypatch.setattr(Tokenizer, "__init__", with_stand_in)
 
 
+@pytest.mark.slow
 def test_ignore_eos_keeps_going_past_end_of_text(models_dir, tokenizer, params, monkeypatch, capsys):
     ids = generate(tokenizer.encode(PROMPT), params, TINY["hparams"]["n_head"], N_TOKENS)
     stop = next(i for i, token_id in enumerate(ids) if token_id not in ids[:i] and i >= 3)
@@ -395,6 +400,7 @@ def test_prompts_stand_before_and_after_the_flags_as_the_dash_hint_says(models_d
     assert outputs[0] == outputs[1] and outputs[0].count("\n\n") == 1  # two continuations, one blank line between
 
 
+@pytest.mark.slow
 def test_a_prompt_longer_than_the_context_is_one_error_line(models_dir):
     result = cli("-", "--n-tokens", "1", models_dir=models_dir, stdin=b" the" * 65)  # " the" (262) fits tiny's vocab
     assert result.returncode == 2 and result.stdout == ""
@@ -456,6 +462,7 @@ def test_json_prints_one_line_per_sample_of_every_prompt(models_dir, tokenizer, 
     assert "prompt 2, sample 2 of 2 (seed 6): 6 tokens, reached --n-tokens" in result.stderr  # stderr as without it
 
 
+@pytest.mark.slow
 def test_the_seed_json_records_reproduces_its_sample_alone(models_dir, tokenizer, params, capsys):
     # no --seed: the run draws one, and each record names the one its sample used
     assert run([PROMPT, "I go", "--n-tokens", "8", "--temperature", "1", "--num-samples", "2", "--json",
@@ -481,6 +488,7 @@ def test_json_greedy_samples_are_copies_without_a_seed(models_dir, hf_greedy_tex
     assert "the continuation: 20 tokens, reached --n-tokens; printed 2 times" in err
 
 
+@pytest.mark.slow
 def test_json_says_which_samples_stopped_at_end_of_text(models_dir, tokenizer, params, monkeypatch, capsys):
     n_head, prompts = TINY["hparams"]["n_head"], [PROMPT, "I go"]
     ids = [generate(tokenizer.encode(p), params, n_head, N_TOKENS) for p in prompts]

@@ -36,6 +36,7 @@ def run(script, *args, blocked=(), stubbed=(), cwd):  # -> CompletedProcess of `
                           env={**os.environ, "PYTHONPATH": str(REPO)})  # as from the repo root
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "script, blocked",
     [(TF_SCRIPT, ["numpy", "tensorflow", "regex"]), (SAFETENSORS_SCRIPT, ["numpy", "torch", "safetensors"]),
@@ -169,6 +170,7 @@ def test_benchmark_help_says_what_runs_without_a_checkpoint(tmp_path):
     assert result.returncode == 0 and "random weights" in " ".join(result.stdout.split())
 
 
+@pytest.mark.slow
 def test_the_bpe_benchmark_reports_the_childs_own_peak_memory(tmp_path):
     # a child forked from a large parent (the whole benchmark holds two models) must not report the parent's size
     import argparse

@@ -82,6 +82,7 @@ def test_the_help_says_which_hugging_face_default_min_frequency_follows(capsys):
     assert f"({default}, as Hugging Face's ByteLevelBPETokenizer.train; its BpeTrainer's own default, 0," in help_text
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flags, fragment", [
     (["--vocab-size", "256"], "--vocab-size: must be at least 257, got 256"),
     (["--vocab-size", "300", "--min-frequency", "0"], "--min-frequency: must be at least 1"),
@@ -165,6 +166,7 @@ def test_a_dangling_link_in_out_is_refused_before_training(tmp_path, data):  # i
     assert_one_error_line(result, f"--out {tmp_path / 'tok'} already holds vocab.json")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("out", ["link", "link/tok"])
 def test_an_out_through_a_link_to_nothing_is_refused_before_training(tmp_path, data, out):  # "File exists", after
     (tmp_path / "link").symlink_to(tmp_path / "nowhere")

@@ -85,6 +85,7 @@ def test_a_hostile_file_is_one_error_line_naming_it(case, tmp_path):
                           expected.format(path=path))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["score", "explain"])
 def test_deep_json_in_vocab_json_is_one_error_line_for_every_command(command, tmp_path):
     vocab = model_folder(tmp_path, "hf") / "vocab.json"
@@ -93,6 +94,7 @@ def test_deep_json_in_vocab_json_is_one_error_line_for_every_command(command, tm
                           f"{vocab} is malformed: it is not valid JSON (it is nested too deeply)")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["hf", "tf"])  # either layout's files added to the other's folder
 def test_a_folder_holding_both_layouts_is_refused_naming_both(layout, tmp_path):
     folder = model_folder(tmp_path, layout)
@@ -104,6 +106,7 @@ def test_a_folder_holding_both_layouts_is_refused_naming_both(layout, tmp_path):
                           "one of them to a folder of its own")
 
 
+@pytest.mark.slow
 def test_a_config_json_of_exactly_the_limit_loads(tmp_path):  # the limit refuses only what is past it
     config = model_folder(tmp_path, "hf") / "config.json"
     text = json.dumps(json.loads(config.read_text()))

@@ -177,6 +177,7 @@ def test_bad_heads_arguments_are_one_error_line(byte_model, args, fragment):
     assert_one_error_line(explain(PROMPT, *args, model=byte_model), fragment)
 
 
+@pytest.mark.slow
 def test_a_vocabulary_without_endoftext_is_one_error_line(tmp_path):
     # the tiny model keeps 512 of GPT-2's tokens: <|endoftext|>, 50256, is not among them
     result = run_explain(PROMPT, "--heads", models_dir=tiny_models_dir(tmp_path))

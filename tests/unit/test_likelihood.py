@@ -75,6 +75,7 @@ def test_sliding_windows_match_the_guide_token_by_token(stride, tiny_params):
     np.testing.assert_array_equal(begins, REFERENCE[f"sliding_begin_{stride}"])
 
 
+@pytest.mark.slow
 def test_the_default_stride_is_half_the_context(tiny_params):
     inputs = REFERENCE["sliding_inputs"]
     log_probs = token_log_probs(inputs, tiny_params, TINY["hparams"]["n_head"])
@@ -303,6 +304,7 @@ def table_rows(stdout):  # -> [(position, id, logprob, bits, token)] of a --per-
     return rows
 
 
+@pytest.mark.slow
 def test_per_token_table_without_colour(tiny_dir, tokenizer, tiny_params):
     text = "I will go to the\n"
     result = score_cli(text, "--no-bos", "--per-token", models_dir=tiny_dir, env={"NO_COLOR": "1"})
@@ -430,6 +432,7 @@ def test_perplexity_is_e_to_the_nll_up_to_the_largest_double():
     assert summary(np.array([-710.0, -710.0]), 1)["perplexity"] == math.inf  # e^710 > 1.8e308
 
 
+@pytest.mark.slow
 def test_a_whole_character_shows_as_u_and_a_partial_one_as_its_bytes(full_vocab_dir, tokenizer):
     text = "a\u00a0b\u00bf"  # "¿" (0xc2 0xbf) is two tokens here, one byte each
     result = score_cli(text, "--per-token", "--source", "huggingface", models_dir=full_vocab_dir,

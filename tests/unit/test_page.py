@@ -289,6 +289,7 @@ def test_an_error_in_the_page_would_be_seen(browser, tmp_path):  # the console c
     WebDriverWait(browser, 30, poll_frequency=0.1).until(page_error)  # on a loaded machine the entry comes late
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_page_of_1024_tokens_works(browser, tmp_path):
     hparams = {"n_vocab": 512, "n_ctx": 1024, "n_embd": 32, "n_head": 4, "n_layer": 2}
@@ -418,6 +419,7 @@ def test_each_map_pixel_shows_the_largest_weight_it_covers(browser, tmp_path):
     assert (np.abs(np.floor(255 - 246 * np.sqrt(last) + 0.5) - expected)[:, below] > 10).mean() > 0.2
 
 
+@pytest.mark.slow
 def test_a_screenshot_shows_the_page(opened, tmp_path):
     from PIL import Image  # matplotlib's dependency, in the test extra through it
 

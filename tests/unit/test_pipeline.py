@@ -97,6 +97,7 @@ def test_score_text_puts_end_of_text_first_and_sums_up_token_log_probs(full_voca
     assert without["nll"] == pytest.approx(-alone.mean(), rel=1e-12)
 
 
+@pytest.mark.slow
 def test_score_text_equals_the_score_command(full_vocab, tmp_path):
     folder = tmp_path / "model"
     save_model(folder, FULL_VOCAB, full_vocab.params, PACKAGED_VOCABULARY)
@@ -112,6 +113,7 @@ def test_score_text_refuses_an_empty_text(full_vocab):
         score_text(full_vocab, "")
 
 
+@pytest.mark.slow
 def test_a_size_goes_through_the_downloader_and_a_folder_does_not(models_dir, tmp_path):
     folder_model = load_model(models_dir / "124M")
     assert not (models_dir / "124M" / MARKER).exists()  # a folder is used as it is: nothing written there
