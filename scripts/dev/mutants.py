@@ -18,7 +18,8 @@ Every mutant must be caught. The test files that catch each part (the word befor
 
 for example `python -m scripts.dev.mutants --only download tests/test_download.py`. A test earns its place by failing
 when the code is wrong; a mutant that no test catches is a hole in the suite. Each mutant replaces one line's text; the
-copy lives in a temporary folder, so the working tree is never touched.
+copy lives in a temporary folder, so the working tree is never touched. Arguments after `--` go to pytest: `python -m
+scripts.dev.mutants -- -x -m "not slow" tests` tries every mutant on the quick lane, stopping at its first failure.
 """
 import argparse
 import os
@@ -40,8 +41,8 @@ MUTANTS = [  # (what, file, text, replacement)
     ("fast: no division by the row sums", "gpt2_numpy/fast.py", "    out /= weights.sum(axis=-1, keepdims=True)\n", ""),
     ("fast: the scores transposed", "gpt2_numpy/fast.py", 'einsum("...kd,...qd->...qk"', 'einsum("...kd,...qd->...kq"'),
     ("fast: gelu constant 0.04", "gpt2_numpy/fast.py", "-2 * GELU_SCALE * 0.044715)", "-2 * GELU_SCALE * 0.04)"),
-    ("fast: a query block sees one key too few", "gpt2_numpy/fast.py", "seen = n_k - n_q + end",
-     "seen = n_k - n_q + end - 1"),
+    ("fast: a query block sees one key too few", "gpt2_numpy/fast.py",
+     "seen = k.shape[-2] - q.shape[-2] + queries.stop", "seen = k.shape[-2] - q.shape[-2] + queries.stop - 1"),
     ("fast: padding positions off by one", "gpt2_numpy/fast.py", "np.arange(n_past, n_past + n_seq) - pad[:, None], 0)",
      "np.arange(n_past, n_past + n_seq) - pad[:, None] + 1, 0)"),
     ("fast: each piece of the lm head one token short", "gpt2_numpy/fast.py",
@@ -50,12 +51,13 @@ MUTANTS = [  # (what, file, text, replacement)
      "out[part] += bias[: len(bias[part[1]])]"),
     ("threads: a product by its inner axis drops its last partial", "gpt2_numpy/cores.py",
      "for start in sorted(partials)[1:]:", "for start in sorted(partials)[1:-1]:"),
-    ("fast: the pieces of attention cut along the queries", "gpt2_numpy/fast.py", "h = (..., piece, ALL, ALL)",
-     "h = (..., piece, ALL)"),
+    ("fast: each part of attention's queries one query short", "gpt2_numpy/fast.py",
+     "queries = slice(bounds[piece.start], bounds[piece.stop])",
+     "queries = slice(bounds[piece.start], bounds[piece.stop] - 1)"),
     ("fast: inference_layout leaves mlp.c_proj.w row-major", "gpt2_numpy/fast.py", 'np.asfortranarray(c_proj["w"])',
      'c_proj["w"]'),
-    ("fast: a long pass runs GELU's chunks on one thread", "gpt2_numpy/fast.py", "    cores.split(run, len(pieces))\n",
-     "    run(slice(None))\n"),
+    ("fast: a long pass runs GELU's chunks on one thread", "gpt2_numpy/fast.py",
+     "    cores.split(run, flat_out.size, item_size=1)\n", "    run(slice(0, flat_out.size))\n"),
     ("cores: a piece runs outside the caller's np.errstate", "gpt2_numpy/cores.py",
      "submit(contextvars.copy_context().run, work, piece)", "submit(work, piece)"),
     ("cores: the last piece one item short", "gpt2_numpy/cores.py",
