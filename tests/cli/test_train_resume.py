@@ -312,6 +312,7 @@ main(sys.argv[2:])
 """
 
 
+@pytest.mark.slow
 def test_a_run_killed_after_its_last_save_resumes_to_the_heads_csv_of_an_uninterrupted_run(tmp_path, short_text):
     # saves at 4 and 8, an evaluation every step: killed as step 7 begins, heads.csv holds steps 0 .. 6, and --resume
     # goes on from the save at step 4, so rows 5 and 6 come again

@@ -95,6 +95,7 @@ def test_log_has_validation_bits_per_byte_of_the_held_out_text(trained):
     assert float(last["val_bits_per_byte"]) == pytest.approx(nats / math.log(2) / bytes_, rel=1e-4)
 
 
+@pytest.mark.slow
 def test_every_command_loads_the_folder_with_its_tokenizer(trained):
     folder, text = trained
     assert run_cli("gpt2_numpy.generate", "--model", folder, "the king", "--n-tokens", 5).returncode == 0
@@ -136,6 +137,7 @@ def test_resuming_a_run_of_gpt2_s_vocabulary_with_tokenizer_flags_says_it_had_no
                                         "(no --vocab-size, so no --min-frequency): a resumed run keeps")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("swapped", ["GPT-2's", "smaller"])
 def test_resume_refuses_vocabulary_files_that_are_not_the_runs_own(trained, tmp_path, swapped):
     # the run's 300-token tokenizer replaced: GPT-2's 50,257 tokens would make ids the model has no row for, and a
