@@ -251,7 +251,7 @@ def transformer(inputs, wte, wpe, blocks, ln_f, n_head, cache=None, last_only=Fa
     queries = [ALL] * len(blocks)
     if last_only:
         queries[-1] = slice(-1, None)
-    with cores.all_cores(enabled=x.size // x.shape[-1] >= ALL_CORES_FROM):  # all rows' positions
+    with cores.for_model(wte.shape[1]), cores.all_cores(enabled=x.size // x.shape[-1] >= ALL_CORES_FROM):
         for layer, (block_params, block_queries) in enumerate(zip(blocks, queries)):
             past = None if cache is None else (cache.keys[layer], cache.values[layer], n_past)
             x = block(x, **block_params, n_head=n_head, mask=mask, past=past, queries=block_queries)
@@ -262,9 +262,13 @@ def transformer(inputs, wte, wpe, blocks, ln_f, n_head, cache=None, last_only=Fa
 
 def lm_head(x, wte):  # [..., n_seq, n_embd] -> [..., n_seq, n_vocab]
     # GPT-2 ties the output projection to the token embeddings: x @ wte.T
-    rows = x.reshape(-1, x.shape[-1])  # one product for all leading axes, as in linear()
+    with cores.for_model(wte.shape[1]):  # a narrow model's lm head on one thread, as its blocks
+        return vocabulary_product(x.reshape(-1, x.shape[-1]), wte).reshape(*x.shape[:-1], len(wte))
+
+
+def vocabulary_product(rows, wte):  # [n, n_embd] -> [n, n_vocab]: rows @ wte.T
     if not 1 < len(rows) <= FEW_ROWS:
-        return (rows @ wte.T).reshape(*x.shape[:-1], len(wte))
+        return rows @ wte.T
     # A few rows (a batch's decode step) by all of wte.T run far from the memory floor, as OpenBLAS packs the
     # operands first; by pieces of VOCAB_CHUNK tokens, whose packed copy is still in cache when it is used, they run
     # faster (the benchmark's lm-head row). One row (no packing) and many rows gain nothing
@@ -272,7 +276,7 @@ def lm_head(x, wte):  # [..., n_seq, n_embd] -> [..., n_seq, n_vocab]
     for start in range(0, len(wte), VOCAB_CHUNK):
         chunk = slice(start, start + VOCAB_CHUNK)
         np.matmul(rows, wte[chunk].T, out=out[:, chunk])
-    return out.reshape(*x.shape[:-1], len(wte))
+    return out
 
 
 def gpt2(inputs, wte, wpe, blocks, ln_f, n_head, last_only=False):  # [..., n_seq] -> [..., n, n_vocab]
