@@ -259,7 +259,7 @@ def test_the_benchmark_runs_each_part_at_each_count_in_a_column_and_notes_oversu
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert f"threads: 1, {over} (oversubscribed)" in lines
-    assert lines[lines.index("CRC32C, gpt2_numpy:") + 2] == f"| metric | 1 threads | {over} threads |"
+    assert lines[lines.index("CRC32C, gpt2_numpy:") + 2] == f"| metric | 1 thread | {over} threads |"
     crc = next(line for line in lines if line.startswith("| CRC32C (MB/s) |")).strip("| ").split(" | ")
     assert len(crc) == 3 and all(float(cell.replace(",", "")) > 0 for cell in crc[1:])
 
@@ -367,7 +367,7 @@ def test_the_monotone_section_says_nothing_got_slower_or_nothing_where_no_count_
     from scripts.bench.goals import monotone_lines
     assert monotone_lines(sweep_rows({1: 1.0, 2: 0.9})) == ["nothing got slower"]
     assert monotone_lines(sweep_rows({1: 1.0, 3: 5.0})) == []  # no pair to compare: no verdict, not a pass
-    assert monotone_lines(sweep_rows({1: 1.0, 2: 1.5})) == ["- prefill 1024 tokens, all positions (s): 1 at 1 threads, "
+    assert monotone_lines(sweep_rows({1: 1.0, 2: 1.5})) == ["- prefill 1024 tokens, all positions (s): 1 at 1 thread, "
                                                             "1.5 at 2 threads"]
 
 

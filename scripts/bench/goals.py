@@ -4,6 +4,7 @@ figures 2 cores reached before stay. And no part of ours may get slower when the
 import re
 from collections import namedtuple
 
+from gpt2_numpy.console import plural
 from scripts.bench.harness import HF, OURS
 
 # start: the row's metric starts with this; over: HF's value in that row (HF), or ours in the row whose metric starts
@@ -100,6 +101,6 @@ def sweep_goal_table(found_by_count):  # -> a row per count, a column per goal a
 def monotone_lines(rows_by_count):  # -> a line per row of ours that got slower, or none where no count doubles another
     if not doublings(list(rows_by_count)):
         return []
-    lines = [f"- {s['metric']}: {s['values'][0]:,.3g} at {s['counts'][0]} threads, {s['values'][1]:,.3g} at "
-             f"{s['counts'][1]} threads" for s in slower(rows_by_count)]
+    lines = [f"- {s['metric']}: {s['values'][0]:,.3g} at {plural(s['counts'][0], 'thread')}, {s['values'][1]:,.3g} at "
+             f"{plural(s['counts'][1], 'thread')}" for s in slower(rows_by_count)]
     return lines or ["nothing got slower"]
