@@ -155,14 +155,18 @@ def parse_threads(value, source):  # -> int >= 1 from value (text or a whole num
 
 
 def threads():  # -> the cores a pass may use now: the count given, else the free cores
-    if not settings["read"]:  # the first pass reads the variables
-        variable = os.environ.get(THREADS_VARIABLE)
-        settings["threads"] = blas_variable() if variable is None else parse_threads(variable, THREADS_VARIABLE)
-        settings["read"] = True
-    count = settings["threads"] or free_cores()
+    count = given_threads() or free_cores()
     if count != settings["applied"]:
         apply(count)
     return count
+
+
+def given_threads():  # -> the count given (set_threads, $GPT2_NUMPY_THREADS, the BLAS's variables), or None
+    if not settings["read"]:  # the first pass reads the variables; ValueError for a bad $GPT2_NUMPY_THREADS
+        variable = os.environ.get(THREADS_VARIABLE)
+        settings["threads"] = blas_variable() if variable is None else parse_threads(variable, THREADS_VARIABLE)
+        settings["read"] = True
+    return settings["threads"]
 
 
 def blas_variable():  # -> the count a user gave the BLAS ($OPENBLAS_NUM_THREADS, $OMP_NUM_THREADS), or None

@@ -4,6 +4,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from concurrent import futures
 
 import numpy as np
@@ -275,3 +276,65 @@ def test_a_child_forked_during_a_pass_runs_passes_and_gets_openblas_back(two_cor
     # the child starts with OpenBLAS's count from before the parent's pass, and its own pass shares it
     assert child == [[original, 1, original, original]]
     assert original >= 2 and parent_after == original
+
+
+# The main thread forks inside its own pass: the child goes on with that pass, which ends there as in the parent.
+# Prints, in the child: the passes counted and OpenBLAS's count inside the pass, after it, within a pass of its own
+# (and its team), and after that; then, in the parent, the child's wait status.
+FORK_INSIDE_A_PASS = """
+import os, signal, warnings
+from gpt2_numpy import cores
+warnings.filterwarnings("ignore", "This process .* is multi-threaded", DeprecationWarning)
+get_threads = cores.openblas()[1]
+cores.set_threads(2)
+with cores.all_cores():
+    child = os.fork()
+    if child == 0:
+        signal.alarm(10)
+        inside = cores.passes["running"], get_threads()
+if child == 0:
+    after = cores.passes["running"], get_threads()
+    with cores.all_cores():
+        again = cores.passes["running"], get_threads(), cores.team_size()
+    print(*inside, *after, *again, cores.passes["running"], get_threads(), flush=True)
+    os._exit(0)
+print(os.waitpid(child, 0)[1])
+"""
+
+
+def test_a_fork_inside_a_pass_leaves_that_pass_to_end_in_the_child(two_cores):
+    result = subprocess.run([sys.executable, "-c", FORK_INSIDE_A_PASS], capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    child, status = result.stdout.splitlines()
+    assert int(status) == 0, result.stderr
+    # inside: its one pass, OpenBLAS on one thread; after: none, OpenBLAS back on 2; a pass of its own as any other
+    assert child.split() == ["1", "1", "0", "2", "1", "1", "2", "0", "2"]
+
+
+def helper_threads():  # -> the threads of our pools now alive
+    return [thread for thread in threading.enumerate() if thread.name.startswith("gpt2_numpy")]
+
+
+def test_a_sweep_of_thread_counts_leaves_no_idle_pool_behind(two_cores, monkeypatch):
+    monkeypatch.setattr(cores, "MIN_WORK", 1)  # every split of 64 items goes to the whole team
+    for count in [*range(1, 17), 2]:  # as a sweep of the benchmark's, then back to 2
+        cores.set_threads(count)
+        with cores.all_cores():
+            cores.split(lambda piece: time.sleep(0.002), 64)  # each piece long enough for every thread to start
+    for _ in range(100):  # a released pool's threads end once they see it shut down
+        if len(helper_threads()) <= 1:
+            break
+        time.sleep(0.05)
+    assert len(helper_threads()) == 1  # the pool of the last team of 2: the caller and one helper
+
+
+@pytest.mark.parametrize("count", [2.7, 2.0, True, False, "2.7", "", None, 0, -1])
+def test_set_threads_refuses_what_is_not_a_whole_count(count):
+    before = dict(cores.settings)
+    with pytest.raises(ValueError, match="is not a whole number of threads >= 1"):
+        cores.set_threads(count)
+    assert cores.settings == before
+
+
+def test_set_threads_takes_whole_numbers_of_any_kind(two_cores):
+    assert cores.set_threads(np.int64(3)) == 3 and cores.set_threads(" 2 ") == 2 and cores.threads() == 2

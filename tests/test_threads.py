@@ -15,6 +15,7 @@ from gpt2_numpy.commands import score
 from gpt2_numpy.params import flatten, random_params
 from tests.conftest import FIXTURES, REPO, missing
 
+NARROW = cores.NARROW  # as the package sets it, before any test changes it
 HPARAMS = {"n_vocab": 97, "n_ctx": 48, "n_embd": 48, "n_head": 6, "n_layer": 2}
 TEAMS = [1, 2, 3, 16]
 
@@ -403,3 +404,120 @@ def test_a_run_without_threads_judges_the_goals_at_the_count_in_force(monkeypatc
     monkeypatch.setattr(cores, "threads", lambda: 2)
     data = json.loads(fake_benchmark(monkeypatch, capsys, "--json"))
     assert [v["met"] for v in data["goals"]] == [True, False] and "slower" not in data
+
+
+# --- small work on one thread, and the count's word on the command line (issues 47 and 49) ---
+
+FIRST_RUN = {"n_vocab": 50257, "n_ctx": 64, "n_embd": 32, "n_head": 2, "n_layer": 2}  # README's first-run model
+
+
+def blas_counts_at_products(monkeypatch, get_num_threads):  # -> list of OpenBLAS's own count at each product
+    seen = []
+    for module, name in ((cores, "matmul"), (fast, "vocabulary_product"), (fast, "einsum")):
+        product = getattr(module, name)
+
+        def recorded(*args, product=product, **kwargs):
+            seen.append(get_num_threads())
+            return product(*args, **kwargs)
+        monkeypatch.setattr(module, name, recorded)
+    return seen
+
+
+def run_a_model(hparams):  # generate, score and a training step, as the commands run them
+    from gpt2_numpy.decode import generate
+    from gpt2_numpy.likelihood import token_log_probs
+    params = random_params(hparams, seed=0)
+    ids = np.random.default_rng(0).integers(0, hparams["n_vocab"], (4, 32))
+    generate(ids[0, :4].tolist(), fast.inference_layout(params), hparams["n_head"], 5, stop_at_eos=False)
+    token_log_probs(ids.reshape(-1)[:100], params, hparams["n_head"])
+    training.train_step(ids, ids, params, hparams["n_head"], optim.adamw_state(params), 1e-3)
+
+
+def test_a_small_model_s_products_run_on_one_thread_whatever_the_count(openblas, monkeypatch):
+    monkeypatch.setattr(cores, "NARROW", NARROW)  # the real width, not the fixture's
+    cores.set_threads(2)  # given: kept however busy the machine is
+    seen = blas_counts_at_products(monkeypatch, openblas[1])
+    run_a_model(FIRST_RUN)
+    assert seen and set(seen) == {1}, seen
+    assert openblas[1]() == 2  # and the count is back for the rest of the program
+    seen.clear()  # a model as wide as NARROW: its decode steps and short passes on OpenBLAS's 2 threads
+    run_a_model({**FIRST_RUN, "n_embd": cores.NARROW, "n_vocab": 500})
+    assert 2 in seen
+
+
+def run_command(*args, env=None):  # -> CompletedProcess of `python -m gpt2_numpy ARGS`
+    return subprocess.run([sys.executable, "-m", "gpt2_numpy", *args], capture_output=True, text=True, timeout=100,
+                          cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})})
+
+
+def test_more_threads_than_cores_is_said_in_one_note_line():
+    over = cores.available_cores() + 1
+    for result in (run_score("--threads", str(over)), run_score(env={cores.THREADS_VARIABLE: str(over)})):
+        notes = [line for line in result.stderr.splitlines() if line.startswith("note:")]
+        assert notes == [  # the tiny checkpoint has no vocabulary: the note comes first, then the error
+            f"note: {over} threads on {cores.available_cores()} cores take turns on them, which is slower than "
+            f"{cores.available_cores()}"], result.stderr
+    assert not any(line.startswith("note:") for line in run_score("--threads", "1").stderr.splitlines())
+
+
+@pytest.mark.parametrize("command", ["download", "tokenizer"])
+def test_commands_that_run_no_model_take_no_thread_count(command, tmp_path):
+    help_text = run_command(command, "--help").stdout
+    assert "--threads" not in help_text and "cores the model may use" not in help_text, help_text
+    assert run_command(command, "--threads", "2").returncode == 2
+    bad = {cores.THREADS_VARIABLE: "many"}
+    if command == "tokenizer":
+        result = run_command("tokenizer", "--data", "README.md", "--vocab-size", "260", "--out", str(tmp_path), env=bad)
+        assert result.returncode == 0 and (tmp_path / "vocab.json").exists(), result.stderr
+    else:  # a bad size is refused for its own sake, not for the variable
+        result = run_command("download", "999M", env=bad)
+        assert result.returncode == 2 and "999M" in result.stderr and cores.THREADS_VARIABLE not in result.stderr
+
+
+# The benchmark's run, its parts replaced by a wait: prints the busy processes' PIDs once they run
+BUSY_RUN = """
+import sys, time
+import scripts.benchmark as benchmark
+benchmark.keep_freed_memory = lambda: None
+runs = []
+def part(run):  # the idle run's returns at once, the busy run's waits
+    runs.append(run)
+    print("running", flush=True)
+    time.sleep(60 if len(runs) == 2 else 0)
+    return []
+benchmark.PARTS["CRC32C"] = part
+benchmark.main(["--checkpoint", sys.argv[1], "--only", "CRC32C", "--busy", "2", "--repeats", "1"])
+"""
+
+
+def test_the_benchmark_s_busy_processes_end_with_the_run_even_when_interrupted():
+    import signal
+    import time
+    for stop in (signal.SIGINT, signal.SIGKILL):  # Ctrl-C, and a kill whose cleanup never runs
+        run = subprocess.Popen([sys.executable, "-c", BUSY_RUN, str(FIXTURES / "tf_tiny")], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+        try:
+            assert run.stdout.readline() == "running\n"  # the idle run's part: no busy process yet
+            assert run.stdout.readline() == "running\n"  # the busy run's
+            line = next(line for line in run.stderr if "busy:" in line)
+            pids = [int(pid) for pid in line.split("PID ")[1].split(", ")]
+            assert len(pids) == 2 and all(alive_pid(pid) for pid in pids)  # alive during the run
+            run.send_signal(stop)
+            run.wait(timeout=30)
+        finally:
+            run.kill()
+            run.wait()
+        for _ in range(100):  # gone: ended by the benchmark, or by themselves once it was
+            alive = [pid for pid in pids if alive_pid(pid)]
+            if not alive:
+                break
+            time.sleep(0.05)
+        assert alive == [], f"busy processes outlived a benchmark stopped by {stop!r}"
+
+
+def alive_pid(pid):  # -> whether pid names a live process (not a zombie)
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

@@ -15,7 +15,7 @@ from gpt2_numpy import cores
 BUSY_SECONDS = 3600  # longer than a full run of every part, idle and busy
 SPIN = """
 import os, sys, time
-parent, end = os.getppid(), time.monotonic() + float(sys.argv[1])
+parent, end = int(sys.argv[2]), time.monotonic() + float(sys.argv[1])  # a parent gone before this line ran counts
 while time.monotonic() < end and os.getppid() == parent:  # a check every few tens of microseconds of work
     sum(range(1000))
 """
@@ -26,8 +26,8 @@ def processes(n):  # within: n CPU-bound processes run beside this one; -> their
     started = []
     try:
         for _ in range(n):
-            started.append(subprocess.Popen([sys.executable, "-c", SPIN, str(BUSY_SECONDS)], stdin=subprocess.DEVNULL,
-                                            start_new_session=True))
+            started.append(subprocess.Popen([sys.executable, "-c", SPIN, str(BUSY_SECONDS), str(os.getpid())],
+                                            stdin=subprocess.DEVNULL, start_new_session=True))
         if started:
             print(f"busy: {n} CPU-bound process{'es' if n > 1 else ''} beside the run, PID "
                   f"{', '.join(str(process.pid) for process in started)}", file=sys.stderr, flush=True)
