@@ -19,8 +19,8 @@ from gpt2_numpy.model import merge_heads
 GELU_SCALE = math.sqrt(2 / math.pi)
 MINUS_2U = (-2 * GELU_SCALE, -2 * GELU_SCALE * 0.044715)  # -2 sqrt(2/pi) (x + 0.044715 x^3) = x (a + b x^2)
 CHUNK = 1 << 17  # elements per pass of in_chunks: a chunk and its output (1 MB) stay in cache, and each NumPy call
-# runs long enough that threads sharing a pass seldom queue for the GIL between calls: a chunk's calls hold it for 4%
-# of its time (13% at 2^15), and at 2^15 AdamW's chunks ran slower on 2 threads than on one here (71 ms against 49)
+# runs long enough that threads sharing a pass seldom queue for the GIL between calls (the shares measured, at this
+# size and a quarter of it: docs/making-it-fast.md)
 ALL = slice(None)  # every position
 QUERY_BLOCK = 128  # queries per block of causal attention: a block's scores stay in L3 cache, and it skips the future
 EINSUM_PATH = ["einsum_path", (0, 1)]  # contract operand 0 with operand 1: the only order two operands have
@@ -118,9 +118,9 @@ def linear(x, w, b):  # [..., n_in] -> [..., n_out]
 
 def inference_layout(params):  # -> params of the same values, each block's mlp.c_proj.w stored column-major
     # A decode step multiplies one row (a batch step a few) by every weight. For the one weight taller than wide,
-    # mlp.c_proj.w [4*n_embd, n_embd], OpenBLAS's product runs about twice as fast on a column-major copy (the same
-    # [n_in, n_out] array, wᵀ's rows in memory: each output is one dot product over contiguous floats). The other
-    # weights gain nothing, and prefill's many-row products run as fast in either order. Every function here, in
+    # mlp.c_proj.w [4*n_embd, n_embd], OpenBLAS's product runs faster on a column-major copy (the same [n_in, n_out]
+    # array, wᵀ's rows in memory: each output is one dot product over contiguous floats; docs/making-it-fast.md). The
+    # other weights gain nothing, and prefill's many-row products run as fast in either order. Every function here, in
     # model.py and in training takes either order: only the speed differs
     def laid_out(block):
         c_proj = block["mlp"]["c_proj"]
