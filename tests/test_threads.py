@@ -521,3 +521,14 @@ def alive_pid(pid):  # -> whether pid names a live process (not a zombie)
             return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+@pytest.mark.parametrize("default, one, met", [(0.91, 1.0, True), (0.89, 1.0, False), (2.0, 1.0, True)])
+def test_the_default_count_is_held_to_nine_tenths_of_one_thread_s_speed(default, one, met):
+    from scripts.bench.goals import verdicts
+    from scripts.bench.harness import row
+    rows = [row("first-run model: generate 60 tokens (tok/s)", "higher", {"default count": default, "one thread": one},
+                pair=["default count", "one thread"]),
+            row("124M shape: prefill (s)", "lower", {"default count": one, "one thread": default},  # a time
+                pair=["default count", "one thread"])]
+    assert [(v["ratio"], v["met"]) for v in verdicts(rows, 2)] == [(pytest.approx(default / one), met)] * 2
