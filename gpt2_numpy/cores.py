@@ -34,7 +34,7 @@ import glob
 import numbers
 import os
 import threading
-import time
+from time import monotonic
 from concurrent import futures
 from contextlib import contextmanager
 
@@ -108,10 +108,10 @@ def free_cores():  # -> the cores of this process's affinity that other processe
     """The cores this process may run on, less those that other processes kept busy over the last LOAD_WINDOW seconds
     (from /proc/stat, less this process's own CPU time); before a first window has passed, less the other processes
     runnable right now (/proc/loadavg). Every core where /proc is not there to read (macOS, Windows)."""
-    now, cores = time.monotonic(), available_cores()
+    now, cores = monotonic(), available_cores()
     if load["at"] is not None and now - load["at"] < LOAD_WINDOW:
         return load["free"]
-    busy, ours = busy_ticks(), sum(os.times()[:2])
+    busy, ours = busy_ticks(), own_cpu_seconds()
     if busy is None:
         return cores
     if load["at"] is None:  # no window yet: the tasks runnable now, less the thread reading them
@@ -133,6 +133,10 @@ def busy_ticks():  # -> the clock ticks the cores of this process's affinity spe
     # user nice system idle iowait irq softirq steal ...: all but idle and iowait are busy (steal: another machine's)
     return sum(sum(map(int, fields[1:4] + fields[6:9])) for fields in lines
                if fields[0] != b"cpu" and int(fields[0][3:]) in allowed)
+
+
+def own_cpu_seconds():  # -> the CPU time of this process, every thread of it, since it started
+    return sum(os.times()[:2])
 
 
 def runnable_tasks():  # -> the tasks runnable on the machine now, this one included (/proc/loadavg's fourth field)

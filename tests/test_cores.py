@@ -338,3 +338,31 @@ def test_set_threads_refuses_what_is_not_a_whole_count(count):
 
 def test_set_threads_takes_whole_numbers_of_any_kind(two_cores):
     assert cores.set_threads(np.int64(3)) == 3 and cores.set_threads(" 2 ") == 2 and cores.threads() == 2
+
+
+def test_the_default_count_is_the_cores_other_processes_leave_free(two_cores, monkeypatch):
+    # a machine of 2 cores seen through /proc: seconds, busy clock ticks of both cores and our CPU seconds
+    ticks = os.sysconf("SC_CLK_TCK")
+    clock, busy, ours = [100.0], [0], [0.0]
+    monkeypatch.setattr(cores, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(cores, "busy_ticks", lambda: busy[0])
+    monkeypatch.setattr(cores, "own_cpu_seconds", lambda: ours[0])
+    monkeypatch.setattr(cores, "available_cores", lambda: 2)
+    monkeypatch.setattr(cores, "runnable_tasks", lambda: 2)  # at the first reading: another task runs beside us
+    monkeypatch.setitem(cores.load, "at", None)
+    cores.settings.update(threads=None, read=True)  # no count given
+    seen = [(cores.threads(), two_cores[1]())]
+    for others, ours_share in [(1.0, 1.0), (0.0, 2.0), (0.6, 1.4), (0.4, 1.6), (1.0, 1.0)]:  # cores busy in 1 s
+        clock[0] += cores.LOAD_WINDOW / 2
+        seen.append((cores.threads(), two_cores[1]()))  # within a window: as it was
+        clock[0] += 1 - cores.LOAD_WINDOW / 2
+        busy[0] += round((others + ours_share) * ticks)
+        ours[0] += ours_share
+        seen.append((cores.threads(), two_cores[1]()))
+    assert seen == [(1, 1), (1, 1), (1, 1), (1, 1), (2, 2), (2, 2), (1, 1), (1, 1), (2, 2), (2, 2), (1, 1)]
+    with cores.all_cores():  # a long pass on a busy machine: a team of one, which shares nothing
+        assert cores.team_size() == 1
+    cores.set_threads(2)  # a count given is kept, however busy
+    clock[0] += 1
+    busy[0] += 2 * ticks
+    assert (cores.threads(), two_cores[1]()) == (2, 2)
