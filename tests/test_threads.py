@@ -532,3 +532,21 @@ def test_the_default_count_is_held_to_nine_tenths_of_one_thread_s_speed(default,
             row("124M shape: prefill (s)", "lower", {"default count": one, "one thread": default},  # a time
                 pair=["default count", "one thread"])]
     assert [(v["ratio"], v["met"]) for v in verdicts(rows, 2)] == [(pytest.approx(default / one), met)] * 2
+
+
+def test_a_busy_run_prints_each_row_idle_and_busy_side_by_side_with_the_load(monkeypatch, capsys):
+    lines = fake_benchmark(monkeypatch, capsys, "--busy", "1").splitlines()
+    assert any(line.startswith("load: load average ") for line in lines)
+    table = lines.index("CRC32C, gpt2_numpy:")
+    assert lines[table + 2] == "| metric | idle | busy 1 |"
+    assert lines[table + 4] == "| decode with KV cache, 16-token prompt + 128 (tok/s) | 16 | 16 |"
+
+
+def test_the_benchmark_notes_a_machine_busy_already(monkeypatch, capsys):
+    from scripts.bench import busy
+    monkeypatch.setattr(busy.os, "getloadavg", lambda: (cores.available_cores() + 0.5, 0.0, 0.0))
+    assert busy.note_if_busy()[0] == cores.available_cores() + 0.5
+    assert capsys.readouterr().err.startswith("note: the machine is busy already (load average ")
+    monkeypatch.setattr(busy.os, "getloadavg", lambda: (cores.available_cores() - 0.5, 0.0, 0.0))
+    busy.note_if_busy()
+    assert capsys.readouterr().err == ""
