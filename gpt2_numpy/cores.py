@@ -34,9 +34,9 @@ import glob
 import numbers
 import os
 import threading
-from time import monotonic
 from concurrent import futures
 from contextlib import contextmanager
+from time import monotonic
 
 import numpy as np
 
