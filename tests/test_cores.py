@@ -1,4 +1,5 @@
-"""cores.py: a long pass shares its pieces among threads, OpenBLAS on one thread meanwhile, and equals one core."""
+"""cores.py: a long pass shares its pieces among threads, OpenBLAS on one thread meanwhile, and equals one core; the
+default count follows the free cores; forks, pools and the counts set_threads refuses."""
 import os
 import signal
 import subprocess
