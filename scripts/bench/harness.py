@@ -140,9 +140,11 @@ def sweep_report(header, runs, names, sections):  # -> markdown: the setting, th
     # time goes)
     lines = setting_lines(header)
     counts = list(runs)
-    cell = f"{names[0]} / {names[1]} (ratio)" if len(names) == 2 else names[0]
     for part in runs[counts[0]]:
         by_count = [{r["metric"]: r for r in runs[count][part]} for count in counts]
+        pairs = {tuple(r.get("pair", names)) for r in runs[counts[0]][part]}  # a part's own pair, where it has one
+        pair = pairs.pop() if len(pairs) == 1 else names
+        cell = f"{pair[0]} / {pair[1]} (ratio)" if len(pair) == 2 else pair[0]
         lines += ["", f"{part}, {cell}:", "", "| metric | " + " | ".join(counts) + " |",
                   "|---|" + "---|" * len(counts)]
         for metric in by_count[0]:
