@@ -22,6 +22,17 @@ HPARAMS = {"n_vocab": 97, "n_ctx": 48, "n_embd": 48, "n_head": 6, "n_layer": 2}
 TEAMS = [1, 2, 3, 16]
 
 
+@pytest.fixture(autouse=True)
+def steady_count():  # OpenBLAS on one thread throughout each test, as within a pass of a team (in_a_team's): two runs
+    # compared must round alike, which they need not where the default count follows the free cores between them, and
+    # each piece's products run on one thread within a pass
+    settings = dict(cores.settings)
+    cores.set_threads(1)
+    yield
+    cores.settings.update(settings)
+    cores.threads()
+
+
 @pytest.fixture
 def openblas(monkeypatch):  # -> OpenBLAS's (set_num_threads, get_num_threads); the count and settings restored after
     blas = cores.openblas()
