@@ -49,9 +49,10 @@ BLAS_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")  # OpenBLAS reads t
 # elements (or multiply-adds) per thread of a split, at least: a share of layer norm that takes about as long as
 # handing a piece to a waiting thread of the pool costs on a 2-core VM (docs/making-it-fast.md: scripts/dev/bounds.py)
 MIN_WORK = 1 << 17
-NARROW = 128  # widths (n_embd) below which a model's passes run on one thread: their products, whose inner axis is the
-# width, hold too little work per output to pay for a second thread's hand-over (docs/making-it-fast.md: scripts/dev/
-# bounds.py --line measures it)
+NARROW = 64  # widths (n_embd) below which a model's passes run on one thread: their products, whose inner axis is the
+# width, hold too little work per output to pay for a second thread's hand-over, and their runs end before the free
+# cores are read twice, where a wrong guess costs many times what a right one gains (docs/making-it-fast.md:
+# scripts/dev/bounds.py --line measures it)
 LOAD_WINDOW = 0.25  # seconds of /proc/stat between two readings of the free cores: 25 clock ticks a core at least
 team = threading.local()  # team.size: the threads that share each split() of the current pass on this thread;
 # team.entered: this thread's passes that hold OpenBLAS on one thread (a forked child keeps those of the thread forking)
