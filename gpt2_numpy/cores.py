@@ -1,33 +1,42 @@
 """Every core for a long forward pass: its products and attention's queries in pieces, on threads of our own.
 
 How many cores a pass may use is one count for the whole process, threads(): set_threads(n), the commands' --threads N,
-else $GPT2_NUMPY_THREADS, else the cores the process may run on (its CPU affinity). It bounds NumPy's BLAS (OpenBLAS,
-set through ctypes) and our own threads together, never both at once: outside a long pass OpenBLAS runs that many
-threads (a decode step's products, the lm head of a short pass); within all_cores() it runs one, and split() hands the
-pieces of a pass (a linear layer's output columns, attention's queries, GELU's elements, layer norm's rows, a training
-step's products and passes) to up to that many threads of ours, each piece's products on one thread. NumPy releases the
-GIL inside its loops and BLAS calls, so the threads run at once. A split gives each thread at least MIN_WORK elements
-(or multiply-adds) where its caller gives their size: a smaller piece costs more to hand over than it saves.
+else $GPT2_NUMPY_THREADS, else a count given to NumPy's BLAS ($OPENBLAS_NUM_THREADS, $OMP_NUM_THREADS); each of these
+is kept as given. Without any, the count is the cores that other processes leave free (free_cores(): the cores the
+process may run on, its CPU affinity, less the share of them that others kept busy over the last LOAD_WINDOW seconds of
+/proc/stat), read again at each pass once a window has passed: a thread that shares its core with another process
+waits for the scheduler at every hand-over, so on a busy machine one thread runs faster than two.
+
+The count bounds NumPy's BLAS (OpenBLAS, set through ctypes) and our own threads together, never both at once: outside
+a long pass OpenBLAS runs that many threads (a decode step's products, the lm head of a short pass); within all_cores()
+it runs one, and split() hands the pieces of a pass (a linear layer's output columns, attention's queries, GELU's
+elements, layer norm's rows, a training step's products and passes) to up to that many threads of ours, each piece's
+products on one thread. NumPy releases the GIL inside its loops and BLAS calls, so the threads run at once. A split
+gives each thread at least MIN_WORK elements (or multiply-adds) where its caller gives their size: a smaller piece
+costs more to hand over than it saves. A model narrower than NARROW runs every pass on one thread, OpenBLAS's and ours,
+whatever the count (for_model()): its products are too small to gain from a second thread.
 
 NumPy runs elementwise passes (mask, max, exp, sums) on one core; only its products use OpenBLAS's threads, which spin
-on their cores for about a tenth of a second after each product before they sleep, so a thread of ours beside them
-would find its core taken: hence OpenBLAS on one thread within a pass, whose workers sleep once their spin times out.
+on their cores for a while after each product before they sleep, so a thread of ours beside them would find its core
+taken: hence OpenBLAS on one thread within a pass, whose workers sleep once their spin times out.
 
 The first pass finds NumPy's OpenBLAS once, in /proc/self/maps (Linux), else among NumPy's bundled libraries. Where
 there is none to find (MKL, Accelerate) our threads stay off and that BLAS keeps its own count: two pools at once would
 oversubscribe the cores. OpenBLAS's thread count belongs to the whole process: a product that another thread of the
 program runs meanwhile runs on one thread. Passes on several threads at once share the setting, and the last to end
-restores the count, however it ends. A forked child runs none of its parent's threads, so none of its passes: it
-starts with no pass under way and OpenBLAS's count from before them.
+restores the count, however it ends. A forked child runs none of its parent's threads: it starts with only the pass of
+the thread that forked, if that one was in a pass, and OpenBLAS's count from before the others.
 """
 import contextvars
 import ctypes
 import functools
 import glob
+import numbers
 import os
 import threading
 from concurrent import futures
 from contextlib import contextmanager
+from time import monotonic
 
 import numpy as np
 
@@ -37,14 +46,25 @@ OPENBLAS_NAMES = [(prefix + "set_num_threads" + suffix, prefix + "get_num_thread
 
 THREADS_VARIABLE = "GPT2_NUMPY_THREADS"
 BLAS_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")  # OpenBLAS reads them in this order
-# elements (or multiply-adds) per thread of a split, at least: about 0.2 ms of layer norm, about what a split of no
-# work costs on a 2-core VM (about 200 us: scripts/dev/bounds.py), less where the cores are idle and not virtual
+# elements (or multiply-adds) per thread of a split, at least: a share of layer norm that takes about as long as
+# handing a piece to a waiting thread of the pool costs on a 2-core VM (docs/making-it-fast.md: scripts/dev/bounds.py)
 MIN_WORK = 1 << 17
-team = threading.local()  # team.size: the threads that share each split() of the current pass on this thread
+NARROW = 64  # widths (n_embd) below which a model's passes run on one thread: their products, whose inner axis is the
+# width, hold too little work per output to pay for a second thread's hand-over, and their runs end before the free
+# cores are read twice, where a wrong guess costs many times what a right one gains (docs/making-it-fast.md:
+# scripts/dev/bounds.py --line measures it)
+LOAD_WINDOW = 0.25  # seconds of /proc/stat between two readings of the free cores: 25 clock ticks a core at least
+team = threading.local()  # team.size: the threads that share each split() of the current pass on this thread;
+# team.entered: this thread's passes that hold OpenBLAS on one thread (a forked child keeps those of the thread forking)
 # long passes under way in the process, and OpenBLAS's count before them (None until a first pass reads it)
 passes = {"running": 0, "n_threads": None}
 passes_lock = threading.Lock()
-settings = {"threads": None}  # the count set_threads() chose; None until the first pass or set_threads()
+# threads: the count given (set_threads, $GPT2_NUMPY_THREADS, the BLAS's variables), None for the free cores; read:
+# whether the variables were read; applied: the count OpenBLAS was last given outside a pass
+settings = {"threads": None, "read": False, "applied": None}
+load = {"at": None, "busy": 0, "ours": 0.0, "free": None}  # the last reading of /proc/stat, and the free cores then
+pool = {"size": 0, "executor": None}  # our helper threads: one pool, of the size the last split asked for
+pool_lock = threading.Lock()
 
 
 @functools.cache
@@ -86,25 +106,76 @@ def available_cores():  # -> the cores this process may run on
         return os.cpu_count() or 1
 
 
-def parse_threads(text, source):  # -> int >= 1 from text; ValueError naming source (a flag or the variable)
+def free_cores():  # -> the cores of this process's affinity that other processes left idle, at least 1
+    """The cores this process may run on, less those that other processes kept busy over the last LOAD_WINDOW seconds
+    (from /proc/stat, less this process's own CPU time); before a first window has passed, less the other processes
+    runnable right now (/proc/loadavg). Every core where /proc is not there to read (macOS, Windows)."""
+    now, cores = monotonic(), available_cores()
+    if load["at"] is not None and now - load["at"] < LOAD_WINDOW:
+        return load["free"]
+    busy, ours = busy_ticks(), own_cpu_seconds()
+    if busy is None:
+        return cores
+    if load["at"] is None:  # no window yet: the tasks runnable now, less the thread reading them
+        others = max(0, runnable_tasks() - 1)
+    else:  # the others' CPU time over the window, in cores
+        ticks = os.sysconf("SC_CLK_TCK")
+        others = max(0.0, ((busy - load["busy"]) / ticks - (ours - load["ours"])) / (now - load["at"]))
+    load.update(at=now, busy=busy, ours=ours, free=max(1, cores - round(others)))
+    return load["free"]
+
+
+def busy_ticks():  # -> the clock ticks the cores of this process's affinity spent busy since boot, or None
     try:
-        count = int(text)
-    except (TypeError, ValueError):
-        count = 0
-    if count < 1:
-        raise ValueError(f"{source}={text} is not a whole number of threads >= 1: give e.g. {available_cores()} "
+        allowed = os.sched_getaffinity(0)
+        with open("/proc/stat", "rb") as stat:
+            lines = [line.split() for line in stat if line.startswith(b"cpu")]
+    except (AttributeError, OSError):  # not Linux
+        return None
+    # user nice system idle iowait irq softirq steal ...: all but idle and iowait are busy (steal: another machine's)
+    return sum(sum(map(int, fields[1:4] + fields[6:9])) for fields in lines
+               if fields[0] != b"cpu" and int(fields[0][3:]) in allowed)
+
+
+def own_cpu_seconds():  # -> the CPU time of this process, every thread of it, since it started
+    return sum(os.times()[:2])
+
+
+def runnable_tasks():  # -> the tasks runnable on the machine now, this one included (/proc/loadavg's fourth field)
+    try:
+        with open("/proc/loadavg", "rb") as loadavg:
+            return int(loadavg.read().split()[3].split(b"/")[0])
+    except (OSError, IndexError, ValueError):
+        return 1
+
+
+def parse_threads(value, source):  # -> int >= 1 from value (text or a whole number); ValueError naming source
+    whole = isinstance(value, numbers.Integral) and not isinstance(value, bool)  # 2.7 is no count, nor True
+    if isinstance(value, str):
+        value = value.strip()
+        whole = value.isdigit()
+    if not whole or int(value) < 1:
+        raise ValueError(f"{source}={value} is not a whole number of threads >= 1: give e.g. {available_cores()} "
                          "(the cores this process may run on), or 1")
+    return int(value)
+
+
+def threads():  # -> the cores a pass may use now: the count given, else the free cores
+    count = given_threads() or free_cores()
+    if count != settings["applied"]:
+        apply(count)
     return count
 
 
-def threads():  # -> the cores a pass may use: set_threads()'s count, else $GPT2_NUMPY_THREADS's, else every core
-    if settings["threads"] is None:  # the first pass applies it to OpenBLAS too
+def given_threads():  # -> the count given (set_threads, $GPT2_NUMPY_THREADS, the BLAS's variables), or None
+    if not settings["read"]:  # the first pass reads the variables; ValueError for a bad $GPT2_NUMPY_THREADS
         variable = os.environ.get(THREADS_VARIABLE)
-        set_threads(default_threads() if variable is None else parse_threads(variable, THREADS_VARIABLE))
+        settings["threads"] = blas_variable() if variable is None else parse_threads(variable, THREADS_VARIABLE)
+        settings["read"] = True
     return settings["threads"]
 
 
-def default_threads():  # -> the count a user gave the BLAS ($OPENBLAS_NUM_THREADS, $OMP_NUM_THREADS), else every core
+def blas_variable():  # -> the count a user gave the BLAS ($OPENBLAS_NUM_THREADS, $OMP_NUM_THREADS), or None
     # a count set for NumPy's BLAS alone is the user's word on how many cores to use: kept, not raised to every core
     for name in BLAS_VARIABLES:
         try:
@@ -113,30 +184,49 @@ def default_threads():  # -> the count a user gave the BLAS ($OPENBLAS_NUM_THREA
             continue
         if count >= 1:
             return count
-    return available_cores()
+    return None
 
 
 def set_threads(count):  # -> count; from now on passes use up to count cores, and OpenBLAS runs count threads
     """Set how many cores gpt2_numpy's passes may use: OpenBLAS's threads outside a long pass, ours within one. More
-    than the machine's cores is allowed (they then share them)."""
+    than the machine's cores is allowed (they then share them). The count is kept as given, however busy the
+    machine; without one, passes use the cores that other processes leave free."""
     count = parse_threads(count, "threads")
+    settings.update(threads=count, read=True)
+    apply(count)
+    return count
+
+
+def apply(count):  # -> None; OpenBLAS runs count threads outside a pass (a pass under way sets it when it ends)
     blas = openblas()
     with passes_lock:
-        settings["threads"] = count
+        settings["applied"] = count
         if blas is None:
-            return count
+            return
         if passes["running"]:  # a pass under way keeps OpenBLAS on one thread; the last to end sets this count
             passes["n_threads"] = count
         else:
             blas[0](count)
-    return count
 
 
 @contextmanager
 def all_cores(enabled=True):  # within: split() shares its pieces among threads() threads
-    count = threads()
-    blas = openblas() if enabled and count > 1 and getattr(team, "size", None) is None else None  # a pass in a pass
-    if blas is None:  # keeps its team
+    count = threads()  # read at every pass, long or not, so that OpenBLAS's count follows the free cores
+    with one_pass(count if enabled else 0):
+        yield
+
+
+@contextmanager
+def for_model(n_embd):  # within: a pass of a model n_embd wide; one narrower than NARROW runs on one thread
+    with one_pass(1 if n_embd < NARROW else 0):
+        yield
+
+
+@contextmanager
+def one_pass(size):  # within: OpenBLAS on one thread and a team of size threads; size 0: as it is
+    # a pass in a pass keeps its team, and a pass on one thread where OpenBLAS already runs one sets nothing
+    blas = openblas() if size and getattr(team, "size", None) is None and max(size, threads()) > 1 else None
+    if blas is None:
         yield
         return
     entered = False
@@ -147,10 +237,11 @@ def all_cores(enabled=True):  # within: split() shares its pieces among threads(
                 blas[0](1)
             passes["running"] += 1
             entered = True
-        team.size = count
+        team.size, team.entered = size, True
         yield
     finally:
         team.__dict__.pop("size", None)
+        team.__dict__.pop("entered", None)
         if entered:
             with passes_lock:
                 passes["running"] -= 1
@@ -183,8 +274,9 @@ def split(work, n_items, item_size=MIN_WORK):  # work(piece) for contiguous slic
     bounds = [n_items * i // n_threads for i in range(n_threads + 1)]
     pieces = [slice(start, stop) for start, stop in zip(bounds, bounds[1:])]
     # each piece runs in a copy of the caller's context, so that np.errstate (a context variable) holds on every thread
-    pool = helpers(team_size() - 1)
-    others = [pool.submit(contextvars.copy_context().run, work, piece) for piece in pieces[1:]]
+    with pool_lock:  # no pool is released between its submits
+        executor = helpers(team_size() - 1)
+        others = [executor.submit(contextvars.copy_context().run, work, piece) for piece in pieces[1:]]
     try:
         work(pieces[0])  # the calling thread takes a piece too
     finally:
@@ -229,21 +321,26 @@ def matmul(a, b, bias=None, over=COLUMNS):  # [n, k] @ [k, m] (+ bias [m]) -> [n
     return out
 
 
-@functools.cache
-def helpers(n):  # -> a pool of n threads, made once
-    return futures.ThreadPoolExecutor(n, thread_name_prefix="gpt2_numpy")
+def helpers(n):  # -> the pool of n threads, the last pool released if it had another size (call with pool_lock held)
+    if pool["size"] != n:  # a count that changes (set_threads, the free cores) leaves no idle pool behind
+        if pool["executor"] is not None:
+            pool["executor"].shutdown(wait=False)  # its threads end once the pieces already given to them end
+        pool.update(size=n, executor=futures.ThreadPoolExecutor(n, thread_name_prefix="gpt2_numpy"))
+    return pool["executor"]
 
 
 def after_fork_in_child():  # -> None; the child has none of its parent's threads, and so none of their passes
-    global passes_lock
-    helpers.cache_clear()  # the parent's pool would queue the child's pieces forever
-    # A thread of the parent's was inside a pass, or held the lock (so the count may be set but not yet counted): the
-    # count it set is the child's for good, as no pass of the child's will end it, and the held lock would never be
-    # released.
-    if (passes["running"] or passes_lock.locked()) and passes["n_threads"] is not None:
+    global passes_lock, pool_lock
+    pool.update(size=0, executor=None)  # the parent's pool would queue the child's pieces forever
+    pool_lock = threading.Lock()
+    # The forking thread's own pass, if any, goes on in the child and ends there. Another thread of the parent's was
+    # inside a pass, or held the lock (so the count may be set but not yet counted): no pass of the child's will end
+    # those, and the held lock would never be released, so the count from before them is the child's now.
+    own = 1 if getattr(team, "entered", False) else 0
+    if (passes["running"] > own or passes_lock.locked()) and not own and passes["n_threads"] is not None:
         openblas()[0](passes["n_threads"])
     passes_lock = threading.Lock()
-    passes["running"] = 0
+    passes["running"] = own
 
 
 os.register_at_fork(after_in_child=after_fork_in_child)

@@ -19,8 +19,8 @@ from gpt2_numpy.model import merge_heads
 GELU_SCALE = math.sqrt(2 / math.pi)
 MINUS_2U = (-2 * GELU_SCALE, -2 * GELU_SCALE * 0.044715)  # -2 sqrt(2/pi) (x + 0.044715 x^3) = x (a + b x^2)
 CHUNK = 1 << 17  # elements per pass of in_chunks: a chunk and its output (1 MB) stay in cache, and each NumPy call
-# runs long enough that threads sharing a pass seldom queue for the GIL between calls: a chunk's calls hold it for 4%
-# of its time (13% at 2^15), and at 2^15 AdamW's chunks ran slower on 2 threads than on one here (71 ms against 49)
+# runs long enough that threads sharing a pass seldom queue for the GIL between calls (the shares measured, at this
+# size and a quarter of it: docs/making-it-fast.md)
 ALL = slice(None)  # every position
 QUERY_BLOCK = 128  # queries per block of causal attention: a block's scores stay in L3 cache, and it skips the future
 EINSUM_PATH = ["einsum_path", (0, 1)]  # contract operand 0 with operand 1: the only order two operands have
@@ -118,9 +118,9 @@ def linear(x, w, b):  # [..., n_in] -> [..., n_out]
 
 def inference_layout(params):  # -> params of the same values, each block's mlp.c_proj.w stored column-major
     # A decode step multiplies one row (a batch step a few) by every weight. For the one weight taller than wide,
-    # mlp.c_proj.w [4*n_embd, n_embd], OpenBLAS's product runs about twice as fast on a column-major copy (the same
-    # [n_in, n_out] array, wᵀ's rows in memory: each output is one dot product over contiguous floats). The other
-    # weights gain nothing, and prefill's many-row products run as fast in either order. Every function here, in
+    # mlp.c_proj.w [4*n_embd, n_embd], OpenBLAS's product runs faster on a column-major copy (the same [n_in, n_out]
+    # array, wᵀ's rows in memory: each output is one dot product over contiguous floats; docs/making-it-fast.md). The
+    # other weights gain nothing, and prefill's many-row products run as fast in either order. Every function here, in
     # model.py and in training takes either order: only the speed differs
     def laid_out(block):
         c_proj = block["mlp"]["c_proj"]
@@ -251,7 +251,7 @@ def transformer(inputs, wte, wpe, blocks, ln_f, n_head, cache=None, last_only=Fa
     queries = [ALL] * len(blocks)
     if last_only:
         queries[-1] = slice(-1, None)
-    with cores.all_cores(enabled=x.size // x.shape[-1] >= ALL_CORES_FROM):  # all rows' positions
+    with cores.for_model(wte.shape[1]), cores.all_cores(enabled=x.size // x.shape[-1] >= ALL_CORES_FROM):
         for layer, (block_params, block_queries) in enumerate(zip(blocks, queries)):
             past = None if cache is None else (cache.keys[layer], cache.values[layer], n_past)
             x = block(x, **block_params, n_head=n_head, mask=mask, past=past, queries=block_queries)
@@ -262,9 +262,13 @@ def transformer(inputs, wte, wpe, blocks, ln_f, n_head, cache=None, last_only=Fa
 
 def lm_head(x, wte):  # [..., n_seq, n_embd] -> [..., n_seq, n_vocab]
     # GPT-2 ties the output projection to the token embeddings: x @ wte.T
-    rows = x.reshape(-1, x.shape[-1])  # one product for all leading axes, as in linear()
+    with cores.for_model(wte.shape[1]):  # a narrow model's lm head on one thread, as its blocks
+        return vocabulary_product(x.reshape(-1, x.shape[-1]), wte).reshape(*x.shape[:-1], len(wte))
+
+
+def vocabulary_product(rows, wte):  # [n, n_embd] -> [n, n_vocab]: rows @ wte.T
     if not 1 < len(rows) <= FEW_ROWS:
-        return (rows @ wte.T).reshape(*x.shape[:-1], len(wte))
+        return rows @ wte.T
     # A few rows (a batch's decode step) by all of wte.T run far from the memory floor, as OpenBLAS packs the
     # operands first; by pieces of VOCAB_CHUNK tokens, whose packed copy is still in cache when it is used, they run
     # faster (the benchmark's lm-head row). One row (no packing) and many rows gain nothing
@@ -272,7 +276,7 @@ def lm_head(x, wte):  # [..., n_seq, n_embd] -> [..., n_seq, n_vocab]
     for start in range(0, len(wte), VOCAB_CHUNK):
         chunk = slice(start, start + VOCAB_CHUNK)
         np.matmul(rows, wte[chunk].T, out=out[:, chunk])
-    return out.reshape(*x.shape[:-1], len(wte))
+    return out
 
 
 def gpt2(inputs, wte, wpe, blocks, ln_f, n_head, last_only=False):  # [..., n_seq] -> [..., n, n_vocab]

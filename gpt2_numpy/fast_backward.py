@@ -6,7 +6,9 @@ A `*_forward` runs model.py's function and also returns what its backward needs,
 explain's trace: a block keeps {"ln_1": {"x_hat", "inv_sigma"}, "attn": {"x", "q", "k", "v", "weights", "heads"},
 "ln_2": {...}, "mlp": {"x", "pre", "hidden"}}). A `*_backward(d_out, kept, ...)` takes the gradient of the loss with
 respect to the forward's output and returns the gradient with respect to its input, and its parameters' gradients as a
-dict named like the params.
+dict named like the params. A function whose contract differs from backward.py's is named for the difference:
+`*_kept` takes its forward's kept values (backward.py's takes the forward's input), `*_in_place` overwrites its
+first argument, and `embedding_backward_into` adds the embedding's gradient into the lm head's.
 
 The training forward is model.py's functions composed as `gpt2` composes them, except where model.py's form costs
 most: the attention scores, the attention's softmax and GELU run in the tuned pass's form (fast.py, held equal to
@@ -15,6 +17,7 @@ mean cross-entropy of next-token prediction and its gradient for every param. Fl
 leading batch axis works too ("..." in shapes).
 """
 import math
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -50,7 +53,7 @@ def linear_backward(d_out, x, w):  # [..., n_out], [..., n_in], [n_in, n_out] ->
 # --- GELU (its forward is fast.gelu) ---
 
 
-def gelu_backward(d_out, x, y):  # [...], gelu's input and output [...] -> [...]
+def gelu_backward_kept(d_out, x, y):  # [...], gelu's input and output [...] -> [...]
     # y = x s, s = ½(1 + tanh u) = 1/(1 + e^(-2u)), u = c(x + 0.044715x³):
     # dy/dx = s + x·2s(1 - s)·c(1 + 3·0.044715x²) = s (1 + (1 - s)·2cx(1 + 3·0.044715x²)),
     # with s = y/x taken from the forward's output instead of a second exp (s = ½ at x = 0). A dozen passes, run as
@@ -58,7 +61,7 @@ def gelu_backward(d_out, x, y):  # [...], gelu's input and output [...] -> [...]
     return fast.in_chunks(gelu_backward_chunk, d_out, x, y)
 
 
-def gelu_backward_chunk(d_out, x, y, out):  # [n] x3 -> out [n]: gelu_backward's passes
+def gelu_backward_chunk(d_out, x, y, out):  # [n] x3 -> out [n]: gelu_backward_kept's passes
     out.fill(0.5)
     s = np.divide(y, x, out=out, where=x != 0)
     slope = x * x
@@ -94,7 +97,7 @@ def layer_norm_forward(x, g, b, eps=1e-5):  # model.layer_norm -> [..., n], kept
     return out.reshape(x.shape), {"x_hat": x_hat.reshape(x.shape), "inv_sigma": inv_sigma.reshape(*x.shape[:-1], 1)}
 
 
-def layer_norm_backward(d_out, kept, g):  # [..., n], layer_norm_forward's kept, [n] -> [..., n], {"g", "b"}
+def layer_norm_backward_kept(d_out, kept, g):  # [..., n], layer_norm_forward's kept, [n] -> [..., n], {"g", "b"}
     # dx = (ĝ - mean(ĝ) - x̂ mean(ĝ x̂))/σ with ĝ = g dy; dg = Σ dy x̂, db = Σ dy. In place on ĝ, a fresh array
     rows_d, x_hat, inv_sigma, n = rows(d_out), rows(kept["x_hat"]), rows(kept["inv_sigma"]), d_out.shape[-1]
     d_x = np.empty(rows_d.shape, d_out.dtype)
@@ -112,7 +115,7 @@ def layer_norm_backward(d_out, kept, g):  # [..., n], layer_norm_forward's kept,
 # --- softmax (its forward is model.softmax) ---
 
 
-def softmax_backward(d_out, y):  # [..., n], [..., n] (the softmax's output) -> [..., n], in d_out's memory
+def softmax_backward_in_place(d_out, y):  # [..., n], [..., n] (the softmax's output) -> [..., n], in d_out's memory
     # y = softmax(x): dx = y ⊙ (dy - Σ dy ⊙ y), the Jacobian diag(y) - y yᵀ applied to dy. In place on d_out (the
     # caller's own fresh array), with Σ dy ⊙ y as one dot product per row: the formula as written would make three
     # arrays the size of the attention weights, the largest of a step
@@ -141,7 +144,7 @@ def attention_forward(q, k, v, mask):  # model.attention -> [..., n_head, n_q, d
     return out, weights
 
 
-def attention_backward(d_out, q, k, v, weights):  # [..., n_head, n_q, d_head], q, k, v, [..., n_head, n_q, n_k]
+def attention_backward_kept(d_out, q, k, v, weights):  # [..., n_head, n_q, d_head], q, k, v, [..., n_head, n_q, n_k]
     # out = w v, w = softmax(q kᵀ/√d + mask): dv = wᵀ dout, dw = dout vᵀ, ds = softmax'(dw), dq = ds k/√d, dk = dsᵀ q/√d
     # (the mask: none). The 1/√d scales k and q, [n, d_head] each, instead of ds, [n_q, n_k]
     d_q, d_k, d_v = (np.empty(a.shape, a.dtype) for a in (q, k, v))
@@ -149,7 +152,7 @@ def attention_backward(d_out, q, k, v, weights):  # [..., n_head, n_q, d_head], 
 
     def some_heads(at):
         np.matmul(weights[at].swapaxes(-1, -2), d_out[at], out=d_v[at])
-        d_scores = softmax_backward(d_out[at] @ v[at].swapaxes(-1, -2), weights[at])
+        d_scores = softmax_backward_in_place(d_out[at] @ v[at].swapaxes(-1, -2), weights[at])
         np.matmul(d_scores, k[at] * scale, out=d_q[at])
         np.matmul(d_scores.swapaxes(-1, -2), q[at] * scale, out=d_k[at])
 
@@ -191,7 +194,8 @@ def mha_backward(d_out, kept, c_attn, c_proj, n_head):  # [..., n_seq, n_embd], 
     # the chain rule, from c_proj back to c_attn
     d_heads, g_proj = linear_backward(d_out, kept["heads"], c_proj["w"])
     # split_heads and merge_heads are each other's inverse, so each one's backward is the other
-    d_q, d_k, d_v = attention_backward(split_heads(d_heads, n_head), kept["q"], kept["k"], kept["v"], kept["weights"])
+    d_q, d_k, d_v = attention_backward_kept(split_heads(d_heads, n_head), kept["q"], kept["k"], kept["v"],
+                                            kept["weights"])
     d_qkv = np.concatenate([merge_heads(d_q), merge_heads(d_k), merge_heads(d_v)], axis=-1)  # the backward of split
     d_x, g_attn = linear_backward(d_qkv, kept["x"], c_attn["w"])
     return d_x, {"c_attn": g_attn, "c_proj": g_proj}
@@ -209,7 +213,7 @@ def ffn_forward(x, c_fc, c_proj):  # model.ffn -> [..., n_seq, n_embd], kept
 def ffn_backward(d_out, kept, c_fc, c_proj):  # [..., n_seq, n_embd], ffn_forward's kept -> dx, grads
     # the chain rule, from c_proj back to c_fc
     d_hidden, g_proj = linear_backward(d_out, kept["hidden"], c_proj["w"])
-    d_x, g_fc = linear_backward(gelu_backward(d_hidden, kept["pre"], kept["hidden"]), kept["x"], c_fc["w"])
+    d_x, g_fc = linear_backward(gelu_backward_kept(d_hidden, kept["pre"], kept["hidden"]), kept["x"], c_fc["w"])
     return d_x, {"c_fc": g_fc, "c_proj": g_proj}
 
 
@@ -228,10 +232,10 @@ def block_forward(x, ln_1, attn, ln_2, mlp, n_head):  # model.block -> [..., n_s
 def block_backward(d_out, kept, ln_1, attn, ln_2, mlp, n_head):  # [..., n_seq, n_embd], block_forward's kept
     # each residual passes its gradient through unchanged, and adds it to its branch's
     d_ln_2, g_mlp = ffn_backward(d_out, kept["mlp"], **mlp)
-    d_mid, g_ln_2 = layer_norm_backward(d_ln_2, kept["ln_2"], ln_2["g"])
+    d_mid, g_ln_2 = layer_norm_backward_kept(d_ln_2, kept["ln_2"], ln_2["g"])
     d_mid += d_out
     d_ln_1, g_attn = mha_backward(d_mid, kept["attn"], **attn, n_head=n_head)
-    d_x, g_ln_1 = layer_norm_backward(d_ln_1, kept["ln_1"], ln_1["g"])
+    d_x, g_ln_1 = layer_norm_backward_kept(d_ln_1, kept["ln_1"], ln_1["g"])
     d_x += d_mid
     return d_x, {"ln_1": g_ln_1, "attn": g_attn, "ln_2": g_ln_2, "mlp": g_mlp}
 
@@ -239,7 +243,7 @@ def block_backward(d_out, kept, ln_1, attn, ln_2, mlp, n_head):  # [..., n_seq, 
 # --- the embedding: x = wte[inputs] + wpe[positions] (its forward is model.gpt2's first line) ---
 
 
-def embedding_backward(d_x, inputs, d_wte, n_ctx):  # [..., n_seq, n_embd], int [..., n_seq], [n_vocab, n_embd]
+def embedding_backward_into(d_x, inputs, d_wte, n_ctx):  # [..., n_seq, n_embd], int [..., n_seq], [n_vocab, n_embd]
     # each row's gradient goes back to the rows it was read from, summed over repeats -> dwte, dwpe. wte is tied to
     # the output head: its share comes in as d_wte, and the embedding's is added to it
     np.add.at(d_wte, inputs.reshape(-1), rows(d_x))  # in place: a fresh [n_vocab, n_embd] would cost 150 MB and a pass
@@ -260,7 +264,7 @@ def lm_head_backward(d_logits, x, wte):  # [..., n_seq, n_vocab], [..., n_seq, n
                                                                                          over=cores.ROWS)
 
 
-def cross_entropy(logits, targets):  # [..., n_vocab] (overwritten), int [...] -> mean loss (float), dlogits
+def cross_entropy_in_place(logits, targets):  # [..., n_vocab] (overwritten), int [...] -> mean loss (float), dlogits
     # loss = mean(log Σ exp(logits) - logits[target]): dlogits = (softmax(logits) - onehot(target)) / n_positions.
     # The softmax written out in place, a few rows at a time (each pass over them runs in cache), where model.softmax
     # would make three [n_positions, n_vocab] temporaries (200 MB each at 4 x 256 tokens of GPT-2's vocabulary) and
@@ -301,11 +305,14 @@ def checked_ids(ids, what, n_vocab, n_ctx):  # int [..., n_seq] -> int64, the sa
         raise ValueError(f"{what}: {error}") from None
 
 
-def all_cores(inputs):  # -> cores.all_cores() for a training step of these inputs: on for ALL_CORES_FROM positions
-    # The forward's rule (fast.ALL_CORES_FROM): from 512 positions each split of the step's products and passes holds
-    # enough work to pay for its hand-over, and OpenBLAS on one thread stops its workers spinning beside ours; a
-    # shorter step keeps OpenBLAS's threads for its products (each split stays on one thread below cores.MIN_WORK)
-    return cores.all_cores(enabled=np.size(inputs) >= fast.ALL_CORES_FROM)
+@contextmanager
+def step_cores(inputs, n_embd):  # within: a training step of these inputs on a model n_embd wide, on its cores
+    # The forward's rules: a model narrower than cores.NARROW runs on one thread; from fast.ALL_CORES_FROM positions
+    # each split of the step's products and passes holds enough work to pay for its hand-over, and OpenBLAS on one
+    # thread stops its workers spinning beside ours; a shorter step keeps OpenBLAS's threads for its products (each
+    # split stays on one thread below cores.MIN_WORK)
+    with cores.for_model(n_embd), cores.all_cores(enabled=np.size(inputs) >= fast.ALL_CORES_FROM):
+        yield
 
 
 def loss_and_grads(inputs, targets, params, n_head):  # int [..., n_seq] x2 -> (mean cross-entropy, grads like params)
@@ -318,20 +325,21 @@ def loss_and_grads(inputs, targets, params, n_head):  # int [..., n_seq] x2 -> (
     if targets.shape != inputs.shape:
         raise ValueError(f"targets {targets.shape} must have the inputs' shape {inputs.shape}: the next token of each "
                          "position")
-    with all_cores(inputs):  # a no-op within train_step's, which includes clipping and AdamW
+    with step_cores(inputs, wte.shape[1]):  # a no-op within train_step's, which includes clipping and AdamW
         x = wte[inputs] + wpe[np.arange(inputs.shape[-1])]  # as model.gpt2
         kept = []
         for block_params in params["blocks"]:
             x, block_kept = block_forward(x, **block_params, n_head=n_head)
             kept.append(block_kept)
         x_f, ln_f_kept = layer_norm_forward(x, **ln_f)
-        loss, d_logits = cross_entropy(cores.matmul(rows(x_f), wte.T).reshape(*x.shape[:-1], -1), targets)
+        loss, d_logits = cross_entropy_in_place(cores.matmul(rows(x_f), wte.T).reshape(*x.shape[:-1], -1), targets)
 
         d_x_f, d_wte_head = lm_head_backward(d_logits, x_f, wte)
-        d_x, g_ln_f = layer_norm_backward(d_x_f, ln_f_kept, ln_f["g"])
+        d_x, g_ln_f = layer_norm_backward_kept(d_x_f, ln_f_kept, ln_f["g"])
         block_grads = []
         for block_params, block_kept in zip(reversed(params["blocks"]), reversed(kept)):
             d_x, block_grad = block_backward(d_x, block_kept, **block_params, n_head=n_head)
             block_grads.append(block_grad)
-        d_wte, d_wpe = embedding_backward(d_x, inputs, d_wte_head, wpe.shape[0])  # the embedding's share + the head's
+        # the embedding's share + the head's
+        d_wte, d_wpe = embedding_backward_into(d_x, inputs, d_wte_head, wpe.shape[0])
         return loss, {"wte": d_wte, "wpe": d_wpe, "blocks": block_grads[::-1], "ln_f": g_ln_f}

@@ -17,7 +17,8 @@ STAGING = ".download"  # subfolder holding downloads until they are verified
 
 
 def download_and_install(folder, size, source, missing):  # -> stamps of the files verified, now all in folder
-    from gpt2_numpy.fetch import fetch_all  # the network stack (requests, tqdm: 14 MB, 0.15 s) loads only here
+    # the network stack (requests, tqdm) loads only here: the commands that need no download start without it
+    from gpt2_numpy.fetch import fetch_all
 
     files = SOURCES[source].files
     present = [name for name in files if name not in missing]

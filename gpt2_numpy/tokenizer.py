@@ -7,7 +7,7 @@ Encoding runs in three steps:
 3. BPE merges adjacent parts of the word, best-ranked merge first, until no merge applies; each part is one token.
    `Tokenizer.textbook_bpe` is that loop as written in tiktoken's _educational.py and minbpe, to read first;
    `Tokenizer._bpe`, which encode uses, gives the same ids in work that grows linearly with a word's length, so even a
-   1 MB word (minified code, a run of digits) takes 1-2 s.
+   word of a megabyte (minified code, a run of digits) takes no longer than its length demands.
 
 Decoding maps ids back to bytes; bytes that end mid-way through a UTF-8 character become U+FFFD, and `stream_decoder()`
 holds such bytes back until the character is complete.

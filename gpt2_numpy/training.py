@@ -15,7 +15,7 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
-from gpt2_numpy.fast_backward import all_cores, loss_and_grads
+from gpt2_numpy.fast_backward import loss_and_grads, step_cores
 from gpt2_numpy.console import log, plural, progress_bar
 from gpt2_numpy.errors import Interrupted, UsageError
 from gpt2_numpy.fast import lm_head, log_softmax_at, transformer
@@ -257,7 +257,7 @@ def train_step(inputs, targets, params, n_head, opt_state, lr):  # -> (loss, gra
     update where the loss or the gradient norm is not finite."""
     # one cores.all_cores() for the whole step, not one per part: every product and pass of it runs on our team, with
     # OpenBLAS on one thread whose workers never spin beside ours
-    with all_cores(inputs):
+    with step_cores(inputs, params["wte"].shape[1]):
         loss, grads = loss_and_grads(inputs, targets, params, n_head)
         grad_norm = clip_grads(grads)
         if math.isfinite(loss) and math.isfinite(grad_norm):

@@ -7,6 +7,7 @@ the goals they are held to. Run from the repo root:
     python -m scripts.benchmark --markdown docs/performance.md   # also write the tables into that page
     python -m scripts.benchmark --json                   # the rows and verdicts as JSON instead of tables
     python -m scripts.benchmark --threads 1 2 4          # every part at each thread count: a table per part
+    python -m scripts.benchmark --busy 1                 # every part idle, then beside 1 CPU-bound process
 
 The weights are a TF checkpoint when `--checkpoint DIR` (default weights/124M) holds one (the real one, or a 124M-shaped
 one from `python -m scripts.fixtures.make_tf_fixture --config 124M --out DIR`), else seeded random weights of the 124M
@@ -15,8 +16,12 @@ attention (sdpa) and as many torch threads as NumPy's BLAS uses; `--threads N ..
 ours (gpt2_numpy.cores.set_threads), NumPy's BLAS and torch all given that count. Each time is the median of
 `--repeats` runs after a warm-up; where both engines run, they take turns, repeat by repeat. The goals
 (scripts/bench/goals.py) are ratios measured in one run, judged at each thread count (without --threads, at the count
-in force); a sweep also lists each row of ours that got slower when the count doubled. The test suite asserts no
-timings. Each part lives in a module of scripts/bench.
+in force); a sweep also lists each row of ours that got slower when the count doubled. `--busy N` runs every part
+twice, first as the machine is, then with N CPU-bound processes of its own beside it (scripts/bench/busy.py: each ends
+when the run does, however it ends), and prints the two side by side; the "default count" part times the default
+thread count against one thread. At the start, a machine already busy (load average above its cores) gets a note
+line on stderr: its figures are not an idle machine's. The test suite asserts no timings. Each part lives in a module
+of scripts/bench.
 """
 import argparse
 import json
@@ -33,7 +38,8 @@ from tqdm import tqdm
 from gpt2_numpy import keep_freed_memory
 from gpt2_numpy.formats.checkpoint import load_params
 from gpt2_numpy.params import random_params
-from scripts.bench import batch, bpe, breakdown, forward, goals, memory, score, tokenizer, train
+from gpt2_numpy.console import plural
+from scripts.bench import batch, bpe, breakdown, busy, counts, forward, goals, memory, score, tokenizer, train
 from scripts.bench.engines import INSTALL_HF, HuggingFace, Ours
 from gpt2_numpy import cores
 from scripts.bench.harness import (BEGIN, END, HF, HPARAMS_124M, REPO, blas_name, blas_threads, fail, read_page,
@@ -56,7 +62,10 @@ PARTS = {  # --only's names, in the order they run -> (run) -> rows (the breakdo
     "BPE training": lambda run: bpe.bpe_rows(run.repeats, run.corpus),
     "breakdown": lambda run: breakdown.breakdown_lines(run.engines),
     "training": lambda run: train.train_rows(run.repeats, compare_torch=bool(run.hf_dir), theirs=HF)[0],
+    "default count": lambda run: counts.default_rows(run.params, run.engines[0].n_head, run.repeats),
 }
+
+
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--compare-hf", action="store_true", help="also run HF transformers on the same weights")
@@ -74,6 +83,9 @@ def parse_args(argv):
                         help="run the parts at each of these thread counts (ours, NumPy's BLAS and torch alike), and "
                         "print a table per part with a column per count; counts above this machine's cores "
                         "oversubscribe it (default: one run at the count in force)")
+    parser.add_argument("--busy", type=int, default=0, metavar="N",
+                        help="run every part twice: as the machine is, then beside N CPU-bound processes, which end "
+                        f"with the run (or after {busy.BUSY_SECONDS:,} s at most); a column for each")
     parser.add_argument("--only", nargs="+", choices=PARTS, metavar="PART",
                         help=f"run only these parts: {', '.join(PARTS)} (default: all); score needs --compare-hf, load "
                         "and peak memory a TF checkpoint or --compare-hf")
@@ -98,6 +110,8 @@ def check_args(args, tf_dir):  # -> None; one error line for a run that would me
         fail(f"--repeats {args.repeats}: a median needs at least 1 run")
     if any(count < 1 for count in args.threads or ()):
         fail(f"--threads {' '.join(map(str, args.threads))}: each count must be a whole number >= 1")
+    if args.busy < 0:
+        fail(f"--busy {args.busy}: the CPU-bound processes to start must be a whole number >= 0")
     without = {"score": "--compare-hf", "load": "--compare-hf or a TF checkpoint (--checkpoint)",
                "peak memory": "--compare-hf or a TF checkpoint (--checkpoint)"}
     measured = {"score": args.compare_hf, "load": args.compare_hf or tf_dir, "peak memory": args.compare_hf or tf_dir}
@@ -118,51 +132,77 @@ def main(argv=None):
     check_args(args, tf_dir)
     if args.markdown:
         read_page(args.markdown)  # now, not after a run of half an hour
+    load = busy.note_if_busy()  # before anything of ours runs
     keep_freed_memory()  # as the CLIs do; both engines share this process and its allocator
     hparams, params = load_params(tf_dir) if tf_dir else (HPARAMS_124M, random_params(HPARAMS_124M))
     counts = args.threads or [None]  # None: the count in force, once
-    runs = {}  # count -> {part: rows}
+    loads = [0, args.busy] if args.busy else [0]
+    runs = {}  # column label -> {part: rows}
     with tempfile.TemporaryDirectory() as scratch:
         engines, hf_dir = engines_for(params, hparams, args.compare_hf, scratch)
         run = Run(engines, params, tf_dir, hf_dir, vocabulary(args.checkpoint), args.repeats, args.corpus)
         names = [name for name in PARTS if name in (args.only or PARTS)]
-        with tqdm(total=len(names) * len(counts), desc="benchmark", unit="part", file=sys.stderr) as progress:
-            for count in counts:  # a full run takes half an hour: the bar on stderr counts the parts
-                if count is not None:
-                    use_threads(count, engines)
-                runs[count] = {}
-                for name in names:
-                    progress.set_postfix_str(name if count is None else f"{name}, {count} threads")
-                    runs[count][name] = PARTS[name](run)
-                    progress.update()
+        with tqdm(total=len(names) * len(counts) * len(loads), desc="benchmark", unit="part",
+                  file=sys.stderr) as progress:
+            for n_busy in loads:
+                with busy.processes(n_busy):
+                    for count in counts:  # a full run takes half an hour: the bar on stderr counts the parts
+                        if count is not None:
+                            use_threads(count, engines)
+                        label = column(count, n_busy, args.busy)
+                        runs[label] = {}
+                        for name in names:
+                            progress.set_postfix_str(", ".join(filter(None, [name, label])))
+                            runs[label][name] = PARTS[name](run)
+                            progress.update()
     torch = f", torch {engines[1].torch.__version__} ({engines[1].torch.get_num_threads()} threads)" if hf_dir else ""
     header = {
         "machine": f"{os.cpu_count()} cores ({cores.available_cores()} for this process), {platform.machine()}, BLAS "
-                   f"{blas_name()} with {blas_threads()} threads",
+                   f"{blas_name()} with {plural(blas_threads(), 'thread')}",
+        "load": f"load average {load[0]:.2f}, {load[1]:.2f}, {load[2]:.2f} at the start",
         "versions": f"Python {platform.python_version()}, numpy {np.__version__}{torch}",
         "weights": f"checkpoint {tf_dir}" if tf_dir else "seeded random weights of the 124M shape (no TF checkpoint)",
     }
-    breakdowns = {count: results.pop("breakdown", []) for count, results in runs.items()}
-    rows = {count: [r for part in results.values() for r in part] for count, results in runs.items()}
-    met = {count: goals.verdicts(count_rows, count or cores.threads()) for count, count_rows in rows.items()}
+    if args.busy:
+        header["busy"] = f"{args.busy} CPU-bound process{'es' if args.busy > 1 else ''} beside the run (busy column)"
+    breakdowns = {label: results.pop("breakdown", []) for label, results in runs.items()}
+    rows = {label: [r for part in results.values() for r in part] for label, results in runs.items()}
+    count_of = {column(count, n_busy, args.busy): count for n_busy in loads for count in counts}
+    met = {label: goals.verdicts(label_rows, count_of[label] or cores.threads()) for label, label_rows in rows.items()}
     names = [e.name for e in engines]
-    if args.threads:
-        header["threads"] = ", ".join(f"{count}" + (" (oversubscribed)" if count > cores.available_cores() else "")
-                                      for count in args.threads)
-        where = {f"Where our time goes, {count} threads:": breakdowns[count] for count in counts}
-        tables = sweep_report(header, runs, names, {"Goals, a row per thread count:": goals.sweep_goal_table(met),
-                                                    goals.MONOTONE: goals.monotone_lines(rows), **where})
-        data = {"header": header, "threads": {count: {"rows": rows[count], "goals": met[count],
-                                                      "breakdown": breakdowns[count]} for count in counts}}
-        if goals.doublings(counts):
-            data["slower"] = goals.slower(rows)  # ours, by more than goals.WITHIN, from a count to its double
+    if args.threads or args.busy:
+        if args.threads:
+            header["threads"] = ", ".join(f"{count}" + (" (oversubscribed)" if count > cores.available_cores() else "")
+                                          for count in args.threads)
+        by_count = {column(None, n_busy, args.busy): {count: rows[column(count, n_busy, args.busy)] for count in counts}
+                    for n_busy in loads}  # "" without --busy
+        monotone = {(f"{goals.MONOTONE[:-1]}, {load_label}:" if load_label else goals.MONOTONE):
+                    goals.monotone_lines(load_rows)
+                    for load_label, load_rows in by_count.items()} if args.threads else {}
+        where = {f"Where our time goes, {label}:": breakdowns[label] for label in runs}
+        title = "Goals, a row per thread count:" if not args.busy else "Goals, a row per column:"
+        tables = sweep_report(header, runs, names, {title: goals.sweep_goal_table(met), **monotone, **where})
+        columns = {label: {"rows": rows[label], "goals": met[label], "breakdown": breakdowns[label]} for label in runs}
+        if args.busy:
+            data = {"header": header, "columns": columns}
+        else:  # a column per count, keyed by the count
+            data = {"header": header, "threads": dict(zip(map(str, counts), columns.values()))}
+        if args.threads and goals.doublings(counts):  # ours, by more than goals.WITHIN, from a count to its double
+            slower = {load_label: goals.slower(load_rows) for load_label, load_rows in by_count.items()}
+            data["slower"] = slower if args.busy else slower[""]
     else:
-        tables = report(header, rows[None], names, {"Goals:": goals.goal_table(met[None]),
-                                                    "Where our time goes:": breakdowns[None]})
-        data = {"header": header, "rows": rows[None], "goals": met[None], "breakdown": breakdowns[None]}
+        label = column(None, 0, 0)
+        tables = report(header, rows[label], names, {"Goals:": goals.goal_table(met[label]),
+                                                     "Where our time goes:": breakdowns[label]})
+        data = {"header": header, "rows": rows[label], "goals": met[label], "breakdown": breakdowns[label]}
     print(json.dumps(data, indent=2) if args.json else tables)
     if args.markdown:
         write_between_markers(args.markdown, tables)
+
+
+def column(count, n_busy, busy_asked):  # -> "2 threads, busy 1": a table column's label ("" for one plain run)
+    load = ("idle" if n_busy == 0 else f"busy {n_busy}") if busy_asked else None
+    return ", ".join(filter(None, [plural(count, "thread") if count else None, load]))
 
 
 def use_threads(count, engines):  # -> None; ours, NumPy's BLAS, torch and any fresh process a part starts: count

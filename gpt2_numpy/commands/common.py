@@ -35,19 +35,23 @@ class ArgumentParser(argparse.ArgumentParser):
     never taken from a prefix of its name: --model must not be read as --models-dir, nor an old spelling as a new
     one."""
 
-    def __init__(self, *args, dash_hint=None, **kwargs):
-        # dash_hint: how to pass text that begins with '-', which argparse takes for an unknown option
+    def __init__(self, *args, dash_hint=None, runs_model=True, **kwargs):
+        # dash_hint: how to pass text that begins with '-', which argparse takes for an unknown option; runs_model:
+        # whether the command runs a model, whose thread count --threads and $GPT2_NUMPY_THREADS set
         super().__init__(*args, allow_abbrev=False, **kwargs)
-        self.dash_hint = dash_hint
+        self.dash_hint, self.runs_model = dash_hint, runs_model
         self.given = None  # the command line up to "--", once parsed: errors name the flags misspelt in it
         self.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
-        self.add_argument("--threads", type=whole_number(1), metavar="N",
-                          help=f"cores the model may use, NumPy's BLAS and gpt2_numpy's own threads together (default: "
-                          f"${cores.THREADS_VARIABLE}, else ${', then $'.join(cores.BLAS_VARIABLES)}, else the "
-                          f"{cores.available_cores()} this process may run on)")
+        if runs_model:
+            self.add_argument("--threads", type=whole_number(1), metavar="N",
+                              help=f"cores the model may use, NumPy's BLAS and gpt2_numpy's own threads together "
+                              f"(default: ${cores.THREADS_VARIABLE}, else ${', then $'.join(cores.BLAS_VARIABLES)}, "
+                              f"else those of the {cores.available_cores()} this process may run on that other "
+                              "processes leave free)")
 
     def parse_known_args(self, args=None, namespace=None):  # -> (namespace, extras)
-        if self.given is None:  # the first call sees the whole command line; intermixed parsing calls again with parts
+        first = self.given is None
+        if first:  # the first call sees the whole command line; intermixed parsing calls again with parts
             given = sys.argv[1:] if args is None else list(args)
             self.given = given[:given.index("--")] if "--" in given else given
             # argparse reads "-hello" (even "-hello world") as -h with "ello" attached: an error on Python 3.9, the
@@ -57,14 +61,23 @@ class ArgumentParser(argparse.ArgumentParser):
                 raise UsageError("; ".join(filter(None, [f"unrecognized arguments: {attached[0]}", self.dash_hint]))
                                  + " (see --help)")
         namespace, extras = super().parse_known_args(args, namespace)
-        try:  # the thread count in force from here on
-            cores.threads() if namespace.threads is None else cores.set_threads(namespace.threads)
-        except ValueError as error:  # a bad $GPT2_NUMPY_THREADS
-            raise UsageError(f"{error}; or unset it") from None
+        if self.runs_model:
+            use_threads(namespace.threads, note=first)
         return namespace, extras
 
     def error(self, message):
         raise UsageError(f"{usage_hints(self, message)} (see --help)")
+
+
+def use_threads(count, note):  # -> None; the thread count in force from here on: count, else the default's
+    try:
+        count = cores.set_threads(count) if count is not None else cores.given_threads()
+        cores.threads()  # OpenBLAS set to it (or to the free cores) now
+    except ValueError as error:  # a bad $GPT2_NUMPY_THREADS
+        raise UsageError(f"{error}; or unset it") from None
+    if note and count is not None and count > cores.available_cores():  # allowed, and slower: said once
+        log(f"note: {plural(count, 'thread')} on {plural(cores.available_cores(), 'core')} take turns on them, which "
+            f"is slower than {cores.available_cores()}")
 
 
 def usage_hints(parser, message):  # -> argparse's message, with the hints that apply to it

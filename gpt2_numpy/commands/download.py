@@ -17,7 +17,7 @@ from gpt2_numpy.weights import ensure_model
 
 
 def parse_args(argv):  # -> argparse.Namespace whose size is the one model to download
-    parser = ArgumentParser(prog="gpt2-numpy download",
+    parser = ArgumentParser(prog="gpt2-numpy download", runs_model=False,
                             description="Download an official GPT-2 checkpoint, resuming and verifying it.")
     parser.add_argument("size", nargs="?", type=size_name, metavar="MODEL",
                         help=f"model size: {', '.join(MODEL_SIZES)} (in any case: 124m is 124M)")

@@ -23,7 +23,7 @@ from gpt2_numpy.tokenizer_train import save_tokenizer, trained_tokenizer, train_
 
 
 def parse_args(argv):  # -> argparse.Namespace
-    parser = ArgumentParser(prog="gpt2-numpy tokenizer",
+    parser = ArgumentParser(prog="gpt2-numpy tokenizer", runs_model=False,
                             description="Train a byte-level BPE tokenizer (GPT-2's kind) on a UTF-8 text file, with "
                             "the same merges as Hugging Face's tokenizers trained on the whole text at once, into "
                             "DIR/vocab.json + DIR/merges.txt.")

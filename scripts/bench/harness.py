@@ -101,20 +101,24 @@ def batch_prompts(lengths):  # -> one fixed pseudo-random prompt per length, eac
 # --- rows and tables ---
 
 
-def row(metric, better, values):  # values: {engine or column name: number}
-    return {"metric": metric, "better": better, **values}
+def row(metric, better, values, pair=None):  # values: {engine or column name: number}; pair: the two names whose
+    # ratio the row's tables show, where they are not the engines (ours and HF's)
+    return {"metric": metric, "better": better, **values, **({"pair": pair} if pair else {})}
 
 
 def comparison_table(rows, names):  # -> markdown lines: a column per name, the ratio of the first two, then the rest
     if not rows:
         return []
-    extra = sorted({key for r in rows for key in r} - {"metric", "better", *names})  # e.g. tiktoken
-    columns = ["metric", *names, *extra] + ([f"{names[0]} / {names[1]}"] if len(names) == 2 else [])
+    extra = sorted({key for r in rows for key in r} - {"metric", "better", "pair", *names})  # e.g. tiktoken
+    paired = len(names) == 2 or any("pair" in r for r in rows)  # a ratio column
+    columns = ["metric", *names, *extra] + ([f"{names[0]} / {names[1]}" if len(names) == 2 else "ratio"] if paired
+                                            else [])
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for r in rows:
         cells = [r["metric"]] + [f"{r[n]:,.3g}" if r.get(n) is not None else "" for n in (*names, *extra)]
-        if len(names) == 2:
-            cells.append(ratio(r, *names))
+        if paired:
+            pair = r.get("pair", names)
+            cells.append(ratio(r, *pair) if len(pair) == 2 else "")
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -132,13 +136,16 @@ def report(header, rows, names, sections):  # -> markdown: the setting, the tabl
 
 
 def sweep_report(header, runs, names, sections):  # -> markdown: the setting, then a table per part with a column per
-    # thread count (runs: {count: {part: rows}}), then sections ({title: lines}: the goals, where time goes)
+    # run (runs: {column label: {part: rows}}: "2 threads", "busy 1"), then sections ({title: lines}: the goals, where
+    # time goes)
     lines = setting_lines(header)
     counts = list(runs)
-    cell = f"{names[0]} / {names[1]} (ratio)" if len(names) == 2 else names[0]
     for part in runs[counts[0]]:
         by_count = [{r["metric"]: r for r in runs[count][part]} for count in counts]
-        lines += ["", f"{part}, {cell}:", "", "| metric | " + " | ".join(f"{count} threads" for count in counts) + " |",
+        pairs = {tuple(r.get("pair", names)) for r in runs[counts[0]][part]}  # a part's own pair, where it has one
+        pair = pairs.pop() if len(pairs) == 1 else names
+        cell = f"{pair[0]} / {pair[1]} (ratio)" if len(pair) == 2 else pair[0]
+        lines += ["", f"{part}, {cell}:", "", "| metric | " + " | ".join(counts) + " |",
                   "|---|" + "---|" * len(counts)]
         for metric in by_count[0]:
             cells = [sweep_cell(rows.get(metric), names) for rows in by_count]
@@ -161,6 +168,7 @@ def with_titles(sections):  # -> markdown lines: each section with lines after a
 def sweep_cell(r, names):  # -> "1.66 / 1.84 (0.90× (better))", or ours alone
     if r is None:
         return ""
+    names = r.get("pair", names)
     values = [f"{r[name]:,.3g}" for name in names if r.get(name) is not None]
     return " / ".join(values) + (f" ({ratio(r, *names)})" if len(values) == 2 else "")
 

@@ -1,6 +1,7 @@
 """What bounds the benchmark's parts on this machine, per thread count: how fast the cores read memory and multiply.
 
     python -m scripts.dev.bounds [--threads 1 2]
+    python -m scripts.dev.bounds --line [--busy 1]
 
 - decode: one step reads every weight of the 124M model once (124 M floats, 498 MB); the rate at which `wte @ x`
   reads the 154 MB token embedding gives the fewest seconds a step can take, and so the most tokens a second;
@@ -16,15 +17,23 @@
   chunks of 2^15 and of fast.CHUNK.
 Each time is the median of 5 runs (3 for the lm head's and the batch step's) after a warm-up, as the benchmark's are;
 the arrays are seeded random float32.
+
+--line measures where cores.NARROW stands instead: models of GPT-2's vocabulary and widths from 32 to 768 decode 20
+tokens after a 1-token prompt and run a pass of 128 positions, on OpenBLAS's 2 threads (set_threads(2)) and on one, in
+turns, 5 times each (medians); every pass of a model narrower than NARROW runs on one thread whatever the count, so
+the line is lifted (NARROW = 1) while it measures. --busy N does it beside N CPU-bound processes.
 """
 import argparse
 import time
+from contextlib import nullcontext
 
 import numpy as np
 
 from gpt2_numpy import cores, fast
+from gpt2_numpy.console import plural
 from gpt2_numpy.params import random_params
-from scripts.bench.harness import HPARAMS_124M, fail, median_seconds
+from scripts.bench import busy
+from scripts.bench.harness import HPARAMS_124M, fail, in_turns, median_seconds, wall_seconds
 
 N_PARAMS_124M = 124_439_808  # GPT-2 124M's weights, wte counted once (the lm head reuses it)
 
@@ -45,7 +54,7 @@ def bounds_lines(count, rng, params):  # -> the printed lines for `count` thread
     n_embd = HPARAMS_124M["n_embd"]
     rows, wide = (rng.standard_normal((8, n), dtype=np.float32) for n in (n_embd, 4 * n_embd))
     batch_products = median_seconds(lambda: batch_step_products(rows, wide, params), 3)
-    return [f"{count} threads:",
+    return [f"{plural(count, 'thread')}:",
             f"  memory read (wte @ x, {wte.nbytes / 1e6:.0f} MB): {read_rate / 1e9:.1f} GB/s; a decode step reads "
             f"{step_bytes / 1e6:.0f} MB: at least {step_bytes / read_rate * 1e3:.1f} ms, at most "
             f"{read_rate / step_bytes:.1f} tokens/s",
@@ -91,11 +100,53 @@ def threading_lines(rng):  # -> the printed lines on OpenBLAS's spin, a hand-ove
             f"  GELU's calls on [1024, 3072] hold the GIL for at most: {'; '.join(shares)}"]
 
 
+LINE_WIDTHS = [32, 64, 96, 128, 192, 256, 384, 768]
+
+
+def line_lines():  # -> the printed lines: a model's passes at 2 threads over 1, by width
+    lines, narrow = ["width: decode 20 tokens, 2 threads / 1 thread; a pass of 128 positions, the same"], cores.NARROW
+    cores.NARROW = 1  # every width shares its passes as a wide model does
+    try:
+        for width in LINE_WIDTHS:
+            hparams = {"n_vocab": 50257, "n_ctx": 256, "n_embd": width, "n_head": max(1, width // 64), "n_layer": 2}
+            params = fast.inference_layout(random_params(hparams, seed=0))
+            ratios = [ratio_2_over_1(run) for run in (lambda: decode_20(params, hparams["n_head"]),
+                                                       lambda: fast.gpt2(np.arange(128), **params,
+                                                                         n_head=hparams["n_head"], last_only=True))]
+            lines.append(f"  {width}: {ratios[0]:.2f}; {ratios[1]:.2f}")
+    finally:
+        cores.NARROW = narrow
+    return lines
+
+
+def decode_20(params, n_head):
+    cache = fast.new_cache(params["wpe"], params["blocks"], n_head, n_slots=21)
+    for token in range(21):
+        fast.gpt2_cached([token], cache, **params, n_head=n_head, last_only=True)
+
+
+def ratio_2_over_1(run):  # -> run's median time on 2 threads over on one, in turns
+    def at(count):
+        def run_at():
+            cores.set_threads(count)
+            run()
+        return wall_seconds(run_at)
+    seconds = in_turns({2: at(2), 1: at(1)}, 5)
+    return seconds[2] / seconds[1]
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2], metavar="N",
                         help="thread counts to measure at (1 2)")
+    parser.add_argument("--line", action="store_true", help="measure where cores.NARROW stands, and nothing else")
+    parser.add_argument("--busy", type=int, default=0, metavar="N", help="with --line: beside N CPU-bound processes")
     args = parser.parse_args()
+    if args.line:
+        busy.note_if_busy()
+        with busy.processes(args.busy) if args.busy else nullcontext():
+            print("\n".join(line_lines()), flush=True)
+        return
     if any(count < 1 for count in args.threads):
         fail(f"--threads {' '.join(map(str, args.threads))}: each count must be a whole number >= 1")
     rng = np.random.default_rng(0)

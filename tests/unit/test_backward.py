@@ -97,25 +97,25 @@ def test_the_tuned_forms_training_runs_equal_the_formulas(chunk, monkeypatch):
 
     x, d_out = normal(3, 70, dtype=f32) * 3, normal(3, 70, dtype=f32)
     x[0, :3] = 0  # GELU's tuned backward takes s = y/x, with x = 0 a case of its own
-    close(fast_backward.gelu_backward(d_out, x, fast.gelu(x)), backward.gelu_backward(d_out, x))
+    close(fast_backward.gelu_backward_kept(d_out, x, fast.gelu(x)), backward.gelu_backward(d_out, x))
 
     x, g, b, d_out = normal(2, 3, 6, dtype=f32), normal(6, dtype=f32), normal(6, dtype=f32), normal(2, 3, 6, dtype=f32)
     kept = fast_backward.layer_norm_forward(x, g, b)[1]
-    close(fast_backward.layer_norm_backward(d_out, kept, g), backward.layer_norm_backward(d_out, x, g))
+    close(fast_backward.layer_norm_backward_kept(d_out, kept, g), backward.layer_norm_backward(d_out, x, g))
 
     y, d_out = model.softmax(normal(3, 5, dtype=f32)), normal(3, 5, dtype=f32)
-    close(fast_backward.softmax_backward(d_out.copy(), y), backward.softmax_backward(d_out, y))
+    close(fast_backward.softmax_backward_in_place(d_out.copy(), y), backward.softmax_backward(d_out, y))
 
     q, k, v, d_out = (normal(2, 3, 4, 5, dtype=f32) for _ in range(4))
     weights = fast_backward.attention_forward(q, k, v, model.causal_mask(4))[1]
-    close(fast_backward.attention_backward(d_out, q, k, v, weights),
+    close(fast_backward.attention_backward_kept(d_out, q, k, v, weights),
           backward.attention_backward(d_out, q, k, v, model.causal_mask(4)))
 
     x, wte, d_logits = normal(2, 3, 4, dtype=f32), normal(7, 4, dtype=f32), normal(2, 3, 7, dtype=f32)
     close(fast_backward.lm_head_backward(d_logits, x, wte), backward.lm_head_backward(d_logits, x, wte))
     inputs, d_x = np.array([[1, 6, 1], [0, 1, 2]]), normal(2, 3, 4, dtype=f32)
-    close(fast_backward.embedding_backward(d_x, inputs, np.zeros((7, 4), f32), 5),
+    close(fast_backward.embedding_backward_into(d_x, inputs, np.zeros((7, 4), f32), 5),
           backward.embedding_backward(d_x, inputs, 7, 5))
 
     logits, targets = normal(2, 3, 7, dtype=f32), np.array([[1, 6, 1], [0, 3, 2]])
-    close(fast_backward.cross_entropy(logits.copy(), targets), backward.cross_entropy(logits, targets))
+    close(fast_backward.cross_entropy_in_place(logits.copy(), targets), backward.cross_entropy(logits, targets))

@@ -1,9 +1,11 @@
-"""cores.py: a long pass shares its pieces among threads, OpenBLAS on one thread meanwhile, and equals one core."""
+"""cores.py: a long pass shares its pieces among threads, OpenBLAS on one thread meanwhile, and equals one core; the
+default count follows the free cores; forks, pools and the counts set_threads refuses."""
 import os
 import signal
 import subprocess
 import sys
 import threading
+import time
 from concurrent import futures
 
 import numpy as np
@@ -18,11 +20,16 @@ HPARAMS = {"n_vocab": 97, "n_ctx": 48, "n_embd": 48, "n_head": 6, "n_layer": 2}
 
 
 @pytest.fixture
-def two_cores():  # -> OpenBLAS's (set_num_threads, get_num_threads), which must run at least 2 threads
+def two_cores(monkeypatch):  # -> OpenBLAS's (set_num_threads, get_num_threads), set to 2 threads for the test
     blas = cores.openblas()
-    if blas is None or blas[1]() < 2:  # CI's machine has 2 cores and NumPy's own OpenBLAS
-        missing("no OpenBLAS with 2 threads or more found in this process: nothing for cores.py to share")
-    return blas
+    if blas is None:  # CI's machine has NumPy's own OpenBLAS
+        missing("no OpenBLAS found in this process: nothing for cores.py to share")
+    before, settings = blas[1](), dict(cores.settings)
+    cores.set_threads(2)  # given, so kept however busy the machine is
+    monkeypatch.setattr(cores, "NARROW", 1)  # the small model of these tests shares its passes as a wide one would
+    yield blas
+    cores.settings.update(settings)
+    blas[0](before)
 
 
 def pieces_run(n_items, team_size, monkeypatch):  # -> [(piece, thread id)] of one split() in a team of team_size
@@ -187,7 +194,7 @@ print(os.waitpid(child, 0)[1])
 
 def test_a_forked_child_gets_threads_of_its_own():
     result = subprocess.run([sys.executable, "-c", FORK_AFTER_A_PASS], capture_output=True, text=True, timeout=60,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+                            env={**os.environ, "PYTHONPATH": str(REPO), cores.THREADS_VARIABLE: "2"})
     *child, status = result.stdout.splitlines()
     assert int(status) != signal.SIGALRM, "the forked child hung in its pass"
     assert int(status) == 0, result.stderr
@@ -263,10 +270,100 @@ print(original, status, get_threads())
 @pytest.mark.parametrize("parent", ["inside a pass", "holding the lock"])
 def test_a_child_forked_during_a_pass_runs_passes_and_gets_openblas_back(two_cores, parent):
     result = subprocess.run([sys.executable, "-c", FORK_DURING_A_PASS, parent], capture_output=True, text=True,
-                            timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
+                            timeout=60, env={**os.environ, "PYTHONPATH": str(REPO), cores.THREADS_VARIABLE: "2"})
     *child, (original, status, parent_after) = [list(map(int, line.split())) for line in result.stdout.splitlines()]
     assert status != signal.SIGALRM, "the forked child hung in its pass"
     assert status == 0, result.stderr
     # the child starts with OpenBLAS's count from before the parent's pass, and its own pass shares it
     assert child == [[original, 1, original, original]]
     assert original >= 2 and parent_after == original
+
+
+# The main thread forks inside its own pass: the child goes on with that pass, which ends there as in the parent.
+# Prints, in the child: the passes counted and OpenBLAS's count inside the pass, after it, within a pass of its own
+# (and its team), and after that; then, in the parent, the child's wait status.
+FORK_INSIDE_A_PASS = """
+import os, signal, warnings
+from gpt2_numpy import cores
+warnings.filterwarnings("ignore", "This process .* is multi-threaded", DeprecationWarning)
+get_threads = cores.openblas()[1]
+cores.set_threads(2)
+with cores.all_cores():
+    child = os.fork()
+    if child == 0:
+        signal.alarm(10)
+        inside = cores.passes["running"], get_threads()
+if child == 0:
+    after = cores.passes["running"], get_threads()
+    with cores.all_cores():
+        again = cores.passes["running"], get_threads(), cores.team_size()
+    print(*inside, *after, *again, cores.passes["running"], get_threads(), flush=True)
+    os._exit(0)
+print(os.waitpid(child, 0)[1])
+"""
+
+
+def test_a_fork_inside_a_pass_leaves_that_pass_to_end_in_the_child(two_cores):
+    result = subprocess.run([sys.executable, "-c", FORK_INSIDE_A_PASS], capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    child, status = result.stdout.splitlines()
+    assert int(status) == 0, result.stderr
+    # inside: its one pass, OpenBLAS on one thread; after: none, OpenBLAS back on 2; a pass of its own as any other
+    assert child.split() == ["1", "1", "0", "2", "1", "1", "2", "0", "2"]
+
+
+def helper_threads():  # -> the threads of our pools now alive
+    return [thread for thread in threading.enumerate() if thread.name.startswith("gpt2_numpy")]
+
+
+def test_a_sweep_of_thread_counts_leaves_no_idle_pool_behind(two_cores, monkeypatch):
+    monkeypatch.setattr(cores, "MIN_WORK", 1)  # every split of 64 items goes to the whole team
+    for count in [*range(1, 17), 2]:  # as a sweep of the benchmark's, then back to 2
+        cores.set_threads(count)
+        with cores.all_cores():
+            cores.split(lambda piece: time.sleep(0.002), 64)  # each piece long enough for every thread to start
+    for _ in range(100):  # a released pool's threads end once they see it shut down
+        if len(helper_threads()) <= 1:
+            break
+        time.sleep(0.05)
+    assert len(helper_threads()) == 1  # the pool of the last team of 2: the caller and one helper
+
+
+@pytest.mark.parametrize("count", [2.7, 2.0, True, False, "2.7", "", None, 0, -1])
+def test_set_threads_refuses_what_is_not_a_whole_count(count):
+    before = dict(cores.settings)
+    with pytest.raises(ValueError, match="is not a whole number of threads >= 1"):
+        cores.set_threads(count)
+    assert cores.settings == before
+
+
+def test_set_threads_takes_whole_numbers_of_any_kind(two_cores):
+    assert cores.set_threads(np.int64(3)) == 3 and cores.set_threads(" 2 ") == 2 and cores.threads() == 2
+
+
+def test_the_default_count_is_the_cores_other_processes_leave_free(two_cores, monkeypatch):
+    # a machine of 2 cores seen through /proc: seconds, busy clock ticks of both cores and our CPU seconds
+    ticks = os.sysconf("SC_CLK_TCK")
+    clock, busy, ours = [100.0], [0], [0.0]
+    monkeypatch.setattr(cores, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(cores, "busy_ticks", lambda: busy[0])
+    monkeypatch.setattr(cores, "own_cpu_seconds", lambda: ours[0])
+    monkeypatch.setattr(cores, "available_cores", lambda: 2)
+    monkeypatch.setattr(cores, "runnable_tasks", lambda: 2)  # at the first reading: another task runs beside us
+    monkeypatch.setitem(cores.load, "at", None)
+    cores.settings.update(threads=None, read=True)  # no count given
+    seen = [(cores.threads(), two_cores[1]())]
+    for others, ours_share in [(1.0, 1.0), (0.0, 2.0), (0.6, 1.4), (0.4, 1.6), (1.0, 1.0)]:  # cores busy in 1 s
+        clock[0] += cores.LOAD_WINDOW / 2
+        seen.append((cores.threads(), two_cores[1]()))  # within a window: as it was
+        clock[0] += 1 - cores.LOAD_WINDOW / 2
+        busy[0] += round((others + ours_share) * ticks)
+        ours[0] += ours_share
+        seen.append((cores.threads(), two_cores[1]()))
+    assert seen == [(1, 1), (1, 1), (1, 1), (1, 1), (2, 2), (2, 2), (1, 1), (1, 1), (2, 2), (2, 2), (1, 1)]
+    with cores.all_cores():  # a long pass on a busy machine: a team of one, which shares nothing
+        assert cores.team_size() == 1
+    cores.set_threads(2)  # a count given is kept, however busy
+    clock[0] += 1
+    busy[0] += 2 * ticks
+    assert (cores.threads(), two_cores[1]()) == (2, 2)
