@@ -2,7 +2,7 @@
 
 Where files go: <models-dir>/<SIZE>/ for OpenAI's TensorFlow checkpoint, <models-dir>/<SIZE>-hf/ for Hugging Face's
 safetensors (the two layouts live apart, so loading a folder never has to guess between them). The models dir is
---models-dir, else $GPT2_NUMPY_WEIGHTS, else ./weights (gpt2_numpy/model_dirs.py: size_folder); nothing is ever written
+--models-dir, else $GPT2_NUMPY_WEIGHTS, else ./weights (gpt2_numpy/loading.py: where); nothing is ever written
 inside the installed package.
 
 Mirrors: $GPT2_NUMPY_BASE_URL replaces the servers; files are then fetched from <base>/<SIZE>/<file> for either source.

@@ -1,10 +1,10 @@
 """Fetch the official GPT-2 files over HTTP: resumable, retried, and safe to interrupt.
 
 Where files go and where they come from: see gpt2_numpy/catalog.py. What happens to them before and after (the lock,
-verification, installing, the record of a verified folder): see gpt2_numpy/weights.py; staging.py calls fetch_all with
-the staging folder to fill. The command line is gpt2_numpy/commands/download.py.
+verification by loading, installing, the record of a verified folder): see gpt2_numpy/loading.py, which calls fetch_all
+with the staging folder to fill. The command line is gpt2_numpy/commands/download.py.
 
-How: every missing file streams into <staging>/<name>.part (staging.py stages in <folder>/.download/), resumed with an
+How: every missing file streams into <staging>/<name>.part (loading.py stages in <folder>/.download/), resumed with an
 HTTP Range request after an interruption (Ctrl-C, a kill, a broken connection), and is renamed to <staging>/<name> once
 its size matches what the server announced and its SHA-256 matches the one the server published, if it published one
 (the Hugging Face hub does for its LFS files, such as model.safetensors). A part is never written past that size.

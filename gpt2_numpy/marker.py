@@ -5,7 +5,7 @@ force it."""
 import json
 
 from gpt2_numpy.formats import SETTINGS_LIMIT, parse_json, read_regular
-from gpt2_numpy.save import atomic_write
+from gpt2_numpy.disk import atomic_write
 
 MARKER = ".verified.json"  # {file name: [size, mtime_ns, inode]} of a verified folder, taken before verifying
 

@@ -26,7 +26,7 @@ import pytest
 import requests
 import urllib3
 
-from gpt2_numpy import fetch, locks, marker, verification, weights
+from gpt2_numpy import fetch, loading, locks, marker
 from gpt2_numpy.catalog import SOURCES, file_url
 from gpt2_numpy.formats.checkpoint import load_params
 from gpt2_numpy.commands import download as download_command
@@ -34,9 +34,7 @@ from gpt2_numpy.errors import CheckpointError, DownloadError, Gpt2NumpyError, In
 from gpt2_numpy.formats.tf_bundle import TensorBundle, table_records
 from gpt2_numpy.params import random_params
 from gpt2_numpy.tokenizer import bytes_to_unicode
-from gpt2_numpy.model_dirs import models_dir_path
-from gpt2_numpy.staging import STAGING
-from gpt2_numpy.weights import ensure_model
+from gpt2_numpy.loading import DOWNLOAD_LOCK, DOWNLOADS, ready, where
 from tests.conftest import FIXTURES, REPO, UNREACHABLE
 from scripts.common.fuzzing.tf_index import FIXED32, fields_of, fields_of_value, proto, set_field, table
 from tests.http_server import Cut, FileServer, Throttle, hf_layout_files, official_layout_files
@@ -69,8 +67,12 @@ def mirror(monkeypatch, files, **options):  # a FileServer that GPT2_NUMPY_BASE_
 def assert_installed(folder, files):  # exactly the served files, byte for byte, and nothing half-done beside them
     for url_path, source in files.items():
         assert (folder / Path(url_path).name).read_bytes() == Path(source).read_bytes(), url_path
-    expected = {Path(url_path).name for url_path in files} | {weights.LOCK, marker.MARKER}
+    expected = {Path(url_path).name for url_path in files} | {DOWNLOAD_LOCK, marker.MARKER}
     assert {path.name for path in folder.iterdir()} == expected
+
+
+def ready_folder(size, models_dir=None, source="openai"):  # -> the folder that loading.ready made ready
+    return ready(size, models_dir, source)[0]
 
 
 def layout_names_in(folder):  # -> the official file names present under their final names
@@ -100,7 +102,7 @@ def cut_at_a_line_end(data):  # -> the first half of data, ending after a whole 
 def test_fresh_download_is_byte_exact_and_says_where(tmp_path, monkeypatch, capsys):
     files = official_layout_files()
     with mirror(monkeypatch, files) as server:
-        folder = ensure_model("124M", tmp_path / "models")
+        folder = ready_folder("124M", tmp_path / "models")
     assert folder == tmp_path / "models" / "124M"
     assert_installed(folder, files)
     assert sorted(server.requests) == sorted((path, None, 200) for path in files)  # each file once, no resumes
@@ -115,7 +117,7 @@ def test_connection_cut_mid_file_resumes_with_range(tmp_path, monkeypatch):
     kept = 5 * SMALL_CHUNK
     cuts = 5  # more than 1 + 3 retries: each cut adds bytes, so none of them counts against the retries
     with mirror(monkeypatch, files, faults={DATA: [Cut(kept + 100)] * cuts}) as server:
-        folder = ensure_model("124M", tmp_path)
+        folder = ready_folder("124M", tmp_path)
     assert server.requested(DATA) == [None] + [f"bytes={n * kept}-" for n in range(1, cuts + 1)]
     assert_installed(folder, files)
 
@@ -124,7 +126,7 @@ def test_a_connection_that_always_breaks_within_a_megabyte_still_gets_the_file(t
     # with a chunk of 1 MB, every cut lost all its bytes, and four such attempts gave up
     files = official_layout_files()
     with mirror(monkeypatch, files, faults={DATA: [Cut(100_000)] * 20}) as server:
-        folder = ensure_model("124M", tmp_path)
+        folder = ready_folder("124M", tmp_path)
     assert len(server.requested(DATA)) > 4  # more cuts than the retries allow, each of them progress
     assert_installed(folder, files)
 
@@ -138,9 +140,9 @@ def test_rerun_resumes_partial_file_or_restarts_when_range_is_ignored(tmp_path, 
     kept = 10 * SMALL_CHUNK
     with mirror(monkeypatch, files, faults={DATA: [Cut(kept + 7), 503]}, ignore_range=ignore_range) as server:
         with pytest.raises(DownloadError, match="503"):
-            ensure_model("124M", tmp_path)
+            ready_folder("124M", tmp_path)
         assert layout_names_in(tmp_path / "124M") == set()
-        folder = ensure_model("124M", tmp_path)
+        folder = ready_folder("124M", tmp_path)
     data_requests = [(range_header, status) for path, range_header, status in server.requests if path == DATA]
     assert data_requests == [(None, 200), (f"bytes={kept}-", 503), (f"bytes={kept}-", resumed_status)]
     assert all(len(server.requested(path)) == 1 for path in files if path != DATA)  # finished files were kept
@@ -152,11 +154,11 @@ def test_missing_file_404_fails_at_once_naming_the_url(tmp_path, monkeypatch):
     del files["/124M/vocab.bpe"]
     with mirror(monkeypatch, files) as server:
         with pytest.raises(DownloadError, match=rf"{server.url}/124M/vocab\.bpe answered HTTP 404"):
-            ensure_model("124M", tmp_path)
+            ready_folder("124M", tmp_path)
     assert server.requested("/124M/vocab.bpe") == [None]  # a 404 is not retried
     assert layout_names_in(tmp_path / "124M") == set()
     # the files before vocab.bpe stay staged for a rerun
-    assert names_in(tmp_path / "124M" / STAGING) == {"checkpoint", "hparams.json", "encoder.json"}
+    assert names_in(tmp_path / "124M" / DOWNLOADS) == {"checkpoint", "hparams.json", "encoder.json"}
 
 
 def test_server_errors_are_retried_3_times_with_doubling_waits_then_reported(tmp_path, monkeypatch):
@@ -165,7 +167,7 @@ def test_server_errors_are_retried_3_times_with_doubling_waits_then_reported(tmp
     monkeypatch.setattr(fetch, "time", SimpleNamespace(sleep=waits.append))  # record the waits, skip them
     with mirror(monkeypatch, official_layout_files(), faults={"/124M/checkpoint": [503] * 4}) as server:
         with pytest.raises(DownloadError, match=r"/124M/checkpoint failed 4 times in a row \(HTTP 503"):
-            ensure_model("124M", tmp_path)
+            ready_folder("124M", tmp_path)
     assert server.requested("/124M/checkpoint") == [None] * 4
     assert waits == [1, 2, 4]
 
@@ -173,7 +175,7 @@ def test_server_errors_are_retried_3_times_with_doubling_waits_then_reported(tmp
 def test_a_passing_retry_recovers_from_server_errors(tmp_path, monkeypatch):
     files = official_layout_files()
     with mirror(monkeypatch, files, faults={"/124M/encoder.json": [500, 502]}) as server:
-        folder = ensure_model("124M", tmp_path)
+        folder = ready_folder("124M", tmp_path)
     assert server.requested("/124M/encoder.json") == [None] * 3
     assert_installed(folder, files)
 
@@ -189,15 +191,15 @@ def test_a_bad_download_is_deleted_alone_and_fetched_again(tmp_path, monkeypatch
     name = Path(url_path).name
     with mirror(monkeypatch, {**files, url_path: damage(files[url_path].read_bytes())}):
         with pytest.raises(DownloadError) as caught:
-            ensure_model("124M", tmp_path)
+            ready_folder("124M", tmp_path)
     folder = tmp_path / "124M"
     assert str(caught.value).startswith(str(folder / name))  # named where it will be, not inside .download/
     assert problem in str(caught.value)
     assert str(caught.value).endswith(f"deleted the downloaded {name}, so the next run fetches a fresh copy")
-    assert names_in(folder) == {weights.LOCK, STAGING}  # nothing under a final name, no marker
-    assert names_in(folder / STAGING) == set(OPENAI_FILES) - {name}  # the good files wait for a rerun
+    assert names_in(folder) == {DOWNLOAD_LOCK, DOWNLOADS}  # nothing under a final name, no marker
+    assert names_in(folder / DOWNLOADS) == set(OPENAI_FILES) - {name}  # the good files wait for a rerun
     with mirror(monkeypatch, files) as server:  # a good server afterwards fetches only the bad file again
-        assert_installed(ensure_model("124M", tmp_path), files)
+        assert_installed(ready_folder("124M", tmp_path), files)
     assert server.requests == [(url_path, None, 200)]
 
 
@@ -207,7 +209,7 @@ def test_connection_refused_says_what_to_fetch_by_hand(tmp_path, monkeypatch):
         base = f"http://127.0.0.1:{closed.getsockname()[1]}"
         monkeypatch.setenv("GPT2_NUMPY_BASE_URL", base)
         with pytest.raises(DownloadError) as caught:
-            ensure_model("124M", tmp_path)
+            ready_folder("124M", tmp_path)
     message = str(caught.value)
     assert "\n" not in message
     # what the user meets first offline: no network, and what to do about it, before the URLs
@@ -233,7 +235,7 @@ def test_no_dns_fails_at_once_with_the_manual_download_message(tmp_path, monkeyp
 
     monkeypatch.setattr(requests.Session, "get", unresolvable)
     with pytest.raises(DownloadError) as caught:
-        ensure_model("124M", tmp_path)
+        ready_folder("124M", tmp_path)
     assert len(attempts) == 1  # retrying cannot bring the network back
     assert "Name or service not known" in str(caught.value)
     assert all(f"/gpt-2/models/124M/{name}" in str(caught.value) for name in OPENAI_FILES)
@@ -243,10 +245,10 @@ def test_no_dns_fails_at_once_with_the_manual_download_message(tmp_path, monkeyp
 def test_second_run_is_a_quick_offline_noop(tmp_path, monkeypatch, capsys):
     files = official_layout_files()
     with mirror(monkeypatch, files):
-        folder = ensure_model("124M", tmp_path)
+        folder = ready_folder("124M", tmp_path)
     capsys.readouterr()
     # the server is gone now, so any request would fail
-    assert ensure_model("124M", tmp_path) == folder
+    assert ready_folder("124M", tmp_path) == folder
     assert capsys.readouterr().err == ""  # what every generate run goes through: silent
     assert download_command.run(["124M", "--models-dir", str(tmp_path)]) == 0  # the command line's status and output
     output = capsys.readouterr()
@@ -261,9 +263,9 @@ def test_second_run_is_a_quick_offline_noop(tmp_path, monkeypatch, capsys):
 def test_a_deleted_file_is_fetched_again_alone(tmp_path, monkeypatch):
     files = official_layout_files()
     with mirror(monkeypatch, files) as server:
-        folder = ensure_model("124M", tmp_path)
+        folder = ready_folder("124M", tmp_path)
         (folder / "vocab.bpe").unlink()
-        ensure_model("124M", tmp_path)
+        ready_folder("124M", tmp_path)
     assert server.requested("/124M/vocab.bpe") == [None, None]
     assert server.requested(DATA) == [None]
     assert_installed(folder, files)
@@ -274,9 +276,9 @@ def test_files_placed_by_hand_are_verified_once_without_network(tmp_path, monkey
     files = official_layout_files()
     folder = tmp_path / "124M"
     place_by_hand(folder, files)
-    (folder / STAGING).mkdir()  # a download given up before the user placed the files: no longer needed
-    (folder / STAGING / f"{Path(DATA).name}.part").write_bytes(b"\0" * 1000)
-    assert ensure_model("124M", tmp_path) == folder
+    (folder / DOWNLOADS).mkdir()  # a download given up before the user placed the files: no longer needed
+    (folder / DOWNLOADS / f"{Path(DATA).name}.part").write_bytes(b"\0" * 1000)
+    assert ready_folder("124M", tmp_path) == folder
     assert_installed(folder, files)
     assert json.loads((folder / marker.MARKER).read_text()) == {  # what os.stat says of each file as placed
         name: [status.st_size, status.st_mtime_ns, status.st_ino]
@@ -295,12 +297,12 @@ def test_corrupt_files_placed_by_hand_are_reported_and_kept(tmp_path, monkeypatc
     corrupt = flip_a_bit(data.read_bytes(), -1)
     data.write_bytes(corrupt)
     with pytest.raises(CheckpointError) as caught:  # bad input of the user's, not a failed download
-        ensure_model("124M", tmp_path)
+        ready_folder("124M", tmp_path)
     assert str(caught.value).startswith(f"{data}: ")
     assert "CRC32C" in str(caught.value)
     assert str(caught.value).endswith(f"left {data.name} in {folder} untouched: replace the bad file with a good "
                                       "copy, or delete it so the next run downloads one")
-    assert names_in(folder) == set(OPENAI_FILES) | {weights.LOCK}  # the user's files stay; no empty .download/
+    assert names_in(folder) == set(OPENAI_FILES) | {DOWNLOAD_LOCK}  # the user's files stay; no empty .download/
     assert data.read_bytes() == corrupt
 
 
@@ -313,15 +315,15 @@ def test_a_bad_file_placed_by_hand_keeps_the_fresh_downloads_for_the_rerun(tmp_p
     data.write_bytes(flip_a_bit(data.read_bytes(), 0))
     with mirror(monkeypatch, files) as server:
         with pytest.raises(CheckpointError) as caught:  # the user's file is bad, not the download
-            ensure_model("124M", tmp_path)
+            ready_folder("124M", tmp_path)
         assert "deleted" not in str(caught.value)
         assert f"left {data.name} in {folder} untouched" in str(caught.value)
         assert layout_names_in(folder) == {Path(path).name for path in by_hand}  # no fetched bytes under final names
         fetched = {Path(path).name for path in files} - layout_names_in(folder)
-        assert names_in(folder / STAGING) == fetched
+        assert names_in(folder / DOWNLOADS) == fetched
         shutil.copyfile(files[DATA], data)  # the user replaces the bad file
         requests_before = list(server.requests)
-        assert_installed(ensure_model("124M", tmp_path), files)
+        assert_installed(ready_folder("124M", tmp_path), files)
     assert server.requests == requests_before  # the rerun downloaded nothing again
 
 
@@ -359,13 +361,13 @@ def test_verification_stopped_midway_leaves_the_files_placed_by_hand_where_they_
     with mirror(monkeypatch, files) as server:
         with monkeypatch.context() as patch:
             crc_pass_stopped_by(patch, stop)
-            stopped = outcome(lambda: ensure_model("124M", tmp_path))
+            stopped = outcome(lambda: ready_folder("124M", tmp_path))
         assert {name: (folder / name).read_bytes() for name in placed_bytes} == placed_bytes  # back, unchanged
         assert isinstance(stopped, Interrupted if isinstance(stop, KeyboardInterrupt) else type(stop))
         assert not (folder / marker.MARKER).exists()
         # the rerun finds the damaged file where the user put it, names it, and keeps it
         with pytest.raises(CheckpointError) as caught:
-            ensure_model("124M", tmp_path)
+            ready_folder("124M", tmp_path)
     assert f"left {data.name} in {folder} untouched" in str(caught.value)
     assert data.read_bytes() == damaged
     assert layout_names_in(folder) == set(placed_bytes)
@@ -377,11 +379,11 @@ def test_verification_stopped_midway_leaves_the_files_placed_by_hand_where_they_
 def test_a_part_as_long_as_the_file_is_kept_and_a_longer_one_starts_over(tmp_path, monkeypatch, capsys, extra):
     files = official_layout_files()
     data = files[DATA].read_bytes()
-    staging = tmp_path / "124M" / STAGING
+    staging = tmp_path / "124M" / DOWNLOADS
     staging.mkdir(parents=True)
     (staging / f"{Path(DATA).name}.part").write_bytes(data + b"x" * extra)  # killed just before the rename
     with mirror(monkeypatch, files) as server:
-        folder = ensure_model("124M", tmp_path)
+        folder = ready_folder("124M", tmp_path)
     assert_installed(folder, files)
     if extra:  # the file on the server changed since: its 416 announces a shorter file
         assert server.requests_for(DATA) == [(f"bytes={len(data) + extra}-", 416), (None, 200)]
@@ -398,11 +400,11 @@ def test_a_resume_answered_from_byte_0_is_refused_and_the_part_kept(tmp_path, mo
     kept = 5 * SMALL_CHUNK
     with mirror(monkeypatch, files, faults={DATA: [Cut(kept + 100)]}, resume_from_zero=True) as server:
         with pytest.raises(DownloadError) as caught:
-            ensure_model("124M", tmp_path)
+            ready_folder("124M", tmp_path)
     assert server.requested(DATA) == [None] + [f"bytes={kept}-"] * 4  # the cut, then 1 + 3 retries that add nothing
     assert f"Content-Range 'bytes 0-{len(data) - 1}/{len(data)}'" in str(caught.value)
     # appending the whole file after the kept bytes would have made a part that is neither file nor prefix
-    assert (tmp_path / "124M" / STAGING / f"{Path(DATA).name}.part").read_bytes() == data[:kept]
+    assert (tmp_path / "124M" / DOWNLOADS / f"{Path(DATA).name}.part").read_bytes() == data[:kept]
 
 
 def test_a_part_growing_past_the_announced_size_is_deleted_at_once(tmp_path, monkeypatch, capsys):
@@ -411,7 +413,7 @@ def test_a_part_growing_past_the_announced_size_is_deleted_at_once(tmp_path, mon
     size = files[DATA].stat().st_size
     kept = 5 * SMALL_CHUNK
     with mirror(monkeypatch, files, faults={DATA: [Cut(kept + 100)]}, overlong=10 * SMALL_CHUNK) as server:
-        folder = ensure_model("124M", tmp_path)
+        folder = ready_folder("124M", tmp_path)
     # the resumed answer runs past the size it announced: the part goes, and the next request starts from byte 0
     # rather than asking to resume beyond the end of the file
     assert server.requests_for(DATA) == [(None, 200), (f"bytes={kept}-", 206), (None, 200)]
@@ -433,7 +435,7 @@ def test_a_checkpoint_file_naming_weights_outside_the_folder_installs_nothing(tm
               DATA: flip_a_bit(data, len(data) // 2)}  # the served weights are damaged; checking the others hides it
     with mirror(monkeypatch, served):
         with pytest.raises(Gpt2NumpyError):
-            ensure_model("124M", tmp_path)
+            ready_folder("124M", tmp_path)
     assert layout_names_in(folder) == set()
     assert not (folder / marker.MARKER).exists()
 
@@ -447,7 +449,7 @@ def test_without_hard_links_files_placed_by_hand_are_copied_for_verification(tmp
     by_hand = {path: source for path, source in files.items() if "model.ckpt" in path}
     place_by_hand(tmp_path / "124M", by_hand)
     with mirror(monkeypatch, files) as server:
-        assert_installed(ensure_model("124M", tmp_path), files)
+        assert_installed(ready_folder("124M", tmp_path), files)
     assert sorted(path for path, _, _ in server.requests) == sorted(set(files) - set(by_hand))
 
 
@@ -459,13 +461,13 @@ def test_a_read_only_folder_is_verified_on_every_run_and_never_written(tmp_path,
     # the tests run as root, whom file modes do not stop: the folder only looks read-only, as to another user
     monkeypatch.setattr(os, "access", lambda path, mode: real_access(path, mode) and not (
         Path(path) == folder and mode & os.W_OK))
-    assert ensure_model("124M", tmp_path) == folder
+    assert ready_folder("124M", tmp_path) == folder
     assert names_in(folder) == set(OPENAI_FILES)  # no lock file, no marker
     assert "read-only" in capsys.readouterr().err
     data = folder / Path(DATA).name
     data.write_bytes(flip_a_bit(data.read_bytes(), 0))
     with pytest.raises(CheckpointError, match="fails its CRC32C check"):  # verified again, not taken from a record
-        ensure_model("124M", tmp_path)
+        ready_folder("124M", tmp_path)
     assert names_in(folder) == set(OPENAI_FILES)
 
 
@@ -478,10 +480,10 @@ def test_the_windows_lock_makes_a_second_holder_wait_for_the_first(tmp_path, mon
     events, stderr = [], []
 
     def second_holder():
-        with weights.locked(folder):
+        with loading.locked(folder):
             events.append("the second holds the lock")
 
-    with weights.locked(folder):
+    with loading.locked(folder):
         second = threading.Thread(target=second_holder)
         second.start()
         wait_until(lambda: stderr.append(capsys.readouterr().err) or "in progress" in "".join(stderr))
@@ -495,16 +497,16 @@ def test_a_failed_first_download_leaves_no_folder_it_made(tmp_path, monkeypatch)
     (tmp_path / "kept" / "124M").mkdir(parents=True)  # folders of the user's, made before: they stay
     for models_dir in (tmp_path / "typo" / "models", tmp_path / "kept"):
         with pytest.raises(DownloadError, match="no network connection to 127.0.0.1:9"):
-            ensure_model("124M", models_dir)
+            ready_folder("124M", models_dir)
     assert names_in(tmp_path) == {"kept"}
-    assert names_in(tmp_path / "kept" / "124M") == {weights.LOCK}
+    assert names_in(tmp_path / "kept" / "124M") == {DOWNLOAD_LOCK}
 
 
 @pytest.mark.parametrize("mirror", ["notaurl", "ftp://example.org/gpt-2", "127.0.0.1:8000"])
 def test_a_mirror_that_is_no_http_address_is_refused_by_the_variable_s_name(tmp_path, monkeypatch, mirror):
     monkeypatch.setenv("GPT2_NUMPY_BASE_URL", mirror)
     with pytest.raises(UsageError) as caught:
-        ensure_model("124M", tmp_path)
+        ready_folder("124M", tmp_path)
     assert str(caught.value) == (f"GPT2_NUMPY_BASE_URL is {mirror!r}, not an http:// or https:// address: fix it, "
                                  "or unset it to download from the official servers")
     assert names_in(tmp_path) == set()
@@ -516,11 +518,11 @@ def test_a_waiter_whose_lock_file_was_deleted_locks_the_file_now_in_its_place(tm
     folder, checked, stderr = tmp_path / "models" / "124M", [], []
 
     def second_holder():
-        with weights.locked(folder):
-            with (folder / weights.LOCK).open("a") as third:  # another process's try, as the second holds the lock
+        with loading.locked(folder):
+            with (folder / DOWNLOAD_LOCK).open("a") as third:  # another process's try, as the second holds the lock
                 checked.append(locks.take_lock(third, folder, wait=False))
 
-    with weights.locked(folder):
+    with loading.locked(folder):
         second = threading.Thread(target=second_holder)
         second.start()
         wait_until(lambda: stderr.append(capsys.readouterr().err) or "in progress" in "".join(stderr))
@@ -533,7 +535,7 @@ def test_a_waiter_whose_lock_file_was_deleted_locks_the_file_now_in_its_place(tm
 def test_huggingface_layout_downloads_and_loads(tmp_path, monkeypatch):
     files = hf_layout_files()
     with mirror(monkeypatch, files):
-        folder = ensure_model("124M", tmp_path, source="huggingface")
+        folder = ready_folder("124M", tmp_path, source="huggingface")
     assert folder == tmp_path / "124M-hf"
     assert_installed(folder, files)
     config = json.loads((FIXTURES / "configs.json").read_text())["tiny"]
@@ -557,24 +559,24 @@ def test_default_urls_follow_the_official_stores(monkeypatch):
 
 
 def test_models_dir_is_argument_then_environment_then_cwd_weights(tmp_path, monkeypatch):
-    assert models_dir_path() == tmp_path / "weights"
+    assert where("124M") == tmp_path / "weights" / "124M"
     monkeypatch.setenv("GPT2_NUMPY_WEIGHTS", str(tmp_path / "from_env"))
-    assert models_dir_path() == tmp_path / "from_env"
-    assert models_dir_path(tmp_path / "from_arg") == tmp_path / "from_arg"
+    assert where("124M", source="huggingface") == tmp_path / "from_env" / "124M-hf"
+    assert where("124M", tmp_path / "from_arg") == tmp_path / "from_arg" / "124M"
 
 
 def test_a_models_dir_that_is_a_file_is_a_usage_error_from_the_library_too(tmp_path):
-    # the check lives in ensure_model, so load_model("124M", models_dir=...) gets it as the command lines do
+    # the check lives in loading.where, so load_model("124M", models_dir=...) gets it as the command lines do
     (tmp_path / "models").write_text("not a folder")
     with pytest.raises(UsageError, match=f"the models dir {tmp_path / 'models'} is a file: pass a folder"):
-        ensure_model("124M", tmp_path / "models")
+        ready_folder("124M", tmp_path / "models")
     assert (tmp_path / "models").read_text() == "not a folder"
 
 
 @pytest.mark.parametrize("size, source, wrong", [("125M", "openai", "'125M'"), ("124M", "tensorflow", "'tensorflow'")])
 def test_unknown_size_or_source_is_a_usage_error(tmp_path, size, source, wrong):
     with pytest.raises(UsageError, match=wrong):
-        ensure_model(size, tmp_path, source)
+        ready_folder(size, tmp_path, source)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -583,18 +585,18 @@ def test_models_dir_that_cannot_be_created_is_reported(tmp_path):
     blocker.write_text("")  # a folder cannot be made below a regular file, not even by root
     with pytest.raises(DownloadError, match=f"cannot write {blocker}.*: Not a directory; a file stands where a "
                                             "folder is needed: move it away or choose another folder with"):
-        ensure_model("124M", blocker / "models")
+        ready_folder("124M", blocker / "models")
 
 
 @pytest.mark.parametrize("code, advice", [
     (errno.EACCES, "fix its permissions or choose another folder"),  # simulated: the tests may run as root
-    (errno.EROFS, "the file system is read-only: choose another folder"),
+    (errno.EROFS, "its file system is read-only: remount it writable or choose another folder"),
     (errno.EDQUOT, "free some disk space or choose another folder"),
 ])
 def test_file_system_errors_get_advice_that_fits(tmp_path, code, advice):
     path = tmp_path / "124M" / "model.ckpt.index"
     with pytest.raises(DownloadError) as caught:
-        with weights.locked(tmp_path / "124M"):
+        with loading.locked(tmp_path / "124M"):
             raise OSError(code, os.strerror(code), str(path))
     expected = f"cannot write {path}: {os.strerror(code)}; {advice} with --models-dir or GPT2_NUMPY_WEIGHTS"
     assert str(caught.value) == expected
@@ -602,13 +604,13 @@ def test_file_system_errors_get_advice_that_fits(tmp_path, code, advice):
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs Linux's /dev/full")
 def test_full_disk_is_reported(tmp_path, monkeypatch):
-    staging = tmp_path / "124M" / STAGING
+    staging = tmp_path / "124M" / DOWNLOADS
     staging.mkdir(parents=True)
     (staging / "checkpoint.part").symlink_to("/dev/full")  # every write there fails with ENOSPC
     with mirror(monkeypatch, official_layout_files()):
         with pytest.raises(DownloadError, match=f"cannot write {tmp_path / '124M'}: No space left on device; "
                                                 "free some disk space"):
-            ensure_model("124M", tmp_path)
+            ready_folder("124M", tmp_path)
 
 
 # -- the command line, in real processes ------------------------------------------------------------------------------
@@ -699,7 +701,7 @@ def start_small_chunk_cli(models_dir, env, name):  # -> Popen: the download CLI 
 def test_a_download_stopped_mid_file_resumes_on_the_rerun_and_ends_byte_exact(tmp_path, stop):
     files = official_layout_files()
     models_dir = tmp_path / "models"
-    staging = models_dir / "124M" / STAGING
+    staging = models_dir / "124M" / DOWNLOADS
     part = staging / f"{Path(DATA).name}.part"
     with FileServer(files, faults={DATA: [Throttle(100_000)]}) as server:  # 5 s for the data file, if not stopped
         env = {**os.environ, "GPT2_NUMPY_BASE_URL": server.url}
@@ -740,20 +742,20 @@ def test_a_vocabulary_placed_by_hand_too_small_for_the_model_is_blamed_and_every
     with mirror(monkeypatch, files) as server:
         for _ in range(2):  # the rerun, the user's file unchanged, fails the same way without a request
             with pytest.raises(CheckpointError) as caught:
-                ensure_model("124M", tmp_path)
+                ready_folder("124M", tmp_path)
             message = str(caught.value)
             assert message.startswith(f"{folder / 'encoder.json'}: the model has 512 tokens but its vocabulary files "
                                       "only 257")
             assert "left encoder.json in" in message and "hparams.json, kept for the next run" in message
             assert "deleted" not in message
             assert {name: (folder / name).read_bytes() for name in placed} == placed
-            assert names_in(folder / STAGING) == set(OPENAI_FILES) - set(placed)
+            assert names_in(folder / DOWNLOADS) == set(OPENAI_FILES) - set(placed)
         assert sorted(path for path, _, _ in server.requests) == sorted(
             path for path in files if Path(path).name not in placed)  # each download once
         requests_before = len(server.requests)
         for name in placed:  # the user puts the right vocabulary in place
             shutil.copyfile(files[f"/124M/{name}"], folder / name)
-        assert_installed(ensure_model("124M", tmp_path), files)
+        assert_installed(ready_folder("124M", tmp_path), files)
     assert len(server.requests) == requests_before  # nothing fetched twice
 
 
@@ -772,16 +774,16 @@ def test_hyperparameters_placed_by_hand_that_do_not_fit_the_download_are_blamed_
     with mirror(monkeypatch, files) as server:
         for _ in range(2):
             with pytest.raises(CheckpointError) as caught:
-                ensure_model("124M", tmp_path, source)
+                ready_folder("124M", tmp_path, source)
             message = str(caught.value)
             assert "lack blocks/2/" in message  # the weights have 2 layers, the user's file says 3
             assert f"left {name} in {folder} untouched (it does not fit the downloaded" in message
             assert "deleted" not in message
-            assert names_in(folder / STAGING) == {Path(path).name for path in files} - {name}
+            assert names_in(folder / DOWNLOADS) == {Path(path).name for path in files} - {name}
         assert sorted(path for path, _, _ in server.requests) == sorted(set(files) - {f"/124M/{name}"})
         requests_before = len(server.requests)
         shutil.copyfile(files[f"/124M/{name}"], folder / name)
-        assert_installed(ensure_model("124M", tmp_path, source), files)
+        assert_installed(ready_folder("124M", tmp_path, source), files)
     assert len(server.requests) == requests_before
 
 
@@ -799,14 +801,14 @@ def test_an_index_placed_by_hand_that_fails_the_downloaded_data_is_blamed_and_th
     index.write_bytes(table(edited))  # a valid index whose stored CRC32C for model/wte is another
     with mirror(monkeypatch, files) as server:
         with pytest.raises(CheckpointError) as caught:
-            ensure_model("124M", tmp_path)
+            ready_folder("124M", tmp_path)
         assert "tensor model/wte fails its CRC32C check" in str(caught.value)
         assert (f"left model.ckpt.index in {folder} untouched (it does not fit the downloaded "
                 "model.ckpt.data-00000-of-00001") in str(caught.value)
-        assert Path(DATA).name in names_in(folder / STAGING)
+        assert Path(DATA).name in names_in(folder / DOWNLOADS)
         requests_before = len(server.requests)
         shutil.copyfile(files["/124M/model.ckpt.index"], index)
-        assert_installed(ensure_model("124M", tmp_path), files)
+        assert_installed(ready_folder("124M", tmp_path), files)
     assert len(server.requests) == requests_before  # the data file was fetched once
 
 
@@ -816,10 +818,10 @@ def test_served_hyperparameters_that_do_not_fit_the_served_weights_are_deleted_a
     hparams = json.loads(files["/124M/hparams.json"].read_text())
     with mirror(monkeypatch, {**files, "/124M/hparams.json": json.dumps({**hparams, "n_layer": 3}).encode()}):
         with pytest.raises(DownloadError, match="deleted the downloaded hparams.json, so the next run fetches"):
-            ensure_model("124M", tmp_path)
-    assert names_in(tmp_path / "124M" / STAGING) == set(OPENAI_FILES) - {"hparams.json"}
+            ready_folder("124M", tmp_path)
+    assert names_in(tmp_path / "124M" / DOWNLOADS) == set(OPENAI_FILES) - {"hparams.json"}
     with mirror(monkeypatch, files) as server:
-        assert_installed(ensure_model("124M", tmp_path), files)
+        assert_installed(ready_folder("124M", tmp_path), files)
     assert server.requests == [("/124M/hparams.json", None, 200)]
 
 
@@ -830,12 +832,12 @@ def test_an_error_naming_no_file_deletes_nothing(tmp_path, monkeypatch):
     for name in files:
         (staging / name).write_bytes(b"x")
 
-    def no_file_named(model_dir, source):  # an error about the folder as a whole
+    def no_file_named(model_dir, name=None, source=None):  # an error about the folder as a whole
         raise CheckpointError(f"{model_dir} holds something odd")
 
-    monkeypatch.setattr(verification, "check_model", no_file_named)
+    monkeypatch.setattr(loading, "read_model", no_file_named)
     with pytest.raises(CheckpointError) as caught:
-        verification.verify(staging, folder, SOURCES["openai"], fetched=files[:4])
+        loading.verified_read(staging, folder, "openai", fetched=files[:4])
     assert str(caught.value) == f"{folder} holds something odd"
     assert sorted(path.name for path in staging.iterdir()) == sorted(files)
 
@@ -865,7 +867,7 @@ def test_a_huggingface_download_matching_its_published_sha256_is_installed(tmp_p
     weights_path = options["redirects"][HF_WEIGHTS] if redirected else HF_WEIGHTS
     with mirror(monkeypatch, served, faults={weights_path: [Cut(3 * SMALL_CHUNK + 5)]},
                 **{**options, "published": {HF_WEIGHTS: published(data)}}) as server:
-        folder = ensure_model("124M", tmp_path, source="huggingface")
+        folder = ready_folder("124M", tmp_path, source="huggingface")
     assert server.requested(weights_path) == [None, f"bytes={3 * SMALL_CHUNK}-"]  # the hash covers both requests
     assert_installed(folder, files)
     assert "checking the SHA-256 of model.safetensors" in capsys.readouterr().err
@@ -884,17 +886,17 @@ def test_a_huggingface_download_unlike_its_published_sha256_is_deleted_and_fetch
     served_files, options = hub_like(files, served) if redirected else ({**files, HF_WEIGHTS: served}, {})
     with mirror(monkeypatch, served_files, **{**options, "published": {HF_WEIGHTS: announced}}):
         with pytest.raises(DownloadError) as caught:
-            ensure_model("124M", tmp_path, source="huggingface")
+            ready_folder("124M", tmp_path, source="huggingface")
     message = str(caught.value)
     if damage == "a flipped byte":
         assert f"has SHA-256 {hashlib.sha256(served).hexdigest()} but the server published {digest}" in message
     else:
         assert f"has {size:,} bytes but the server published X-Linked-Size {size + 4:,}" in message
     assert message.endswith("deleted it, so the next run fetches a fresh copy")
-    assert names_in(folder) == {weights.LOCK, STAGING}  # nothing installed, no marker
-    assert names_in(folder / STAGING) == HF_NAMES - {"model.safetensors"}
+    assert names_in(folder) == {DOWNLOAD_LOCK, DOWNLOADS}  # nothing installed, no marker
+    assert names_in(folder / DOWNLOADS) == HF_NAMES - {"model.safetensors"}
     with mirror(monkeypatch, files, published={HF_WEIGHTS: published(data)}) as server:
-        assert_installed(ensure_model("124M", tmp_path, source="huggingface"), files)
+        assert_installed(ready_folder("124M", tmp_path, source="huggingface"), files)
     assert server.requests == [(HF_WEIGHTS, None, 200)]
 
 
@@ -909,8 +911,8 @@ def test_a_published_sha256_unlike_only_in_its_last_digits_is_refused(tmp_path, 
     assert announced[:60] == digest[:60] and announced != digest
     with mirror(monkeypatch, files, published={HF_WEIGHTS: (announced, size)}):
         with pytest.raises(DownloadError, match=f"has SHA-256 {digest} but the server published {announced} "):
-            ensure_model("124M", tmp_path, source="huggingface")
-    assert names_in(tmp_path / "124M-hf" / STAGING) == HF_NAMES - {"model.safetensors"}  # deleted
+            ready_folder("124M", tmp_path, source="huggingface")
+    assert names_in(tmp_path / "124M-hf" / DOWNLOADS) == HF_NAMES - {"model.safetensors"}  # deleted
 
 
 @pytest.mark.parametrize("damage", [None, "a flipped byte"])
@@ -927,9 +929,9 @@ def test_a_weak_x_linked_etag_is_checked_as_the_sha256_it_holds(tmp_path, monkey
         if damage:
             with pytest.raises(DownloadError, match=f"has SHA-256 {hashlib.sha256(served).hexdigest()} but the "
                                                     f"server published {digest} "):
-                ensure_model("124M", tmp_path, source="huggingface")
+                ready_folder("124M", tmp_path, source="huggingface")
         else:
-            assert_installed(ensure_model("124M", tmp_path, source="huggingface"), files)
+            assert_installed(ready_folder("124M", tmp_path, source="huggingface"), files)
     assert "checking the SHA-256 of model.safetensors" in capsys.readouterr().err
 
 
@@ -938,22 +940,22 @@ def test_a_weak_x_linked_etag_is_checked_as_the_sha256_it_holds(tmp_path, monkey
 def test_a_verified_file_rewritten_in_place_with_the_same_size_is_verified_again(tmp_path, monkeypatch):
     files = official_layout_files()
     with mirror(monkeypatch, files):
-        folder = ensure_model("124M", tmp_path)
+        folder = ready_folder("124M", tmp_path)
     data = folder / Path(DATA).name
     with open(data, "r+b") as file:  # same size, same inode: only the time tells
         file.seek(len(data.read_bytes()) // 2)
         file.write(b"\xff\xff\xff\xff")
     with pytest.raises(CheckpointError, match="fails its CRC32C check"):
-        ensure_model("124M", tmp_path)
+        ready_folder("124M", tmp_path)
 
 
 def test_a_verified_folder_copied_elsewhere_is_verified_again(tmp_path, monkeypatch, capsys):
     files = official_layout_files()
     with mirror(monkeypatch, files):
-        ensure_model("124M", tmp_path / "first")
+        ready_folder("124M", tmp_path / "first")
     copy = shutil.copytree(tmp_path / "first" / "124M", tmp_path / "second" / "124M")  # sizes and times kept
     capsys.readouterr()
-    assert ensure_model("124M", tmp_path / "second") == copy  # new inodes: verified once more, and good
+    assert ready_folder("124M", tmp_path / "second") == copy  # new inodes: verified once more, and good
     assert f"verifying the files already in {copy}" in capsys.readouterr().err
     shutil.copytree(tmp_path / "first" / "124M", tmp_path / "third" / "124M")
     data = tmp_path / "third" / "124M" / Path(DATA).name
@@ -961,7 +963,7 @@ def test_a_verified_folder_copied_elsewhere_is_verified_again(tmp_path, monkeypa
     data.write_bytes(flip_a_bit(data.read_bytes(), len(data.read_bytes()) // 2))
     os.utime(data, ns=(times.st_atime_ns, times.st_mtime_ns))  # a copy damaged, its time kept as a copy tool would
     with pytest.raises(CheckpointError, match="fails its CRC32C check"):
-        ensure_model("124M", tmp_path / "third")
+        ready_folder("124M", tmp_path / "third")
 
 
 def test_a_file_as_new_as_the_record_is_verified_again(tmp_path, monkeypatch):
@@ -969,7 +971,7 @@ def test_a_file_as_new_as_the_record_is_verified_again(tmp_path, monkeypatch):
     # time it had, the marker's: the record cannot tell the two apart, so such a file is verified again, as git does.
     files = official_layout_files()
     with mirror(monkeypatch, files):
-        folder = ensure_model("124M", tmp_path)
+        folder = ready_folder("124M", tmp_path)
     data = folder / Path(DATA).name
     times = data.stat()
     os.utime(folder / marker.MARKER, ns=(times.st_atime_ns, times.st_mtime_ns))  # one tick for the file and marker
@@ -977,13 +979,13 @@ def test_a_file_as_new_as_the_record_is_verified_again(tmp_path, monkeypatch):
         file.write(b"\xff\xff\xff\xff")
     os.utime(data, ns=(times.st_atime_ns, times.st_mtime_ns))  # the rewrite within the same tick: the time unchanged
     with pytest.raises(CheckpointError, match="fails its CRC32C check"):
-        ensure_model("124M", tmp_path)
+        ready_folder("124M", tmp_path)
 
 
 def test_a_safetensors_download_without_a_published_sha256_says_so(tmp_path, monkeypatch, capsys):
     files = hf_layout_files()
     with mirror(monkeypatch, files) as server:  # a mirror that sends no X-Linked-Etag
-        assert_installed(ensure_model("124M", tmp_path, source="huggingface"), files)
+        assert_installed(ready_folder("124M", tmp_path, source="huggingface"), files)
     stderr = capsys.readouterr().err
     assert f"note: {server.url}{HF_WEIGHTS} came without a published SHA-256" in stderr
     assert stderr.count("without a published SHA-256") == 1  # config.json and the vocabulary never have one

@@ -120,7 +120,7 @@ MUTANTS = [  # (what, file, text, replacement)
      "own = merges is not None", "own = bool(merges)"),
     ("download: a waiter keeps a lock file its holder deleted", "gpt2_numpy/locks.py",
      "if os.path.samestat(os.fstat(lock.fileno()), os.stat(path)):", "if True:"),
-    ("download: a failed first download leaves its folders", "gpt2_numpy/save.py",
+    ("download: a failed first download leaves its folders", "gpt2_numpy/disk.py",
      "                path.rmdir()  # only an empty folder goes", "                pass"),
     ("train: loss_and_grads takes targets of another shape", "gpt2_numpy/fast_backward.py",
      "if targets.shape != inputs.shape:", "if False:"),
