@@ -1,8 +1,9 @@
 """Fetch the official GPT-2 files over HTTP: resumable, retried, and safe to interrupt.
 
-Where files go and where they come from: see gpt2_numpy/catalog.py. What happens to them before and after (the lock,
-verification by loading, installing, the record of a verified folder): see gpt2_numpy/loading.py, which calls fetch_all
-with the staging folder to fill. The command line is gpt2_numpy/commands/download.py.
+Which files each model has: see gpt2_numpy/catalog.py. Where they come from: file_url; $GPT2_NUMPY_BASE_URL replaces
+the servers with a mirror, which serves <base>/<SIZE>/<file> for either source. What happens to the files before and
+after (the lock, verification by loading, installing, the record of a verified folder): see gpt2_numpy/loading.py,
+which calls fetch_all with the staging folder to fill. The command line is gpt2_numpy/commands/download.py.
 
 How: every missing file streams into <staging>/<name>.part (loading.py stages in <folder>/.download/), resumed with an
 HTTP Range request after an interruption (Ctrl-C, a kill, a broken connection), and is renamed to <staging>/<name> once
@@ -18,7 +19,7 @@ import urllib.parse
 import requests
 import urllib3
 
-from gpt2_numpy.catalog import file_url
+from gpt2_numpy.catalog import HF_REPOS, SOURCES
 from gpt2_numpy.console import log, progress_bar
 from gpt2_numpy.errors import DownloadError, Interrupted, UsageError
 
@@ -58,6 +59,13 @@ def fetch_all(folder, staging, size, source, missing):  # -> None: each missing 
                                     f"{urls} into {folder}/") from None
             except KeyboardInterrupt:
                 raise stopped(staging, missing) from None
+
+
+def file_url(size, source, name):  # -> the URL of one file of one model
+    base = os.environ.get("GPT2_NUMPY_BASE_URL")
+    if base:
+        return f"{base.rstrip('/')}/{size}/{name}"  # a mirror holds <base>/<SIZE>/<file>, whatever the source
+    return SOURCES[source].url.format(size=size, repo=HF_REPOS[size], name=name)
 
 
 def stopped(staging, names):  # -> Interrupted saying what a download stopped by Ctrl-C keeps for the rerun

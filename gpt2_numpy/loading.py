@@ -6,15 +6,16 @@ command lines (commands/common.py) and the text-in, text-out calls (pipeline.py)
 An official size's folder, told in the order it happens:
 1. where it is: <models dir>/<size><source's suffix> (where), the models dir being --models-dir, else
    $GPT2_NUMPY_WEIGHTS, else ./weights; which sizes and sources exist, and their URLs: gpt2_numpy/catalog.py;
-2. is it ready: its verified marker (marker.py) still matches its files (is_ready). Then it is only read;
+2. is it ready: its verified marker, .verified.json, still matches its files (is_ready). Then it is only read;
 3. otherwise, take the folder's lock (.download.lock, through locks.py);
 4. fetch the missing files into .download/ (fetch.py);
 5. verify by loading: the load itself checks every tensor's CRC32C, every shape and the vocabulary, so each file is
    read once. A bad download is deleted; a bad file of the user's is named and left as it is (blame);
-6. install: move the downloads in, and record the marker.
+6. install: record the marker, and move the downloads in, the marker last.
 Files placed by hand are never moved, renamed or deleted, and a Ctrl-C or a crash midway leaves everything as it was:
 no final name ever holds unverified downloaded bytes.
 """
+import json
 import os
 import shlex
 import shutil
@@ -24,16 +25,16 @@ from typing import NamedTuple
 
 from gpt2_numpy.catalog import MODEL_SIZES, SOURCES
 from gpt2_numpy.console import log
-from gpt2_numpy.disk import disk_fix, made_folders, move_in
+from gpt2_numpy.disk import atomic_write, disk_fix, made_folders, move_in
 from gpt2_numpy.errors import CheckpointError, DownloadError, Interrupted, TokenizerError, UsageError
 from gpt2_numpy.fast import inference_layout
+from gpt2_numpy.formats import SETTINGS_LIMIT, parse_json, read_regular
 from gpt2_numpy.formats.checkpoint import load_params
-from gpt2_numpy.formats.vocabulary import check_model_vocabulary
 from gpt2_numpy.locks import only_the_lock, open_lock, release_lock
-from gpt2_numpy.marker import MARKER, is_complete, record, stamps
 from gpt2_numpy.tokenizer import Tokenizer, check_in_vocabulary, load_tokenizer
 
 DOWNLOADS = ".download"  # subfolder holding downloads until they are verified
+MARKER = ".verified.json"  # {file name: [size, mtime_ns, inode]} of a verified folder, taken before verifying
 DOWNLOAD_LOCK = ".download.lock"
 OTHER_FOLDER = "choose another folder with --models-dir or GPT2_NUMPY_WEIGHTS"
 
@@ -61,21 +62,16 @@ def load_model(model="124M", models_dir=None, source="openai", name=None):  # ->
 
 def read_model(folder, name=None, source=None):  # -> (hparams, params, tokenizer) of a model folder
     """UsageError naming `name` (default: the folder) when it is no folder; the loaders check every file's structure
-    and shape, and raise CheckpointError or TokenizerError naming the file at fault. source: the folder is an official
-    one of that source, verified whole (every tensor's CRC32C too), its errors naming the files compared (blame)."""
+    and shape, and raise CheckpointError or TokenizerError naming the file at fault, and the files it was compared with
+    (blame). source: the folder is an official one of that source, verified whole (every tensor's CRC32C too)."""
     folder = Path(folder)
     name = name or str(folder)
     if not folder.is_dir():
         problem = "is a file" if folder.exists() else "does not exist"
         raise UsageError(f"{name} {problem}: pass a model folder (model.safetensors + config.json + vocab.json + "
                          f"merges.txt, or OpenAI's checkpoint files) or an official size ({', '.join(MODEL_SIZES)})")
-    hparams, params = load_params(folder, verify=source is not None)
     tokenizer = load_tokenizer(folder)
-    if source is None:
-        check_model_vocabulary(tokenizer.n_vocab, hparams["n_vocab"], name)
-    else:  # the files compared, named for blame
-        vocab = folder / source.vocabulary[0]
-        check_model_vocabulary(tokenizer.n_vocab, hparams["n_vocab"], vocab, files=(vocab, folder / source.hparams))
+    hparams, params = load_params(folder, verify=source is not None, n_tokens=tokenizer.n_vocab)
     return hparams, params, tokenizer
 
 
@@ -106,6 +102,26 @@ def checked_choice(value, choices, what):  # -> value, or UsageError naming the 
 
 def is_ready(size, models_dir=None, source="openai"):  # -> True when the folder's files were verified, unchanged since
     return is_complete(where(size, models_dir, source), SOURCES[source].files)
+
+
+def is_complete(folder, files):  # -> True when a past run verified these files and none has changed since
+    # The marker records every file's size, modification time and inode once the files are verified, so that runs
+    # after the first compare those, as git's index does, instead of re-reading gigabytes. A file rewritten in place (a
+    # new time) or a folder copied elsewhere (new inodes) is verified again; delete the marker to force it.
+    try:
+        marker = folder / MARKER
+        recorded = parse_json(read_regular(marker, SETTINGS_LIMIT))  # a named pipe or deep JSON: False, not a hang
+        written = marker.stat().st_mtime_ns
+        # A file whose time is not older than the marker may have changed within the same tick of the file-system
+        # clock (a few ms; 2 s on FAT) after it was verified: it is verified again, as git treats "racily clean" files.
+        return all(recorded[name] == stamp(folder / name) and recorded[name][1] < written for name in files)
+    except (OSError, ValueError, KeyError, TypeError):  # no marker, a damaged or older one, or a file gone
+        return False
+
+
+def stamp(path):  # -> [size, mtime_ns, inode]: a rewrite changes the time, a copy the inode (and usually the time)
+    status = path.stat()
+    return [status.st_size, status.st_mtime_ns, status.st_ino]
 
 
 def ready(size, models_dir=None, source="openai"):  # -> (folder, the model as verified, or None: it was ready)
@@ -162,47 +178,46 @@ def locked(folder):  # creates folder and holds its lock; a file-system error an
 # -- 4. fetch what is missing, 5. verify by loading, 6. install and record --
 
 def install(folder, size, source):  # -> the model as verified: every file present, verified and recorded in the marker
-    files = SOURCES[source].files
-    missing = missing_files(folder, files)
-    if missing:
-        log(f"downloading GPT-2 {size} from {source} into {folder}")
-        verified, model = download(folder, size, source, missing)
-    else:
-        log(f"verifying the files already in {folder}, once: later runs only compare their sizes and times with "
-            f"{MARKER}")
-        verified = stamps(folder, files)  # taken first: a change made while verifying shows as a changed stamp
-        model = verified_read(folder, folder, source, fetched=())
-        shutil.rmtree(folder / DOWNLOADS, ignore_errors=True)  # leftover downloads, replaced by the user's own files
-    record(folder, verified)
-    log(f"GPT-2 {size} is ready in {folder}")
-    return model
-
-
-def download(folder, size, source, missing):  # -> (stamps of the files verified, now all in folder; the model read)
     """The missing files are fetched into <folder>/.download/ (fetch.py checks each against a SHA-256 the server
     publishes, as the Hugging Face hub does for model.safetensors), verified there together with second names (hard
-    links) of the files already present, and only then moved in. A bad download is deleted; good ones stay staged for
-    the next run, and are never deleted because a file of the user's disagrees with them."""
-    from gpt2_numpy.fetch import fetch_all  # the network stack (requests, tqdm: 14 MB, 0.15 s) loads only here
-
-    present = [name for name in SOURCES[source].files if name not in missing]
+    links) of the files already present, and only then moved in, the marker last. A bad download is deleted; good ones
+    stay staged for the next run, and are never deleted because a file of the user's disagrees with them."""
+    files = SOURCES[source].files
+    missing = missing_files(folder, files)
+    present = [name for name in files if name not in missing]
     staging = folder / DOWNLOADS
     staging.mkdir(exist_ok=True)
     # second names a killed run left, or downloads that the user's own files have replaced: never taken for either
     unlink_all(staging, present)
     try:
-        fetch_all(folder, staging, size, source, missing)
-        for name in present:  # the whole model in one folder to verify, while the user's files stay where they are
-            second_name(folder / name, staging / name)
-        verified = {**stamps(folder, present), **stamps(staging, missing)}  # a rename keeps a stamp
-        log("verifying checksums and vocabulary")
-        model = verified_read(staging, folder, source, fetched=missing)  # its arrays map files, which keep them when
-        move_in(staging, folder, missing)  # renamed, and .download/ goes, the second names with it
+        if missing:
+            log(f"downloading GPT-2 {size} from {source} into {folder}")
+            from gpt2_numpy.fetch import fetch_all  # the network stack (requests, tqdm: 14 MB, 0.15 s) loads only here
+
+            fetch_all(folder, staging, size, source, missing)
+            for name in present:  # the whole model in one folder to verify, while the user's files stay where they are
+                second_name(folder / name, staging / name)
+            log("verifying checksums and vocabulary")
+        else:
+            log(f"verifying the files already in {folder}, once: later runs only compare their sizes and times with "
+                f"{MARKER}")
+        # taken first: a change made while verifying shows as a changed stamp; a rename keeps a stamp
+        verified = {**stamps(folder, present), **stamps(staging, missing)}
+        model = verified_read(staging if missing else folder, folder, source, fetched=missing)
+        atomic_write(staging / MARKER, lambda file: file.write(json.dumps(verified).encode()))
+        # the arrays of model map files, which keep them when renamed; .download/ goes, with the second names and any
+        # leftover download that the user's own files replaced
+        move_in(staging, folder, [*missing, MARKER])
     finally:
         unlink_all(staging, present)  # only the second names: the user's files keep their own
         with suppress(OSError):  # after a failure, keep staging only when it holds files a rerun can reuse
             staging.rmdir()
-    return verified, model
+    log(f"GPT-2 {size} is ready in {folder}")
+    return model
+
+
+def stamps(folder, names):  # -> {name: stamp} of files in folder
+    return {name: stamp(folder / name) for name in names}
 
 
 def unlink_all(folder, names):  # -> None: none of names is left in folder

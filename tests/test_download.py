@@ -26,15 +26,16 @@ import pytest
 import requests
 import urllib3
 
-from gpt2_numpy import fetch, loading, locks, marker
-from gpt2_numpy.catalog import SOURCES, file_url
+from gpt2_numpy import fetch, loading, locks
+from gpt2_numpy.catalog import SOURCES
+from gpt2_numpy.fetch import file_url
 from gpt2_numpy.formats.checkpoint import load_params
 from gpt2_numpy.commands import download as download_command
 from gpt2_numpy.errors import CheckpointError, DownloadError, Gpt2NumpyError, Interrupted, UsageError
 from gpt2_numpy.formats.tf_bundle import TensorBundle, table_records
 from gpt2_numpy.params import random_params
 from gpt2_numpy.tokenizer import bytes_to_unicode
-from gpt2_numpy.loading import DOWNLOAD_LOCK, DOWNLOADS, ready, where
+from gpt2_numpy.loading import DOWNLOAD_LOCK, DOWNLOADS, MARKER, ready, where
 from tests.conftest import FIXTURES, REPO, UNREACHABLE
 from scripts.common.fuzzing.tf_index import FIXED32, fields_of, fields_of_value, proto, set_field, table
 from tests.http_server import Cut, FileServer, Throttle, hf_layout_files, official_layout_files
@@ -67,7 +68,7 @@ def mirror(monkeypatch, files, **options):  # a FileServer that GPT2_NUMPY_BASE_
 def assert_installed(folder, files):  # exactly the served files, byte for byte, and nothing half-done beside them
     for url_path, source in files.items():
         assert (folder / Path(url_path).name).read_bytes() == Path(source).read_bytes(), url_path
-    expected = {Path(url_path).name for url_path in files} | {DOWNLOAD_LOCK, marker.MARKER}
+    expected = {Path(url_path).name for url_path in files} | {DOWNLOAD_LOCK, MARKER}
     assert {path.name for path in folder.iterdir()} == expected
 
 
@@ -280,7 +281,7 @@ def test_files_placed_by_hand_are_verified_once_without_network(tmp_path, monkey
     (folder / DOWNLOADS / f"{Path(DATA).name}.part").write_bytes(b"\0" * 1000)
     assert ready_folder("124M", tmp_path) == folder
     assert_installed(folder, files)
-    assert json.loads((folder / marker.MARKER).read_text()) == {  # what os.stat says of each file as placed
+    assert json.loads((folder / MARKER).read_text()) == {  # what os.stat says of each file as placed
         name: [status.st_size, status.st_mtime_ns, status.st_ino]
         for name, status in ((Path(url_path).name, (folder / Path(url_path).name).stat()) for url_path in files)
     }
@@ -364,7 +365,7 @@ def test_verification_stopped_midway_leaves_the_files_placed_by_hand_where_they_
             stopped = outcome(lambda: ready_folder("124M", tmp_path))
         assert {name: (folder / name).read_bytes() for name in placed_bytes} == placed_bytes  # back, unchanged
         assert isinstance(stopped, Interrupted if isinstance(stop, KeyboardInterrupt) else type(stop))
-        assert not (folder / marker.MARKER).exists()
+        assert not (folder / MARKER).exists()
         # the rerun finds the damaged file where the user put it, names it, and keeps it
         with pytest.raises(CheckpointError) as caught:
             ready_folder("124M", tmp_path)
@@ -437,7 +438,7 @@ def test_a_checkpoint_file_naming_weights_outside_the_folder_installs_nothing(tm
         with pytest.raises(Gpt2NumpyError):
             ready_folder("124M", tmp_path)
     assert layout_names_in(folder) == set()
-    assert not (folder / marker.MARKER).exists()
+    assert not (folder / MARKER).exists()
 
 
 def test_without_hard_links_files_placed_by_hand_are_copied_for_verification(tmp_path, monkeypatch):
@@ -974,7 +975,7 @@ def test_a_file_as_new_as_the_record_is_verified_again(tmp_path, monkeypatch):
         folder = ready_folder("124M", tmp_path)
     data = folder / Path(DATA).name
     times = data.stat()
-    os.utime(folder / marker.MARKER, ns=(times.st_atime_ns, times.st_mtime_ns))  # one tick for the file and marker
+    os.utime(folder / MARKER, ns=(times.st_atime_ns, times.st_mtime_ns))  # one tick for the file and marker
     with open(data, "r+b") as file:
         file.write(b"\xff\xff\xff\xff")
     os.utime(data, ns=(times.st_atime_ns, times.st_mtime_ns))  # the rewrite within the same tick: the time unchanged

@@ -10,8 +10,7 @@ from gpt2_numpy.commands.common import (
 )
 from gpt2_numpy.console import log
 from gpt2_numpy.errors import UsageError
-from gpt2_numpy.loading import is_ready, ready, where
-from gpt2_numpy.marker import MARKER
+from gpt2_numpy.loading import MARKER, is_ready, ready, where
 
 
 def parse_args(argv):  # -> argparse.Namespace whose size is the one model to download

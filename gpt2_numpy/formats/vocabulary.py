@@ -21,13 +21,17 @@ def bytes_to_unicode():  # -> {byte value: stand-in character}
 
 
 def read_vocabulary(model_dir):  # -> ({spelled token: id}, [(left, right)]) of the vocabulary files in model_dir
+    vocab, merges = vocabulary_files(model_dir)
+    with comparing(vocab):
+        encoder = read_encoder(vocab)
+    with comparing(merges, vocab):  # the merges must build exactly the tokens of the vocabulary
+        return encoder, read_merges(merges, encoder)
+
+
+def vocabulary_files(model_dir):  # -> (token ids, merges) paths of the layout present in model_dir, OpenAI's first
     for vocab_name, merges_name in FILE_NAMES.values():
-        vocab, merges = model_dir / vocab_name, model_dir / merges_name
-        if exists(vocab):
-            with comparing(vocab):
-                encoder = read_encoder(vocab)
-            with comparing(merges, vocab):  # the merges must build exactly the tokens of the vocabulary
-                return encoder, read_merges(merges, encoder)
+        if exists(model_dir / vocab_name):
+            return model_dir / vocab_name, model_dir / merges_name
     expected = " or ".join(f"{vocab} + {merges} ({source})" for source, (vocab, merges) in FILE_NAMES.items())
     raise TokenizerError(f"no vocabulary in {model_dir}: expected {expected}; download the model into that folder")
 
