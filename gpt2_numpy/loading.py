@@ -171,8 +171,9 @@ def locked(folder):  # creates folder and holds its lock; a file-system error an
                         lock_path.unlink()  # while still held: see open_lock
                 release_lock(lock)
     except OSError as error:  # fetch turns requests' errors (OSErrors too) into DownloadErrors: this is the disk
+        fix = disk_fix(error, other=None)
         raise DownloadError(f"cannot write {error.filename or folder}: {error.strerror or error}; "
-                            f"{disk_fix(error, 'choose another folder')} or {OTHER_FOLDER}") from None
+                            f"{f'{fix} or ' if fix else ''}{OTHER_FOLDER}") from None
 
 
 # -- 4. fetch what is missing, 5. verify by loading, 6. install and record --
