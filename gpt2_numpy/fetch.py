@@ -69,7 +69,7 @@ def file_url(size, source, name):  # -> the URL of one file of one model
 
 
 def stopped(staging, names):  # -> Interrupted saying what a download stopped by Ctrl-C keeps for the rerun
-    part_sizes = {name: file_size(staging / f"{name}.part") for name in names}
+    part_sizes = {name: bytes_in(staging / f"{name}.part") for name in names}
     kept = [name for name in names if (staging / name).exists()]
     kept += [f"{part_size:,} bytes of {name}" for name, part_size in part_sizes.items() if part_size]
     if not kept:
@@ -86,18 +86,18 @@ def fetch(session, url, path):  # -> None: path holds the complete file, fetched
     part = path.with_name(path.name + ".part")
     failures = 0
     while True:
-        size_before = file_size(part)
+        size_before = bytes_in(part)
         try:
             published = fetch_into(session, url, part)
             break
         except (Retry, requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError) as error:
             if no_name_resolution(error):  # no DNS means no network here: say so now, not after a minute of retries
                 raise gave_up(url, error) from None
-            failures = 0 if file_size(part) > size_before else failures + 1
+            failures = 0 if bytes_in(part) > size_before else failures + 1
             if failures > RETRIES:
                 raise gave_up(url, error) from None
             delay = BACKOFF_SECONDS * 2 ** max(failures - 1, 0)
-            log(f"{url}: {describe(error)}; retrying in {delay:g} s")
+            log(f"{url}: {reason(error)}; retrying in {delay:g} s")
             time.sleep(delay)
         except requests.RequestException as error:  # a malformed URL or a redirect loop: asking again cannot help
             raise DownloadError(f"cannot download {url}: {error}") from None
@@ -107,7 +107,7 @@ def fetch(session, url, path):  # -> None: path holds the complete file, fetched
 
 def fetch_into(session, url, part):  # -> published_sha256's answer, after one request appending to part
     # raises Retry when the file is not complete yet
-    offset = file_size(part)
+    offset = bytes_in(part)
     headers = {"Range": f"bytes={offset}-"} if offset else {}
     timeout = (CONNECT_TIMEOUT_SECONDS, READ_TIMEOUT_SECONDS)
     with session.get(url, headers=headers, stream=True, timeout=timeout) as response:
@@ -116,8 +116,8 @@ def fetch_into(session, url, part):  # -> published_sha256's answer, after one r
             return published  # nothing lies past our last byte: the part is the whole file, stopped before its rename
         start, total = body_span(response, url, offset, part)
         write_body(response, part, start, total)
-    if total is not None and file_size(part) != total:
-        raise Retry(f"got {file_size(part):,} of {total:,} bytes")
+    if total is not None and bytes_in(part) != total:
+        raise Retry(f"got {bytes_in(part):,} of {total:,} bytes")
     return published
 
 
@@ -143,8 +143,8 @@ def check_published(url, part, published):  # -> None; DownloadError, the part d
             log(f"note: {url} came without a published SHA-256 (X-Linked-Etag): only its structure is checked")
         return
     digest, size = published
-    if size is not None and file_size(part) != size:
-        problem = f"has {file_size(part):,} bytes but the server published X-Linked-Size {size:,}"
+    if size is not None and bytes_in(part) != size:
+        problem = f"has {bytes_in(part):,} bytes but the server published X-Linked-Size {size:,}"
     else:
         log(f"checking the SHA-256 of {part.stem}")
         actual = sha256_of(part)
@@ -203,7 +203,7 @@ def bytes_bar(name, start, total):  # -> a progress bar in bytes on stderr
     return progress_bar(total=total, initial=start, desc=name, unit="B", unit_scale=True, unit_divisor=1024)
 
 
-def file_size(path):  # -> bytes in path, 0 when it does not exist
+def bytes_in(path):  # -> bytes in path, 0 when it does not exist
     return path.stat().st_size if path.exists() else 0
 
 
@@ -214,7 +214,7 @@ SHORT_REASONS = {  # for failures whose text holds no "[Errno N] ..." reason
 }
 
 
-def describe(error):  # -> a short reason such as "Connection refused", for one-line messages
+def reason(error):  # -> a short reason such as "Connection refused", for one-line messages
     errno_text = re.search(r"\[Errno -?\d+\] ([^'\")]+)", str(error))
     if errno_text:
         return errno_text[1]
@@ -222,12 +222,12 @@ def describe(error):  # -> a short reason such as "Connection refused", for one-
 
 
 def no_name_resolution(error):  # -> True when the host name could not be resolved
-    reason = getattr(error.args[0], "reason", None) if error.args else None
-    return isinstance(reason, getattr(urllib3.exceptions, "NameResolutionError", ()))  # urllib3 1.x lacks the class
+    cause = getattr(error.args[0], "reason", None) if error.args else None
+    return isinstance(cause, getattr(urllib3.exceptions, "NameResolutionError", ()))  # urllib3 1.x lacks the class
 
 
 def gave_up(url, error):  # -> the DownloadError that ends the retries
     if isinstance(error, Retry):
         return DownloadError(f"{url} failed {RETRIES + 1} times in a row ({error}); try again later, or use a "
                              f"mirror via GPT2_NUMPY_BASE_URL")
-    return Unreachable(f"no network connection to {urllib.parse.urlsplit(url).netloc} ({describe(error)})")
+    return Unreachable(f"no network connection to {urllib.parse.urlsplit(url).netloc} ({reason(error)})")

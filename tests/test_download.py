@@ -708,7 +708,7 @@ def test_a_download_stopped_mid_file_resumes_on_the_rerun_and_ends_byte_exact(tm
         env = {**os.environ, "GPT2_NUMPY_BASE_URL": server.url}
         first = start_small_chunk_cli(models_dir, env, "first")
         try:
-            wait_until(lambda: fetch.file_size(part) >= 3 * SMALL_CHUNK)
+            wait_until(lambda: fetch.bytes_in(part) >= 3 * SMALL_CHUNK)
             first.send_signal(getattr(signal, stop))
             code = first.wait(WAIT_SECONDS)
         finally:

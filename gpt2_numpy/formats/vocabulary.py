@@ -99,10 +99,10 @@ def read_merge_lines(path, encoder):  # -> [(left, right)] as the file lists the
 
 
 def read_table(path):  # -> the file's text, with "\n" for line ends as text mode reads them, or TokenizerError
-    return read_text(path, lambda error: unreadable(path, error), TABLE_LIMIT).replace("\r\n", "\n")
+    return read_text(path, lambda error: unreadable_vocabulary(path, error), TABLE_LIMIT).replace("\r\n", "\n")
 
 
-def unreadable(path, error):  # OSError or UnicodeDecodeError -> TokenizerError naming the file
+def unreadable_vocabulary(path, error):  # OSError or UnicodeDecodeError -> TokenizerError naming the file
     if isinstance(error, FileNotFoundError):
         return TokenizerError(f"{path} is missing: download the model again to restore its vocabulary files")
     if isinstance(error, UnicodeDecodeError):
