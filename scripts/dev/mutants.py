@@ -9,15 +9,16 @@ Every mutant must be caught. The test files that catch each part (the word befor
     backward                    tests/test_fast_backward.py
     train,commands,optim,save   tests/test_train_resume.py tests/test_train_vocab.py tests/test_optim.py
     intervene                   tests/test_explain_intervene.py
-    download                    tests/test_download.py
+    download                    tests/test_fetch.py tests/test_loading.py tests/test_locks.py
     sampling,decode,tokenizer   tests/test_sampling.py tests/test_decode.py tests/test_cli_tokenizer.py
     vocabulary,score,checkpoint,explain  tests/test_tokenizer.py tests/test_checkpoint.py tests/test_explain_trace.py
     "explain page"              tests/test_explain_page.py
     threads                     tests/test_threads.py
 
-for example `python -m scripts.dev.mutants --only download tests/test_download.py`. A test earns its place by failing
-when the code is wrong; a mutant that no test catches is a hole in the suite. Each mutant replaces one line's text; the
-copy lives in a temporary folder, so the working tree is never touched.
+for example `python -m scripts.dev.mutants --only download tests/test_fetch.py tests/test_loading.py
+tests/test_locks.py`. A test earns its place by failing when the code is wrong; a mutant that no test catches is a
+hole in the suite. Each mutant replaces one line's text; the copy lives in a temporary folder, so the working tree is
+never touched.
 """
 import argparse
 import os
@@ -74,7 +75,7 @@ MUTANTS = [  # (what, file, text, replacement)
      'openblas()[0](passes["n_threads"])', "pass"),
     ("cores: a forked child restores the count only for a counted pass", "gpt2_numpy/cores.py",
      '(passes["running"] or passes_lock.locked())', 'passes["running"]'),
-    # their tests are in tests/test_download.py, which is not among the default TEST_FILEs
+    # their tests are in tests/test_fetch.py, test_loading.py and test_locks.py, not among the default TEST_FILEs
     ("download: the SHA-256 compared on its first 32 digits", "gpt2_numpy/fetch.py", "if actual == digest:",
      "if actual[:32] == digest[:32]:"),
     ('download: a weak X-Linked-Etag (W/"...") leaves the file unchecked', "gpt2_numpy/fetch.py",
