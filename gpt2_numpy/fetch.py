@@ -84,11 +84,12 @@ def fetch(session, url, path):  # -> None: path holds the complete file, fetched
     if path.exists():
         return  # completed by an earlier, interrupted run
     part = path.with_name(path.name + ".part")
+    running = RunningSha256()
     failures = 0
     while True:
         size_before = bytes_in(part)
         try:
-            published = fetch_into(session, url, part)
+            published = fetch_into(session, url, part, running)
             break
         except (Retry, requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError) as error:
             if no_name_resolution(error):  # no DNS means no network here: say so now, not after a minute of retries
@@ -101,11 +102,11 @@ def fetch(session, url, path):  # -> None: path holds the complete file, fetched
             time.sleep(delay)
         except requests.RequestException as error:  # a malformed URL or a redirect loop: asking again cannot help
             raise DownloadError(f"cannot download {url}: {error}") from None
-    check_published(url, part, published)
+    check_published(url, part, published, running)
     os.replace(part, path)
 
 
-def fetch_into(session, url, part):  # -> published_sha256's answer, after one request appending to part
+def fetch_into(session, url, part, running):  # -> published_sha256's answer, after one request appending to part
     # raises Retry when the file is not complete yet
     offset = bytes_in(part)
     headers = {"Range": f"bytes={offset}-"} if offset else {}
@@ -115,7 +116,7 @@ def fetch_into(session, url, part):  # -> published_sha256's answer, after one r
         if response.status_code == 416 and response.headers.get("Content-Range") == f"bytes */{offset}":
             return published  # nothing lies past our last byte: the part is the whole file, stopped before its rename
         start, total = body_span(response, url, offset, part)
-        write_body(response, part, start, total)
+        write_body(response, part, start, total, running.at(part, start))
     if total is not None and bytes_in(part) != total:
         raise Retry(f"got {bytes_in(part):,} of {total:,} bytes")
     return published
@@ -137,7 +138,8 @@ def published_sha256(response):  # -> (lowercase hex SHA-256, size or None) the 
     return None
 
 
-def check_published(url, part, published):  # -> None; DownloadError, the part deleted, when it is not those bytes
+def check_published(url, part, published, running):  # -> None; DownloadError, the part deleted, when it is not those
+    # bytes
     if published is None:
         if part.stem.endswith(".safetensors"):  # the hub keeps these in LFS, with a published hash: say none came
             log(f"note: {url} came without a published SHA-256 (X-Linked-Etag): only its structure is checked")
@@ -147,7 +149,7 @@ def check_published(url, part, published):  # -> None; DownloadError, the part d
         problem = f"has {bytes_in(part):,} bytes but the server published X-Linked-Size {size:,}"
     else:
         log(f"checking the SHA-256 of {part.stem}")
-        actual = sha256_of(part)
+        actual = running.at(part, bytes_in(part)).hexdigest()
         if actual == digest:
             return
         problem = f"has SHA-256 {actual} but the server published {digest} (X-Linked-Etag): the bytes are corrupt"
@@ -155,12 +157,29 @@ def check_published(url, part, published):  # -> None; DownloadError, the part d
     raise DownloadError(f"{url}: the download {problem}; deleted it, so the next run fetches a fresh copy")
 
 
-def sha256_of(path):  # -> lowercase hex SHA-256 of the file, read a chunk at a time (it may be gigabytes)
-    digest = hashlib.sha256()
-    with open(path, "rb") as file:
-        while chunk := file.read(CHUNK_BYTES):
-            digest.update(chunk)
-    return digest.hexdigest()
+class RunningSha256:
+    """The SHA-256 of a part, taken as its bytes are written, so that checking a download does not read it again."""
+
+    def __init__(self):
+        self.digest, self.size = hashlib.sha256(), 0
+
+    def at(self, part, start):  # -> self, holding the hash of part's first start bytes: bytes it has not seen written
+        # (a part an earlier run left, one started over) are read once here
+        if start < self.size:
+            self.digest, self.size = hashlib.sha256(), 0
+        if start > self.size:
+            with open(part, "rb") as file:
+                file.seek(self.size)
+                while self.size < start and (chunk := file.read(min(CHUNK_BYTES, start - self.size))):
+                    self.update(chunk)
+        return self
+
+    def update(self, chunk):  # -> None: chunk was written after the bytes hashed so far
+        self.digest.update(chunk)
+        self.size += len(chunk)
+
+    def hexdigest(self):
+        return self.digest.hexdigest()
 
 
 def body_span(response, url, offset, part):  # -> (byte offset where the body goes, full file size or None)
@@ -185,12 +204,14 @@ def body_span(response, url, offset, part):  # -> (byte offset where the body go
                         f"GPT2_NUMPY_BASE_URL if you set one")
 
 
-def write_body(response, part, start, total):  # -> None: the body into part from byte start, never past byte total
+def write_body(response, part, start, total, running):  # -> None: the body into part from byte start, never past
+    # byte total; running (holding the hash of the bytes before start) takes each chunk written
     with open(part, "ab" if start else "wb") as out, bytes_bar(part.stem, start, total) as bar:
         for chunk in response.iter_content(CHUNK_BYTES):
             if total is not None and out.tell() + len(chunk) > total:
                 break
             out.write(chunk)
+            running.update(chunk)
             bar.update(len(chunk))
         else:
             return  # the whole body fitted

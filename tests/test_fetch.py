@@ -225,6 +225,19 @@ def test_a_huggingface_download_matching_its_published_sha256_is_installed(tmp_p
     assert "checking the SHA-256 of model.safetensors" in capsys.readouterr().err
 
 
+def test_a_part_an_earlier_run_left_counts_in_the_published_sha256(tmp_path, monkeypatch):
+    # the hash is taken as the bytes arrive: the bytes an earlier run wrote are read once, and the rest is appended
+    files = hf_layout_files()
+    data = files[HF_WEIGHTS].read_bytes()
+    staging = tmp_path / "124M-hf" / DOWNLOADS
+    staging.mkdir(parents=True)
+    (staging / "model.safetensors.part").write_bytes(data[:3 * SMALL_CHUNK + 5])
+    with mirror(monkeypatch, files, published={HF_WEIGHTS: published(data)}) as server:
+        folder = ready_folder("124M", tmp_path, source="huggingface")
+    assert server.requested(HF_WEIGHTS) == [f"bytes={3 * SMALL_CHUNK + 5}-"]
+    assert_installed(folder, files)
+
+
 @pytest.mark.parametrize("redirected", [False, True], ids=["served", "redirected"])
 @pytest.mark.parametrize("damage", ["a flipped byte", "a wrong size"])
 def test_a_huggingface_download_unlike_its_published_sha256_is_deleted_and_fetched_again(tmp_path, monkeypatch,

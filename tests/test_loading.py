@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import sys
+from collections import Counter
 from contextlib import contextmanager
 from functools import reduce
 from operator import getitem
@@ -25,18 +26,16 @@ from gpt2_numpy.commands import download as download_command
 from gpt2_numpy.errors import CheckpointError, DownloadError, Gpt2NumpyError, Interrupted, UsageError
 from gpt2_numpy.formats.tf_bundle import table_records
 from gpt2_numpy.params import random_params
-from gpt2_numpy.loading import DOWNLOAD_LOCK, DOWNLOADS, MARKER, ready, where
+from gpt2_numpy.loading import DOWNLOAD_LOCK, DOWNLOADS, MARKER, load_model, ready, where
 from tests.conftest import FIXTURES, UNREACHABLE
 from scripts.common.fuzzing.tf_index import FIXED32, fields_of, fields_of_value, proto, set_field, table
-from tests.http_server import hf_layout_files, official_layout_files
-from collections import Counter
+from tests.http_server import FileServer, hf_layout_files, official_layout_files
 
 
-from gpt2_numpy.loading import load_model
 
 from tests.download_helpers import (
     DATA, HF_PLACED_CONFIG, OPENAI_FILES, assert_installed, crc_pass_stopped_by, cut_at_a_line_end, flip_a_bit,
-    layout_names_in, mirror, names_in, outcome, place_by_hand, ready_folder, tiny_vocabulary,
+    layout_names_in, mirror, names_in, outcome, place_by_hand, published, ready_folder, tiny_vocabulary,
 )
 from tests.download_helpers import fast_and_isolated  # noqa: F401 (an autouse fixture)
 
@@ -66,12 +65,13 @@ def counting_opens():  # -> the list that (path, mode, flags) of each file opene
         LISTENING.clear()
 
 
-def reads(opened, root):  # -> Counter of the model files under root opened for reading, by name
+def reads(opened, root, names=OPENAI_FILES):  # -> Counter of the model files under root opened for reading, by name
     def for_reading(mode, flags):
         return ("r" in mode and "+" not in mode) if mode else (flags & READ_ONLY) == os.O_RDONLY
 
-    return Counter(path.name for path, mode, flags in opened
-                   if root in path.parents and path.name in OPENAI_FILES and for_reading(mode, flags))
+    opened_names = ((path.name.removesuffix(".part"), path, mode, flags) for path, mode, flags in opened)  # a part is
+    return Counter(name for name, path, mode, flags in opened_names  # the file, before its rename
+                   if root in path.parents and name in names and for_reading(mode, flags))
 
 
 def test_first_use_opens_each_file_for_reading_once(tmp_path, monkeypatch):
@@ -85,6 +85,18 @@ def test_first_use_opens_each_file_for_reading_once(tmp_path, monkeypatch):
     with counting_opens() as opened:  # a later use reads each once too, unverified, its files memory-mapped
         load_model("124M", tmp_path / "models")
     assert reads(opened, tmp_path) == Counter(OPENAI_FILES)
+
+
+def test_a_download_checked_against_its_published_sha256_is_still_read_once(tmp_path, monkeypatch):
+    # the hub publishes model.safetensors' SHA-256: it is taken as the bytes arrive, not by reading the file again
+    files = hf_layout_files()
+    weights = Path(files["/124M/model.safetensors"]).read_bytes()
+    digest = published(weights)
+    with FileServer(files, published={"/124M/model.safetensors": digest}) as server, counting_opens() as opened:
+        monkeypatch.setenv("GPT2_NUMPY_BASE_URL", server.url)
+        load_model("124M", tmp_path, source="huggingface")
+    names = SOURCES["huggingface"].files
+    assert reads(opened, tmp_path, names) == Counter(names)
 
 
 def test_files_placed_by_hand_are_verified_by_their_first_load_alone(tmp_path, monkeypatch):
