@@ -206,6 +206,8 @@ def install(folder, size, source):  # -> the model as verified: every file prese
         verified = {**stamps(folder, present), **stamps(staging, missing)}
         model = verified_read(staging if missing else folder, folder, source, fetched=missing)
         atomic_write(staging / MARKER, lambda file: file.write(json.dumps(verified).encode()))
+        if os.name != "posix":  # Windows renames no file that is mapped: there the model is read again once moved in
+            model = None
         # the arrays of model map files, which keep them when renamed; .download/ goes, with the second names and any
         # leftover download that the user's own files replaced
         move_in(staging, folder, [*missing, MARKER])
