@@ -2,12 +2,11 @@
 
 Where files go: <models-dir>/<SIZE>/ for OpenAI's TensorFlow checkpoint, <models-dir>/<SIZE>-hf/ for Hugging Face's
 safetensors (the two layouts live apart, so loading a folder never has to guess between them). The models dir is
---models-dir, else $GPT2_NUMPY_WEIGHTS, else ./weights (gpt2_numpy/model_dirs.py: size_folder); nothing is ever written
+--models-dir, else $GPT2_NUMPY_WEIGHTS, else ./weights (gpt2_numpy/loading.py: where); nothing is ever written
 inside the installed package.
 
-Mirrors: $GPT2_NUMPY_BASE_URL replaces the servers; files are then fetched from <base>/<SIZE>/<file> for either source.
+Where a file comes from: Source.url, or a mirror (gpt2_numpy/fetch.py: file_url).
 """
-import os
 from dataclasses import dataclass
 
 MODEL_SIZES = ("124M", "355M", "774M", "1558M")
@@ -51,10 +50,3 @@ SOURCES = {
         vocabulary=("vocab.json", "merges.txt"),
     ),
 }
-
-
-def file_url(size, source, name):  # -> the URL of one file of one model
-    base = os.environ.get("GPT2_NUMPY_BASE_URL")
-    if base:
-        return f"{base.rstrip('/')}/{size}/{name}"  # a mirror holds <base>/<SIZE>/<file>, whatever the source
-    return SOURCES[source].url.format(size=size, repo=HF_REPOS[size], name=name)

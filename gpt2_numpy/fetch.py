@@ -1,10 +1,11 @@
 """Fetch the official GPT-2 files over HTTP: resumable, retried, and safe to interrupt.
 
-Where files go and where they come from: see gpt2_numpy/catalog.py. What happens to them before and after (the lock,
-verification, installing, the record of a verified folder): see gpt2_numpy/weights.py; staging.py calls fetch_all with
-the staging folder to fill. The command line is gpt2_numpy/commands/download.py.
+Which files each model has: see gpt2_numpy/catalog.py. Where they come from: file_url; $GPT2_NUMPY_BASE_URL replaces
+the servers with a mirror, which serves <base>/<SIZE>/<file> for either source. What happens to the files before and
+after (the lock, verification by loading, installing, the record of a verified folder): see gpt2_numpy/loading.py,
+which calls fetch_all with the staging folder to fill. The command line is gpt2_numpy/commands/download.py.
 
-How: every missing file streams into <staging>/<name>.part (staging.py stages in <folder>/.download/), resumed with an
+How: every missing file streams into <staging>/<name>.part (loading.py stages in <folder>/.download/), resumed with an
 HTTP Range request after an interruption (Ctrl-C, a kill, a broken connection), and is renamed to <staging>/<name> once
 its size matches what the server announced and its SHA-256 matches the one the server published, if it published one
 (the Hugging Face hub does for its LFS files, such as model.safetensors). A part is never written past that size.
@@ -18,7 +19,7 @@ import urllib.parse
 import requests
 import urllib3
 
-from gpt2_numpy.catalog import file_url
+from gpt2_numpy.catalog import HF_REPOS, SOURCES
 from gpt2_numpy.console import log, progress_bar
 from gpt2_numpy.errors import DownloadError, Interrupted, UsageError
 
@@ -60,8 +61,15 @@ def fetch_all(folder, staging, size, source, missing):  # -> None: each missing 
                 raise stopped(staging, missing) from None
 
 
+def file_url(size, source, name):  # -> the URL of one file of one model
+    base = os.environ.get("GPT2_NUMPY_BASE_URL")
+    if base:
+        return f"{base.rstrip('/')}/{size}/{name}"  # a mirror holds <base>/<SIZE>/<file>, whatever the source
+    return SOURCES[source].url.format(size=size, repo=HF_REPOS[size], name=name)
+
+
 def stopped(staging, names):  # -> Interrupted saying what a download stopped by Ctrl-C keeps for the rerun
-    part_sizes = {name: file_size(staging / f"{name}.part") for name in names}
+    part_sizes = {name: bytes_in(staging / f"{name}.part") for name in names}
     kept = [name for name in names if (staging / name).exists()]
     kept += [f"{part_size:,} bytes of {name}" for name, part_size in part_sizes.items() if part_size]
     if not kept:
@@ -76,30 +84,31 @@ def fetch(session, url, path):  # -> None: path holds the complete file, fetched
     if path.exists():
         return  # completed by an earlier, interrupted run
     part = path.with_name(path.name + ".part")
+    running = RunningSha256()
     failures = 0
     while True:
-        size_before = file_size(part)
+        size_before = bytes_in(part)
         try:
-            published = fetch_into(session, url, part)
+            published = fetch_into(session, url, part, running)
             break
         except (Retry, requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError) as error:
             if no_name_resolution(error):  # no DNS means no network here: say so now, not after a minute of retries
                 raise gave_up(url, error) from None
-            failures = 0 if file_size(part) > size_before else failures + 1
+            failures = 0 if bytes_in(part) > size_before else failures + 1
             if failures > RETRIES:
                 raise gave_up(url, error) from None
             delay = BACKOFF_SECONDS * 2 ** max(failures - 1, 0)
-            log(f"{url}: {describe(error)}; retrying in {delay:g} s")
+            log(f"{url}: {reason(error)}; retrying in {delay:g} s")
             time.sleep(delay)
         except requests.RequestException as error:  # a malformed URL or a redirect loop: asking again cannot help
             raise DownloadError(f"cannot download {url}: {error}") from None
-    check_published(url, part, published)
+    check_published(url, part, published, running)
     os.replace(part, path)
 
 
-def fetch_into(session, url, part):  # -> published_sha256's answer, after one request appending to part
+def fetch_into(session, url, part, running):  # -> published_sha256's answer, after one request appending to part
     # raises Retry when the file is not complete yet
-    offset = file_size(part)
+    offset = bytes_in(part)
     headers = {"Range": f"bytes={offset}-"} if offset else {}
     timeout = (CONNECT_TIMEOUT_SECONDS, READ_TIMEOUT_SECONDS)
     with session.get(url, headers=headers, stream=True, timeout=timeout) as response:
@@ -107,9 +116,9 @@ def fetch_into(session, url, part):  # -> published_sha256's answer, after one r
         if response.status_code == 416 and response.headers.get("Content-Range") == f"bytes */{offset}":
             return published  # nothing lies past our last byte: the part is the whole file, stopped before its rename
         start, total = body_span(response, url, offset, part)
-        write_body(response, part, start, total)
-    if total is not None and file_size(part) != total:
-        raise Retry(f"got {file_size(part):,} of {total:,} bytes")
+        write_body(response, part, start, total, running.at(part, start))
+    if total is not None and bytes_in(part) != total:
+        raise Retry(f"got {bytes_in(part):,} of {total:,} bytes")
     return published
 
 
@@ -129,17 +138,18 @@ def published_sha256(response):  # -> (lowercase hex SHA-256, size or None) the 
     return None
 
 
-def check_published(url, part, published):  # -> None; DownloadError, the part deleted, when it is not those bytes
+def check_published(url, part, published, running):  # -> None; DownloadError, the part deleted, when it is not those
+    # bytes
     if published is None:
         if part.stem.endswith(".safetensors"):  # the hub keeps these in LFS, with a published hash: say none came
             log(f"note: {url} came without a published SHA-256 (X-Linked-Etag): only its structure is checked")
         return
     digest, size = published
-    if size is not None and file_size(part) != size:
-        problem = f"has {file_size(part):,} bytes but the server published X-Linked-Size {size:,}"
+    if size is not None and bytes_in(part) != size:
+        problem = f"has {bytes_in(part):,} bytes but the server published X-Linked-Size {size:,}"
     else:
         log(f"checking the SHA-256 of {part.stem}")
-        actual = sha256_of(part)
+        actual = running.at(part, bytes_in(part)).hexdigest()
         if actual == digest:
             return
         problem = f"has SHA-256 {actual} but the server published {digest} (X-Linked-Etag): the bytes are corrupt"
@@ -147,12 +157,29 @@ def check_published(url, part, published):  # -> None; DownloadError, the part d
     raise DownloadError(f"{url}: the download {problem}; deleted it, so the next run fetches a fresh copy")
 
 
-def sha256_of(path):  # -> lowercase hex SHA-256 of the file, read a chunk at a time (it may be gigabytes)
-    digest = hashlib.sha256()
-    with open(path, "rb") as file:
-        while chunk := file.read(CHUNK_BYTES):
-            digest.update(chunk)
-    return digest.hexdigest()
+class RunningSha256:
+    """The SHA-256 of a part, taken as its bytes are written, so that checking a download does not read it again."""
+
+    def __init__(self):
+        self.digest, self.size = hashlib.sha256(), 0
+
+    def at(self, part, start):  # -> self, holding the hash of part's first start bytes: bytes it has not seen written
+        # (a part an earlier run left, one started over) are read once here
+        if start < self.size:
+            self.digest, self.size = hashlib.sha256(), 0
+        if start > self.size:
+            with open(part, "rb") as file:
+                file.seek(self.size)
+                while self.size < start and (chunk := file.read(min(CHUNK_BYTES, start - self.size))):
+                    self.update(chunk)
+        return self
+
+    def update(self, chunk):  # -> None: chunk was written after the bytes hashed so far
+        self.digest.update(chunk)
+        self.size += len(chunk)
+
+    def hexdigest(self):
+        return self.digest.hexdigest()
 
 
 def body_span(response, url, offset, part):  # -> (byte offset where the body goes, full file size or None)
@@ -177,12 +204,14 @@ def body_span(response, url, offset, part):  # -> (byte offset where the body go
                         f"GPT2_NUMPY_BASE_URL if you set one")
 
 
-def write_body(response, part, start, total):  # -> None: the body into part from byte start, never past byte total
+def write_body(response, part, start, total, running):  # -> None: the body into part from byte start, never past
+    # byte total; running (holding the hash of the bytes before start) takes each chunk written
     with open(part, "ab" if start else "wb") as out, bytes_bar(part.stem, start, total) as bar:
         for chunk in response.iter_content(CHUNK_BYTES):
             if total is not None and out.tell() + len(chunk) > total:
                 break
             out.write(chunk)
+            running.update(chunk)
             bar.update(len(chunk))
         else:
             return  # the whole body fitted
@@ -195,7 +224,7 @@ def bytes_bar(name, start, total):  # -> a progress bar in bytes on stderr
     return progress_bar(total=total, initial=start, desc=name, unit="B", unit_scale=True, unit_divisor=1024)
 
 
-def file_size(path):  # -> bytes in path, 0 when it does not exist
+def bytes_in(path):  # -> bytes in path, 0 when it does not exist
     return path.stat().st_size if path.exists() else 0
 
 
@@ -206,7 +235,7 @@ SHORT_REASONS = {  # for failures whose text holds no "[Errno N] ..." reason
 }
 
 
-def describe(error):  # -> a short reason such as "Connection refused", for one-line messages
+def reason(error):  # -> a short reason such as "Connection refused", for one-line messages
     errno_text = re.search(r"\[Errno -?\d+\] ([^'\")]+)", str(error))
     if errno_text:
         return errno_text[1]
@@ -214,12 +243,12 @@ def describe(error):  # -> a short reason such as "Connection refused", for one-
 
 
 def no_name_resolution(error):  # -> True when the host name could not be resolved
-    reason = getattr(error.args[0], "reason", None) if error.args else None
-    return isinstance(reason, getattr(urllib3.exceptions, "NameResolutionError", ()))  # urllib3 1.x lacks the class
+    cause = getattr(error.args[0], "reason", None) if error.args else None
+    return isinstance(cause, getattr(urllib3.exceptions, "NameResolutionError", ()))  # urllib3 1.x lacks the class
 
 
 def gave_up(url, error):  # -> the DownloadError that ends the retries
     if isinstance(error, Retry):
         return DownloadError(f"{url} failed {RETRIES + 1} times in a row ({error}); try again later, or use a "
                              f"mirror via GPT2_NUMPY_BASE_URL")
-    return Unreachable(f"no network connection to {urllib.parse.urlsplit(url).netloc} ({describe(error)})")
+    return Unreachable(f"no network connection to {urllib.parse.urlsplit(url).netloc} ({reason(error)})")

@@ -1,4 +1,4 @@
-"""A cross-platform lock on an open file, taken by downloads (weights.locked) and training runs (runs.claimed) alike:
+"""A cross-platform lock on an open file, taken by downloads (loading.locked) and training runs (runs.claimed) alike:
 flock where there is fcntl (POSIX), else msvcrt's byte lock (Windows). Both end with their process, so a crash never
 leaves a stale lock. With neither (no such platform runs NumPy today), importing still works and the work goes on
 unlocked, saying so."""
@@ -55,7 +55,7 @@ def release_lock(lock):  # -> None; flock ends when the file closes, but Windows
 
 def open_lock(path, made):  # -> the lock file at path, open and locked by this process (made, with its folders)
     # A holder whose work left nothing behind deletes the file (and the folders it made) on its way out (see
-    # weights.locked).
+    # loading.locked).
     # Whoever waited on that file then holds a lock that no one else can see, so it takes the lock again on the file
     # now under that name, and counts the folders it has to make again as made by itself (made: made_folders' list)
     folder = path.parent

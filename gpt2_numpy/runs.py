@@ -24,7 +24,6 @@ import csv
 import io
 import json
 import math
-import os
 import shutil
 import zipfile
 import zlib
@@ -40,7 +39,8 @@ from gpt2_numpy.formats import parse_json
 from gpt2_numpy.formats.safetensors import read_metadata
 from gpt2_numpy.interpret.heads import PATTERNS
 from gpt2_numpy.params import flatten
-from gpt2_numpy.save import atomic_write, check_folder_path, disk_fix, fsync_folder, save_model
+from gpt2_numpy.disk import atomic_write, check_folder_path, disk_fix, fsync_folder, move_in
+from gpt2_numpy.save import save_model
 from gpt2_numpy.formats.vocabulary import FILE_NAMES
 from gpt2_numpy.locks import release_lock, take_lock
 
@@ -104,15 +104,7 @@ def save_run(run, params, opt_state, batches, step, seconds):  # -> None: run.ou
                   settings=np.array(json.dumps(run.settings._asdict())))
     atomic_write(staging / STATE, lambda file: np.savez(file, **arrays))  # last: with it, the save is whole
     fsync_folder(staging)
-    move_in(out)
-
-
-def move_in(out):  # -> None: .train.save/'s files in out, in SAVE_ORDER, and .train.save/ gone
-    for name in SAVE_ORDER:
-        with suppress(FileNotFoundError):  # a save settled after a cut: its first files may have moved already
-            os.replace(out / STAGING / name, out / name)
-        fsync_folder(out)  # each rename on the disk before the next: the weights' one is the save itself
-    (out / STAGING).rmdir()
+    move_in(staging, out, SAVE_ORDER)
 
 
 def settle(out):  # -> None: a save cut off midway (a full disk, a second Ctrl-C, a kill) made whole, or dropped
@@ -122,7 +114,7 @@ def settle(out):  # -> None: a save cut off midway (a full disk, a second Ctrl-C
     if (staging / STATE).is_file():
         staged = staged_step(staging / STATE)
         if staged is not None and saved_step(out) == staged:  # its weights are in place: the save happened, the rest
-            move_in(out)  # of it moves in
+            move_in(staging, out, SAVE_ORDER)  # of it moves in
             return
     shutil.rmtree(staging)  # never began to move in (or was never whole): the save in place stays
 
@@ -186,7 +178,7 @@ def check_out(out, resume):  # -> True when out holds a run of ours, to be claim
 def claimed(out, resume):  # -> None while this process holds out's lock, out settled (see settle) and checked again
     try:
         out.mkdir(parents=True, exist_ok=True)
-        lock = (out / LOCK).open("a")  # the file stays after the run, as the download lock does (see weights.locked)
+        lock = (out / LOCK).open("a")  # the file stays after the run, as the download lock does (see loading.locked)
     except OSError as error:
         raise cannot_write(out, error) from None
     with lock:

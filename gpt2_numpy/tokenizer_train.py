@@ -36,7 +36,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from gpt2_numpy.errors import UsageError
-from gpt2_numpy.save import atomic_write
+from gpt2_numpy.disk import atomic_write
 from gpt2_numpy.tokenizer import EOT, WORD_PATTERN, Tokenizer, bytes_to_unicode, replace_pair, without_surrogates
 
 BYTE_IDS = {byte: token_id for token_id, byte in enumerate(bytes_to_unicode())}  # GPT-2's byte order: "!" is 0

@@ -22,7 +22,7 @@ from gpt2_numpy.catalog import MODEL_SIZES, OFFICIAL_HPARAMS, SOURCES
 from gpt2_numpy.console import log, plural
 from gpt2_numpy.errors import Gpt2NumpyError, Interrupted, OutOfMemory, OutputError, UsageError
 from gpt2_numpy.formats import read_text
-from gpt2_numpy.loading import load_folder, model_folder
+from gpt2_numpy.loading import load_model, where
 
 DEFAULT_SIZE = "124M"
 
@@ -261,15 +261,14 @@ def model_size(args):  # -> the official size add_model_args's flags name, or No
 
 def model_from_args(args):  # -> Model(hparams, params, tokenizer) that add_model_args's flags name, verified before use
     size = model_size(args)
-    # a size: missing files are downloaded, and files never verified are verified once (a damaged file placed by hand
-    # is refused with the downloader's own error instead of generating garbage), so loading only memory-maps them. A
-    # folder is used as it is: nothing is downloaded or recorded there
-    model_dir = model_folder(size or args.model, args.models_dir, args.source)
-    name = None if size else f"--model {args.model}"
+    # a size: missing files are downloaded, and files never verified are verified once, by loading them (a damaged
+    # file placed by hand is refused with the downloader's own error instead of generating garbage); later loads only
+    # memory-map them. A folder is used as it is: nothing is downloaded or recorded there
     keep_freed_memory()  # every command runs forward passes next, which free and reallocate the same large arrays
     start = time.perf_counter()
-    model = load_folder(model_dir, name)
-    log(f"loaded {loaded_name(size, model.hparams)} from {model_dir} in {time.perf_counter() - start:.1f} s")
+    model = load_model(size or args.model, args.models_dir, args.source, name=None if size else f"--model {args.model}")
+    folder = where(size, args.models_dir, args.source) if size else args.model
+    log(f"loaded {loaded_name(size, model.hparams)} from {folder} in {time.perf_counter() - start:.1f} s")
     return model
 
 

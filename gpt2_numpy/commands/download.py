@@ -1,4 +1,4 @@
-"""`gpt2-numpy download`: fetch an official GPT-2 into the models dir, resuming and verifying it (gpt2_numpy/weights.py
+"""`gpt2-numpy download`: fetch an official GPT-2 into the models dir, resuming and verifying it (gpt2_numpy/loading.py
 makes a folder ready, gpt2_numpy/fetch.py fetches its files). stdout gets the model folder (with --json, the folder and
 its files); progress goes to stderr.
 
@@ -10,10 +10,7 @@ from gpt2_numpy.commands.common import (
 )
 from gpt2_numpy.console import log
 from gpt2_numpy.errors import UsageError
-from gpt2_numpy.marker import MARKER, is_complete
-from gpt2_numpy.model_dirs import model_files
-from gpt2_numpy.weights import ensure_model
-
+from gpt2_numpy.loading import MARKER, is_ready, ready, where
 
 
 def parse_args(argv):  # -> argparse.Namespace whose size is the one model to download
@@ -38,13 +35,13 @@ def parse_args(argv):  # -> argparse.Namespace whose size is the one model to do
 
 def run(argv=None):  # -> exit status; prints the model folder on stdout, everything else on stderr
     args = parse_args(argv)
-    folder, files = model_files(args.size, args.models_dir, args.source)
-    if is_complete(folder, files):
+    if is_ready(args.size, args.models_dir, args.source):
+        folder = where(args.size, args.models_dir, args.source)
         log(f"GPT-2 {args.size} is already complete in {folder} (sizes, times and inodes as recorded when it was "
             f"verified; delete {MARKER} there to verify again)")
-    folder = ensure_model(args.size, args.models_dir, args.source)
+    folder, _ = ready(args.size, args.models_dir, args.source)
     if args.json:
-        print_json({"folder": str(folder), "files": list(files)})
+        print_json({"folder": str(folder), "files": list(SOURCES[args.source].files)})
         return 0
     with writing_stdout() as stdout:  # a full or closed stdout is one error line, even unbuffered
         print(folder, file=stdout)

@@ -21,7 +21,7 @@ from gpt2_numpy.commands.common import (
 )
 from gpt2_numpy.console import log, plural, progress_bar
 from gpt2_numpy.errors import NothingToRecover, UsageError
-from gpt2_numpy.loading import prompt_ids
+from gpt2_numpy.loading import is_ready, prompt_ids
 from gpt2_numpy.interpret.ablation import ABLATIONS, ablation, ablation_json, ablation_table
 from gpt2_numpy.interpret.attribution import attribution, attribution_json, attribution_table
 from gpt2_numpy.interpret.heads import (
@@ -32,8 +32,6 @@ from gpt2_numpy.interpret.page import check_page_file, page_html, write_page
 from gpt2_numpy.interpret.patching import patching, patching_json, patching_table
 from gpt2_numpy.interpret.plot import PLOT_INSTALL, attention_figure, check_plot_file, patching_figure, save_figure
 from gpt2_numpy.interpret.stepwise import check_index, report, token_label, walkthrough
-from gpt2_numpy.marker import is_complete
-from gpt2_numpy.model_dirs import model_files
 
 HEADS_SEED = 0  # --heads's random tokens: the same table for the same model, unless --seed asks for others
 PROGRESS_DELAY = 2  # seconds a stage runs before its progress bar appears: a quick run prints none
@@ -196,7 +194,7 @@ def run(argv=None):  # -> exit status
     if args.html is not None:
         check_page_file(args.html)
     size = model_size(args)
-    if size is not None and not is_complete(*model_files(size, args.models_dir, args.source)):
+    if size is not None and not is_ready(size, args.models_dir, args.source):
         layer_and_heads(args, OFFICIAL_HPARAMS[size])  # known before the download: a typo in --layer costs none
     hparams, params, tokenizer = model_from_args(args)
     ids, layer, heads = check_request(args, hparams, tokenizer, text)

@@ -18,7 +18,7 @@ from gpt2_numpy.commands.common import (
 from gpt2_numpy.console import log
 from gpt2_numpy.errors import UsageError
 from gpt2_numpy.formats.vocabulary import FILE_NAMES
-from gpt2_numpy.save import check_folder_path, disk_fix, fsync_folder, made_folders, write_problem
+from gpt2_numpy.disk import check_folder_path, disk_fix, fsync_folder, made_folders, write_problem
 from gpt2_numpy.tokenizer_train import save_tokenizer, trained_tokenizer, train_vocabulary
 
 

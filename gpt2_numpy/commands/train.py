@@ -23,14 +23,13 @@ from gpt2_numpy.commands.common import (
 )
 from gpt2_numpy.console import log
 from gpt2_numpy.errors import UsageError
-from gpt2_numpy.loading import load_folder
+from gpt2_numpy.loading import read_model, ready
 from gpt2_numpy.params import gpt2_init, map_leaves
 from gpt2_numpy.runs import Run, Settings, check_out, claimed, load_run, settled_if_cut
 from gpt2_numpy.save import copy_tokenizer
 from gpt2_numpy.tokenizer import PACKAGED_VOCABULARY, load_tokenizer
 from gpt2_numpy.tokenizer_train import save_tokenizer, train_vocabulary, trained_tokenizer
 from gpt2_numpy.training import TrainingData, data_tokens, heads_probe, split_text, train
-from gpt2_numpy.weights import ensure_model
 
 GPT2_VOCAB = 50257  # a model trained from scratch without --vocab-size uses GPT-2's tokenizer, so its vocabulary
 
@@ -134,7 +133,7 @@ def init_name(init):  # -> --init as the run records it: an official size, or th
 
 def start_model(args):  # -> hparams, params, the folder holding the tokenizer files
     if args.init in MODEL_SIZES:
-        folder = ensure_model(args.init, args.models_dir)
+        folder, _ = ready(args.init, args.models_dir)
         hparams, params = load_params(folder)
         log(f"fine-tuning GPT-2 {args.init} from {folder}")
         return hparams, params, folder
@@ -143,7 +142,7 @@ def start_model(args):  # -> hparams, params, the folder holding the tokenizer f
         if not folder.is_dir():
             raise UsageError(f"--init {args.init} is neither an official size ({', '.join(MODEL_SIZES)}) nor a model "
                              "folder: pass a size, or the folder of the model to fine-tune")
-        hparams, params, _ = load_folder(folder)
+        hparams, params, _ = read_model(folder)
         return hparams, params, folder
     hparams = {name: getattr(args, name) or default for name, default in SHAPE_DEFAULTS.items()}
     if hparams["n_embd"] % hparams["n_head"]:

@@ -15,6 +15,7 @@ from gpt2_numpy.errors import CheckpointError
 from gpt2_numpy.formats import SETTINGS_LIMIT, describe, parse_json, read_file, shown, unreadable
 from gpt2_numpy.formats.safetensors import read_safetensors, to_float32
 from gpt2_numpy.formats.tf_bundle import TensorBundle
+from gpt2_numpy.formats.vocabulary import check_model_vocabulary, vocabulary_files
 from gpt2_numpy.params import block_shapes, nest, top_shapes
 
 OPENAI_FILES = ("checkpoint", "hparams.json", "model.ckpt.index", "model.ckpt.data-00000-of-00001")
@@ -42,9 +43,10 @@ OPTIONS = {
 }
 
 
-def load_params(model_dir, verify=False):  # -> (hparams, params)
+def load_params(model_dir, verify=False, n_tokens=None):  # -> (hparams, params)
     """Load the checkpoint in model_dir; verify=True also checks every tensor's CRC32C (TF checkpoints; safetensors
-    files are always checked for structure and have no checksums). Raises CheckpointError naming what is wrong."""
+    files are always checked for structure and have no checksums). n_tokens: the size of the vocabulary beside the
+    weights, checked against n_vocab before any tensor is read. Raises CheckpointError naming what is wrong."""
     model_dir = Path(model_dir)
     present = files_in(model_dir, ("checkpoint", "model.safetensors", "pytorch_model.bin"))
     # two models, or one and a stale other: which is meant cannot be told. No file is to blame (a download deletes none)
@@ -62,6 +64,9 @@ def load_params(model_dir, verify=False):  # -> (hparams, params)
         raise CheckpointError(f"{model_dir} holds no GPT-2 checkpoint: expected {', '.join(OPENAI_FILES)} (OpenAI) or "
                               f"{' and '.join(HF_FILES)} (Hugging Face); download the model there first")
     hparams = read_hparams(hparams_path)
+    if n_tokens is not None:
+        vocab = vocabulary_files(model_dir)[0]
+        check_model_vocabulary(n_tokens, hparams["n_vocab"], vocab, files=(vocab, hparams_path))
     return hparams, to_params(tensors, hparams, Path(weights_path), hparams_path)
 
 

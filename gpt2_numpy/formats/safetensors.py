@@ -35,7 +35,7 @@ def read_safetensors(path):  # -> {name: SafeTensor}, after checking the whole f
     if 8 + header_size > len(buffer):
         raise corrupt(path, f"the {header_size:,}-byte header runs past the end of the {len(buffer):,}-byte file "
                       "(truncated, or not a safetensors file)")
-    specs = parse_header(path, buffer[8 : 8 + header_size])
+    specs = parse_specs(path, buffer[8 : 8 + header_size])
     data_start = 8 + header_size
     check_tiling(path, specs, len(buffer) - data_start)
     return {name: SafeTensor(dtype, tuple(shape), np.frombuffer(buffer, np.uint8, end - begin, data_start + begin))
@@ -53,7 +53,7 @@ def to_float32(path, name, tensor):  # -> float32 array: F32 stays a view, F16 a
                           "can be loaded; convert the checkpoint to one of those", files=(path,))
 
 
-def parse_header(path, header):  # JSON bytes -> {name: (dtype, shape, data_offsets)}, each checked
+def parse_specs(path, header):  # JSON bytes -> {name: (dtype, shape, data_offsets)}, each checked
     try:
         entries = parse_json(header.decode())  # strict UTF-8, as the format demands
     except ValueError as error:  # UnicodeDecodeError and JSONDecodeError are ValueErrors too
@@ -61,10 +61,10 @@ def parse_header(path, header):  # JSON bytes -> {name: (dtype, shape, data_offs
     if not isinstance(entries, dict):
         raise corrupt(path, "the header is not a JSON object")
     entries.pop("__metadata__", None)  # free-form strings, e.g. {"format": "pt"}
-    return {name: parse_entry(path, name, entry) for name, entry in entries.items()}
+    return {name: parse_spec(path, name, entry) for name, entry in entries.items()}
 
 
-def parse_entry(path, name, entry):  # -> (dtype, shape, (begin, end))
+def parse_spec(path, name, entry):  # -> (dtype, shape, (begin, end))
     if not isinstance(entry, dict) or entry.keys() != {"dtype", "shape", "data_offsets"}:
         raise corrupt(path, f"tensor {shown(name)} needs exactly the fields dtype, shape and data_offsets")
     dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]

@@ -3,6 +3,8 @@ merges.txt (the same two tables in other names). The first maps each token, spel
 byte, bytes_to_unicode), to its id; the second lists the merges, best first, one "left right" pair a line. The
 tokenizer (gpt2_numpy/tokenizer.py) is built from what these return.
 """
+from contextlib import contextmanager
+
 from gpt2_numpy.errors import CheckpointError, TokenizerError
 from gpt2_numpy.formats import TABLE_LIMIT, parse_json, read_text
 
@@ -19,12 +21,27 @@ def bytes_to_unicode():  # -> {byte value: stand-in character}
 
 
 def read_vocabulary(model_dir):  # -> ({spelled token: id}, [(left, right)]) of the vocabulary files in model_dir
+    vocab, merges = vocabulary_files(model_dir)
+    with comparing(vocab):
+        encoder = read_encoder(vocab)
+    with comparing(merges, vocab):  # the merges must build exactly the tokens of the vocabulary
+        return encoder, read_merges(merges, encoder)
+
+
+def vocabulary_files(model_dir):  # -> (token ids, merges) paths of the layout present in model_dir, OpenAI's first
     for vocab_name, merges_name in FILE_NAMES.values():
         if exists(model_dir / vocab_name):
-            encoder = read_encoder(model_dir / vocab_name)
-            return encoder, read_merges(model_dir / merges_name, encoder)
+            return model_dir / vocab_name, model_dir / merges_name
     expected = " or ".join(f"{vocab} + {merges} ({source})" for source, (vocab, merges) in FILE_NAMES.items())
     raise TokenizerError(f"no vocabulary in {model_dir}: expected {expected}; download the model into that folder")
+
+
+@contextmanager
+def comparing(*paths):  # a TokenizerError inside names the files its check compared, the one at fault first (to blame)
+    try:
+        yield
+    except TokenizerError as error:
+        raise TokenizerError(str(error), files=paths) from None
 
 
 def check_model_vocabulary(n_tokens, n_vocab, where, files=(), exact=False):  # -> None, or CheckpointError
@@ -82,10 +99,10 @@ def read_merge_lines(path, encoder):  # -> [(left, right)] as the file lists the
 
 
 def read_table(path):  # -> the file's text, with "\n" for line ends as text mode reads them, or TokenizerError
-    return read_text(path, lambda error: unreadable(path, error), TABLE_LIMIT).replace("\r\n", "\n")
+    return read_text(path, lambda error: unreadable_vocabulary(path, error), TABLE_LIMIT).replace("\r\n", "\n")
 
 
-def unreadable(path, error):  # OSError or UnicodeDecodeError -> TokenizerError naming the file
+def unreadable_vocabulary(path, error):  # OSError or UnicodeDecodeError -> TokenizerError naming the file
     if isinstance(error, FileNotFoundError):
         return TokenizerError(f"{path} is missing: download the model again to restore its vocabulary files")
     if isinstance(error, UnicodeDecodeError):

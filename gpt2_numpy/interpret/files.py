@@ -4,7 +4,7 @@ import os
 from pathlib import Path
 
 from gpt2_numpy.errors import UsageError
-from gpt2_numpy.save import atomic_write, disk_fix, write_problem
+from gpt2_numpy.disk import atomic_write, disk_fix, write_problem
 
 
 def check_output_file(path, flag, suffixes):  # -> None, or UsageError saying what is wrong with the file name
@@ -31,7 +31,7 @@ def check_output_file(path, flag, suffixes):  # -> None, or UsageError saying wh
         raise UsageError(f"{flag} {path}: cannot write into the folder {folder} {problem} or choose another file")
 
 
-def write_atomically(path, write, what):  # write(binary file) -> None; save.atomic_write, saying what failed
+def write_atomically(path, write, what):  # write(binary file) -> None; disk.atomic_write, saying what failed
     try:
         atomic_write(path, write)
     except OSError as error:

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from gpt2_numpy import cores
-from gpt2_numpy.save import atomic_write
+from gpt2_numpy.disk import atomic_write
 from gpt2_numpy.tokenizer import PACKAGED_VOCABULARY
 
 REPO = Path(__file__).resolve().parents[2]

@@ -9,14 +9,15 @@ Every mutant must be caught. The test files that catch each part (the word befor
     backward                    tests/unit/test_fast_backward.py
     train,commands,optim,save   tests/cli/test_train_resume.py tests/cli/test_train_vocab.py tests/unit/test_optim.py
     intervene                   tests/unit/test_edits.py
-    download                    tests/test_download.py
+    download                    tests/unit/test_fetch.py tests/unit/test_loading.py tests/unit/test_locks.py
     sampling,decode,tokenizer   tests/unit/test_sampling.py tests/unit/test_decode.py tests/cli/test_tokenizer.py
     vocabulary,score,checkpoint  tests/unit/test_tokenizer.py tests/unit/test_checkpoint.py tests/unit/test_tracing.py
     explain                     tests/unit/test_tracing.py
     "explain page"              tests/unit/test_page.py
     threads                     tests/unit/test_cores_threads.py
 
-for example `python -m scripts.dev.mutants --only download tests/test_download.py`. A test earns its place by failing
+for example `python -m scripts.dev.mutants --only download tests/unit/test_fetch.py tests/unit/test_loading.py
+tests/unit/test_locks.py`. A test earns its place by failing
 when the code is wrong; a mutant that no test catches is a hole in the suite. Each mutant replaces one line's text; the
 copy lives in a temporary folder, so the working tree is never touched. Arguments after `--` go to pytest: `python -m
 scripts.dev.mutants -- -x -m "not slow" tests` tries every mutant on the quick lane, stopping at its first failure.
@@ -77,7 +78,7 @@ MUTANTS = [  # (what, file, text, replacement)
      'openblas()[0](passes["n_threads"])', "pass"),
     ("cores: a forked child restores the count only for a counted pass", "gpt2_numpy/cores.py",
      '(passes["running"] > own or passes_lock.locked())', 'passes["running"] > own'),
-    # their tests are in tests/test_download.py, which is not among the default TEST_FILEs
+    # their tests are in tests/unit/test_fetch.py, test_loading.py and test_locks.py, not among the default TEST_FILEs
     ("download: the SHA-256 compared on its first 32 digits", "gpt2_numpy/fetch.py", "if actual == digest:",
      "if actual[:32] == digest[:32]:"),
     ('download: a weak X-Linked-Etag (W/"...") leaves the file unchecked', "gpt2_numpy/fetch.py",
@@ -123,7 +124,7 @@ MUTANTS = [  # (what, file, text, replacement)
      "own = merges is not None", "own = bool(merges)"),
     ("download: a waiter keeps a lock file its holder deleted", "gpt2_numpy/locks.py",
      "if os.path.samestat(os.fstat(lock.fileno()), os.stat(path)):", "if True:"),
-    ("download: a failed first download leaves its folders", "gpt2_numpy/save.py",
+    ("download: a failed first download leaves its folders", "gpt2_numpy/disk.py",
      "                path.rmdir()  # only an empty folder goes", "                pass"),
     ("train: loss_and_grads takes targets of another shape", "gpt2_numpy/fast_backward.py",
      "if targets.shape != inputs.shape:", "if False:"),

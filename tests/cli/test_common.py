@@ -19,7 +19,7 @@ from contextlib import contextmanager
 import numpy as np
 import pytest
 
-from gpt2_numpy import marker
+from gpt2_numpy.loading import MARKER
 from gpt2_numpy.commands import common as cli
 from gpt2_numpy.commands.common import model_from_args
 from gpt2_numpy.formats.checkpoint import load_params
@@ -132,7 +132,7 @@ def test_files_placed_by_hand_are_verified_on_first_use_only(models_dir, monkeyp
     assert sorted(checked) == sorted(TensorBundle(FIXTURES / "tf_tiny" / "model.ckpt").entries)  # each one, once
     stderr = capsys.readouterr().err
     assert f"verifying the files already in {folder}" in stderr and "once" in stderr
-    assert json.loads((folder / marker.MARKER).read_text()) == {
+    assert json.loads((folder / MARKER).read_text()) == {
         path.name: [path.stat().st_size, path.stat().st_mtime_ns, path.stat().st_ino]
         for path in folder.iterdir() if not path.name.startswith(".")
     }
@@ -145,7 +145,7 @@ def test_files_placed_by_hand_are_verified_on_first_use_only(models_dir, monkeyp
     model_from_args(args)
     assert sorted(checked) == sorted(TensorBundle(FIXTURES / "tf_tiny" / "model.ckpt").entries)  # verified again
     hparams_size = (folder / "hparams.json").stat().st_size
-    assert json.loads((folder / marker.MARKER).read_text())["hparams.json"][0] == hparams_size
+    assert json.loads((folder / MARKER).read_text())["hparams.json"][0] == hparams_size
 
 
 @pytest.mark.slow
@@ -169,7 +169,7 @@ def test_without_fcntl_a_download_and_a_generate_work(tmp_path, hf_greedy_text, 
         downloaded = run_module("gpt2_numpy.download", "124M", "--models-dir", str(models_dir), prelude=prelude,
                                 base_url=server.url)
     assert downloaded.returncode == 0, downloaded.stderr
-    (models_dir / "124M" / marker.MARKER).unlink()  # so generate verifies again, under the lock
+    (models_dir / "124M" / MARKER).unlink()  # so generate verifies again, under the lock
     generated = run_module("gpt2_numpy.generate", PROMPT, "--n-tokens", "20", "--models-dir", str(models_dir),
                            prelude=prelude)
     assert (generated.returncode, generated.stdout) == (0, hf_greedy_text + "\n"), generated.stderr
@@ -245,7 +245,7 @@ def test_the_read_only_folder_hint_fills_that_very_folder(tmp_path, source, suff
     assert sorted(path.name for path in folder.iterdir()) == before  # nothing written
     followed = run_module(*shlex.split(command)[2:])  # the hint, run with write access, records the verification
     assert followed.returncode == 0, followed.stderr
-    assert (folder / marker.MARKER).exists()
+    assert (folder / MARKER).exists()
 
 
 # --- What model_from_args says it loaded, and what generate refuses before loading anything ---

@@ -20,7 +20,8 @@ import pytest
 
 from gpt2_numpy.formats.checkpoint import load_params
 from gpt2_numpy.params import flatten, random_params
-from gpt2_numpy.save import atomic_write, current_umask, save_model
+from gpt2_numpy.disk import atomic_write, current_umask
+from gpt2_numpy.save import save_model
 from gpt2_numpy.tokenizer import load_tokenizer
 from tests.conftest import FIXTURES, REPO, assert_one_error_line, official_path, tiny_models_dir
 from scripts.common.text_samples import WORDS

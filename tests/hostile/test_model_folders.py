@@ -25,7 +25,7 @@ runpy.run_module(module, run_name="__main__", alter_sys=True)
 """
 
 
-def model_folder(root, layout):  # -> a folder holding the tiny model in layout ("hf" or "tf") and GPT-2's tokenizer
+def tiny_folder(root, layout):  # -> a folder holding the tiny model in layout ("hf" or "tf") and GPT-2's tokenizer
     folder = shutil.copytree(FIXTURES / f"{layout}_tiny", root / "model")
     for name, official in (HF_TOKENIZER if layout == "hf" else OPENAI_TOKENIZER).items():
         shutil.copy(official_path(official), folder / name)
@@ -77,7 +77,7 @@ CASES = {  # name: (layout, file, make(path, original bytes) after the file is r
 @pytest.mark.parametrize("case", CASES)
 def test_a_hostile_file_is_one_error_line_naming_it(case, tmp_path):
     layout, name, make, expected = CASES[case]
-    path = model_folder(tmp_path, layout) / name
+    path = tiny_folder(tmp_path, layout) / name
     original = path.read_bytes()
     path.unlink()
     make(path, original)
@@ -88,7 +88,7 @@ def test_a_hostile_file_is_one_error_line_naming_it(case, tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("command", ["score", "explain"])
 def test_deep_json_in_vocab_json_is_one_error_line_for_every_command(command, tmp_path):
-    vocab = model_folder(tmp_path, "hf") / "vocab.json"
+    vocab = tiny_folder(tmp_path, "hf") / "vocab.json"
     vocab.write_text("[" * 100_000)
     assert_one_error_line(run(command, "--model", vocab.parent, "I will go to the"),
                           f"{vocab} is malformed: it is not valid JSON (it is nested too deeply)")
@@ -97,7 +97,7 @@ def test_deep_json_in_vocab_json_is_one_error_line_for_every_command(command, tm
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", ["hf", "tf"])  # either layout's files added to the other's folder
 def test_a_folder_holding_both_layouts_is_refused_naming_both(layout, tmp_path):
-    folder = model_folder(tmp_path, layout)
+    folder = tiny_folder(tmp_path, layout)
     for file in (FIXTURES / f"{'tf' if layout == 'hf' else 'hf'}_tiny").iterdir():
         shutil.copy(file, folder)
     result = run("generate", "--model", folder, "I will go to the", "--n-tokens", "2")
@@ -108,7 +108,7 @@ def test_a_folder_holding_both_layouts_is_refused_naming_both(layout, tmp_path):
 
 @pytest.mark.slow
 def test_a_config_json_of_exactly_the_limit_loads(tmp_path):  # the limit refuses only what is past it
-    config = model_folder(tmp_path, "hf") / "config.json"
+    config = tiny_folder(tmp_path, "hf") / "config.json"
     text = json.dumps(json.loads(config.read_text()))
     config.write_text(text + " " * (2**20 - len(text)))
     result = run("generate", "--model", config.parent, "I will go to the", "--n-tokens", "2")

@@ -265,3 +265,27 @@ def test_a_record_sharing_more_than_the_previous_key_is_refused(tmp_path):
     folder = tf_tiny_rebuilt(tmp_path, list, first_shares_one)
     with pytest.raises(CheckpointError, match="model.ckpt.index: not a valid TensorFlow checkpoint index"):
         load_params(folder)
+
+
+@pytest.mark.parametrize("name_length", range(1, 9))  # every remainder of the header's length modulo 8
+def test_written_safetensors_data_starts_8_byte_aligned(tmp_path, name_length):
+    # the safetensors library's own writer (safetensors.numpy.save) pads the JSON header with spaces (0x20, which the
+    # format allows after the JSON) so that the byte buffer starts at a multiple of 8, for every length of the names:
+    # arrays mapped from the file are then aligned for every dtype
+    from io import BytesIO
+
+    from gpt2_numpy.formats.safetensors import write_safetensors
+
+    tensors = {"x" * name_length: np.arange(3, dtype=np.float32), "y": np.ones((2, 2), np.float32)}
+    out = BytesIO()
+    write_safetensors(out, tensors, {"format": "pt"})
+    data = out.getvalue()
+    header_size = int.from_bytes(data[:8], "little")
+    assert (8 + header_size) % 8 == 0
+    header = data[8 : 8 + header_size]
+    assert header.rstrip(b" ").endswith(b"}")  # the JSON object, then spaces alone
+    assert json.loads(header)["y"]["data_offsets"] == [12, 28]  # 3 float32 before it, 4 in it
+    assert data[8 + header_size :] == tensors["x" * name_length].tobytes() + tensors["y"].tobytes()
+    (tmp_path / "m.safetensors").write_bytes(data)  # and our reader takes it back
+    read = read_safetensors(tmp_path / "m.safetensors")
+    np.testing.assert_array_equal(to_float32(tmp_path / "m.safetensors", "y", read["y"]), tensors["y"])

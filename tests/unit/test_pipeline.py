@@ -22,7 +22,7 @@ from gpt2_numpy.params import random_params
 from gpt2_numpy.save import save_model
 from gpt2_numpy.score import token_log_probs
 from gpt2_numpy.tokenizer import EOT_ID, PACKAGED_VOCABULARY, load_tokenizer
-from gpt2_numpy.marker import MARKER
+from gpt2_numpy.loading import MARKER
 from tests.conftest import FIXTURES, REPO, UNREACHABLE, tiny_models_dir
 
 PROMPT = "I will go to the"  # every id fits the tiny model's 512-token vocabulary
@@ -118,7 +118,7 @@ def test_a_size_goes_through_the_downloader_and_a_folder_does_not(models_dir, tm
     folder_model = load_model(models_dir / "124M")
     assert not (models_dir / "124M" / MARKER).exists()  # a folder is used as it is: nothing written there
     size_model = load_model("124M", models_dir=models_dir)
-    assert (models_dir / "124M" / MARKER).is_file()  # verified by weights.ensure_model, and recorded
+    assert (models_dir / "124M" / MARKER).is_file()  # verified by loading.ready, and recorded
     assert size_model.hparams == folder_model.hparams
     np.testing.assert_array_equal(size_model.params["wte"], folder_model.params["wte"])
     with pytest.raises(UsageError, match=f"{tmp_path / 'missing'} does not exist: pass a model folder"):
