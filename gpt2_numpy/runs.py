@@ -311,20 +311,27 @@ def read_log(path):  # -> the rows of a log (log.csv, heads.csv), none if it is 
         return []
     try:
         with path.open(newline="", encoding="utf-8") as file:
-            reader, rows = csv.DictReader(file), []
-            unknown = [name for name in reader.fieldnames or () if name not in LOGS[path.name]]
-            if unknown:
-                raise UsageError(f"--resume: the header of {path} has the column {unknown[0]!r}, which a run does "
-                                 f"not write: remove that column (or delete the file: the run resumes, its earlier "
-                                 "rows are lost)")
-            for row in reader:
-                if None in row:  # csv.DictReader's key for the fields past the header's
-                    raise UsageError(f"--resume: line {reader.line_num} of {path} has more fields than its header: "
-                                     "correct that line (or delete it)")
-                if not str(row.get("step")).isdecimal():
-                    raise UsageError(f"--resume: line {reader.line_num} of {path} has the step {row.get('step')!r}, "
-                                     "not a whole number: correct that line (or delete it)")
-                rows.append(row)
+            text = file.read()
+        # a last line with no line end is a row cut off as it was written (a full disk, a kill): its step came after
+        # the last save, since a run saves a step only once its row is written, so the row goes and --resume writes
+        # it again
+        reader, rows = csv.DictReader(io.StringIO(text[:text.rfind("\n") + 1], newline=""), restval=None), []
+        unknown = [name for name in reader.fieldnames or () if name not in LOGS[path.name]]
+        if unknown:
+            raise UsageError(f"--resume: the header of {path} has the column {unknown[0]!r}, which a run does not "
+                             "write: remove that column (or delete the file: the run resumes, its earlier rows are "
+                             "lost)")
+        for row in reader:
+            if None in row:  # csv.DictReader's key for the fields past the header's
+                raise UsageError(f"--resume: line {reader.line_num} of {path} has more fields than its header: "
+                                 "correct that line (or delete it)")
+            if None in row.values():  # its restval, for the fields short of the header's
+                raise UsageError(f"--resume: line {reader.line_num} of {path} has fewer fields than its header: "
+                                 "correct that line (or delete it)")
+            if not str(row.get("step")).isdecimal():
+                raise UsageError(f"--resume: line {reader.line_num} of {path} has the step {row.get('step')!r}, "
+                                 "not a whole number: correct that line (or delete it)")
+            rows.append(row)
     except (UnicodeDecodeError, csv.Error) as error:
         raise UsageError(f"--resume: {path} is not a CSV log ({error}): delete it (the run resumes, its earlier "
                          "rows are lost)") from None

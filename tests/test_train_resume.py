@@ -327,6 +327,34 @@ def test_a_run_killed_after_its_last_save_resumes_to_the_heads_csv_of_an_uninter
     assert (tmp_path / "killed" / "heads.csv").read_bytes() == (tmp_path / "whole" / "heads.csv").read_bytes()
 
 
+# a row cut off as it was written, where a full disk or a kill cuts it: short of fields, or inside its step number
+# (step 13's row cut to "1"); one whose step is past the save's is dropped as any row after the save is
+TORN_ROWS = {"log.csv": ["1", "2", "3,10.8"], "heads.csv": ["2", "3,1,0,0.25"]}
+
+
+@pytest.fixture(scope="module")
+def resumed_run(tmp_path_factory, short_text, saved_run):  # -> the folder of saved_run resumed to step 3
+    out = tmp_path_factory.mktemp("runs") / "resumed"
+    shutil.copytree(saved_run, out)
+    assert train(short_text, out, "--steps", 3, "--resume").returncode == 0
+    return out
+
+
+@pytest.mark.parametrize("name, torn", [(name, torn) for name, tears in TORN_ROWS.items() for torn in tears])
+def test_a_torn_last_row_is_dropped_on_resume(tmp_path, short_text, saved_run, resumed_run, name, torn):
+    out = tmp_path / "run"
+    shutil.copytree(saved_run, out)
+    with (out / name).open("a", newline="") as file:
+        file.write(torn)
+    result = train(short_text, out, "--steps", 3, "--resume")
+    assert result.returncode == 0, result.stderr
+    # every row as the same resume without the torn row wrote it, once; the seconds column aside, which is timed
+    for log in ("log.csv", "heads.csv"):
+        assert [{**row, "seconds": None} for row in csv_rows(out / log)] == [
+            {**row, "seconds": None} for row in csv_rows(resumed_run / log)], log
+    assert [int(row["step"]) for row in csv_rows(out / "log.csv")] == [0, 1, 2, 3]
+
+
 # --- Fine-tuning a model folder: --init DIR, alias --model DIR ---
 
 
@@ -447,6 +475,9 @@ DAMAGES = {  # name -> (damage(folder), a fragment of the error line)
                                                          "line 3 of"),
     "a column in log.csv's header that a run does not write": (lambda folder: edit_log_line(folder, 0, ",note"),
                                                                "has the column 'note'"),
+    # a whole line (its line end written) short of fields is no torn row: it was written back with blanks
+    "a row of heads.csv with fewer fields than its header": (lambda folder: (folder / "heads.csv").write_text(
+        (folder / "heads.csv").read_text().replace("\n0,0,1,", "\n0,0,1\n", 1)), "line 3 of"),
 }
 
 
