@@ -6,8 +6,8 @@ A run's folder is a model folder in Hugging Face's layout (gpt2_numpy/save.py), 
     train_state.npz   what --resume needs besides the weights: AdamW's moments, the step, the data order and position,
                       the RNG state and the run's settings
     log.csv           one row per step: step, train_loss, val_loss and val_bits_per_byte (at evaluations), lr,
-                      grad_norm (before clipping), tokens, seconds; written as the run goes, so --resume drops the
-                      rows after its save
+                      grad_norm (before clipping), tokens, seconds (spent in training steps, across resumes);
+                      written as the run goes, so --resume drops the rows after its save
     heads.csv         at each evaluation, a row per head: step, layer, head and the five scores of `explain --heads`
                       (gpt2_numpy/interpret/heads.py) on a fixed repeated probe; kept as log.csv is
     .train.lock       locked for the whole run, as downloads lock their folder: a second run into it stops at once

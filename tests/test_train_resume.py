@@ -9,15 +9,19 @@ import csv
 import inspect
 import json
 import math
+import io
 import os
+import re
 import shutil
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from gpt2_numpy import fast, fast_backward, model
+from gpt2_numpy import fast, fast_backward, model, training
+from gpt2_numpy.commands import train as train_command
 from gpt2_numpy.formats.checkpoint import load_params
 from gpt2_numpy.interpret import repeated_tokens, trace
 from gpt2_numpy.params import gpt2_init, random_params
@@ -135,6 +139,62 @@ def test_the_lr_column_follows_warmup_then_cosine(seven_steps):
 
 def test_the_last_step_is_evaluated_when_not_a_multiple_of_eval_every(seven_steps):
     assert [int(row["step"]) for row in seven_steps if row["val_loss"]] == [0, 3, 6, 7]
+
+
+# --- The seconds column, the progress bar ---
+
+
+class Clock:
+    """time.perf_counter for training.py, moved on by hand: a step takes 1 s, an evaluation 10, a save 100."""
+
+    def __init__(self, monkeypatch):
+        self.now = 0.0
+        monkeypatch.setattr(training, "time", SimpleNamespace(perf_counter=lambda: self.now))
+        for name, seconds in (("train_step", 1), ("validation_row", 10), ("save_run", 100)):
+            monkeypatch.setattr(training, name, self.taking(seconds, getattr(training, name)))
+
+    def taking(self, seconds, function):
+        def timed(*args):
+            self.now += seconds
+            return function(*args)
+        return timed
+
+
+def train_here(data, out, *args):  # -> train.run's exit status, in this process
+    return train_command.run(["--data", str(data), "--out", str(out), *map(str, args)])
+
+
+def test_the_seconds_column_counts_the_steps_alone_and_goes_on_across_a_resume(tmp_path, short_text, monkeypatch):
+    Clock(monkeypatch)
+    # evaluations at 0, 2, 4 and 6, and at the first run's last step, 3; saves at 0, 3 and 6
+    assert train_here(short_text, tmp_path / "run", *FLAGS, "--steps", 3, "--eval-every", 2) == 0
+    assert train_here(short_text, tmp_path / "run", "--steps", 6, "--eval-every", 2, "--resume") == 0
+    assert [float(row["seconds"]) for row in log_rows(tmp_path / "run")] == [0, 1, 2, 3, 4, 5, 6]
+    with np.load(tmp_path / "run" / "train_state.npz") as state:
+        assert float(state["seconds"]) == 6
+
+
+def test_the_bar_shows_each_steps_loss_beside_its_own_count(tmp_path, short_text, monkeypatch):
+    from tqdm import tqdm
+
+    drawn = io.StringIO()
+    monkeypatch.setattr(training, "progress_bar", lambda **options: tqdm(file=drawn, mininterval=0, **options))
+    assert train_here(short_text, tmp_path / "run", *FLAGS, "--steps", 4) == 0
+    losses = {int(row["step"]): f"{float(row['train_loss']):.3f}" for row in log_rows(tmp_path / "run")[1:]}
+    shown = re.findall(r"(\d+)/4 \[[^]]*loss (\d+\.\d+)", drawn.getvalue())
+    assert shown and all(loss == losses.get(int(count)) for count, loss in shown), (shown, losses)
+
+
+def test_steps_0_then_resume_keeps_the_step_0_rows_of_both_logs(tmp_path, short_text, saved_run):
+    # README's flow: the initial model first, then training on; saved_run is the same two steps, uninterrupted
+    out = tmp_path / "run"
+    assert train(short_text, out, *FLAGS, "--steps", 0).returncode == 0
+    result = train(short_text, out, *FLAGS, "--steps", 2, "--resume")
+    assert result.returncode == 0, result.stderr
+    assert [{**row, "seconds": None} for row in log_rows(out)] == [
+        {**row, "seconds": None} for row in log_rows(saved_run)]
+    assert (out / "heads.csv").read_bytes() == (saved_run / "heads.csv").read_bytes()
+    assert {row["step"] for row in csv_rows(out / "heads.csv")} == {"0", "2"}
 
 
 # --- Resuming: the command the user started with, across epochs ---
