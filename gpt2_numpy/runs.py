@@ -4,7 +4,8 @@ folder holds a run that --resume can continue. The loop that fills it is gpt2_nu
 A run's folder is a model folder in Hugging Face's layout (gpt2_numpy/save.py), which every command loads with
 `--model DIR` and `transformers.GPT2LMHeadModel.from_pretrained(DIR)` reads, plus:
     train_state.npz   what --resume needs besides the weights: AdamW's moments, the step, the data order and position,
-                      the RNG state and the run's settings
+                      the RNG state and the run's settings; and the thread count it ran at, which --resume compares
+                      (a product split among another number of threads rounds otherwise)
     log.csv           one row per step: step, train_loss, val_loss and val_bits_per_byte (at evaluations), lr,
                       grad_norm (before clipping), tokens, seconds (spent in training steps, across resumes);
                       written as the run goes, so --resume drops the rows after its save
@@ -34,6 +35,7 @@ from typing import Callable, NamedTuple, Optional
 
 import numpy as np
 
+from gpt2_numpy.cores import threads
 from gpt2_numpy.formats.checkpoint import load_params
 from gpt2_numpy.errors import Gpt2NumpyError, Interrupted, TrainingFailed, UsageError
 from gpt2_numpy.formats import parse_json
@@ -100,7 +102,7 @@ def save_run(run, params, opt_state, batches, step, seconds):  # -> None: run.ou
     run.write_tokenizer(staging)
     save_model(staging, run.hparams, params, None, metadata={"step": str(step)})
     arrays = {f"opt/{'/'.join(map(str, key))}": np.asarray(leaf) for key, leaf in flatten(opt_state)}
-    arrays.update(batches.state(), step=np.array(step), seconds=np.array(seconds),
+    arrays.update(batches.state(), step=np.array(step), seconds=np.array(seconds), threads=np.array(threads()),
                   settings=np.array(json.dumps(run.settings._asdict())))
     atomic_write(staging / STATE, lambda file: np.savez(file, **arrays))  # last: with it, the save is whole
     fsync_folder(staging)
@@ -266,6 +268,9 @@ def state_problem(state, params):  # -> what makes train_state.npz's arrays unfi
     for name, kinds in SCALARS.items():
         if state[name].shape != () or state[name].dtype.kind not in kinds:
             return f"{name} is not a single {'text' if kinds == 'U' else 'number'}"
+    if "threads" in state and (state["threads"].shape != () or state["threads"].dtype.kind not in "iu" or
+                               int(state["threads"]) < 1):  # a run saved before the count was recorded has none
+        return "threads is not a single count of threads"
     step, order, position = int(state["step"]), state["data_order"], int(state["data_position"])
     if step < 0 or int(state["opt/step"]) != step:
         return f"step {step}, AdamW's step {int(state['opt/step'])}"

@@ -280,6 +280,21 @@ def test_a_resumed_run_leaves_no_mapping_of_the_weights_its_saves_replace(tmp_pa
     assert mapped == [False]
 
 
+def test_a_resume_at_another_thread_count_says_so_in_one_note(tmp_path, short_text):
+    out, note = tmp_path / "run", "note: the run was saved at 2 threads and goes on at 1: "
+    assert train(short_text, out, *FLAGS, "--steps", 1, "--threads", 2).returncode == 0
+    with np.load(out / "train_state.npz") as state:
+        assert int(state["threads"]) == 2
+    result = train(short_text, out, "--steps", 2, "--resume", "--threads", 1)
+    assert result.returncode == 0, result.stderr
+    notes = [line for line in result.stderr.splitlines() if line.startswith("note: the run was saved at")]
+    assert notes == [note + "products split among another number of threads round otherwise, so from here its "
+                     "numbers differ in the last digits from those of a run kept at 2 (--threads 2 keeps them)"]
+    result = train(short_text, out, "--steps", 3, "--resume", "--threads", 1)  # saved at 1 now: nothing to say
+    assert result.returncode == 0, result.stderr
+    assert "note: the run was saved at" not in result.stderr
+
+
 @pytest.mark.parametrize("flag, value, saved", [
     ("--n-layer", 2, "saved run's 1"),
     ("--init", "124M", "saved run's none (it trained from scratch)"),
