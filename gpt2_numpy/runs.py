@@ -317,10 +317,12 @@ def read_log(path):  # -> the rows of a log (log.csv, heads.csv), none if it is 
     try:
         with path.open(newline="", encoding="utf-8") as file:
             text = file.read()
-        # a last line with no line end is a row cut off as it was written (a full disk, a kill): its step came after
-        # the last save, since a run saves a step only once its row is written, so the row goes and --resume writes
-        # it again
-        reader, rows = csv.DictReader(io.StringIO(text[:text.rfind("\n") + 1], newline=""), restval=None), []
+        last = text[text.rfind("\n") + 1:]  # a last line with no line end: cut off as it was written, or edited
+        if last and len(next(csv.reader([last]))) < len(next(csv.reader([text.split("\n", 1)[0].rstrip("\r")]))):
+            # cut off (a full disk, a kill), maybe inside its step: that step came after the last save, since a run
+            # saves a step only once its row is written, so the row goes and --resume writes it again
+            text = text[:-len(last)]
+        reader, rows = csv.DictReader(io.StringIO(text, newline=""), restval=None), []
         unknown = [name for name in reader.fieldnames or () if name not in LOGS[path.name]]
         if unknown:
             raise UsageError(f"--resume: the header of {path} has the column {unknown[0]!r}, which a run does not "

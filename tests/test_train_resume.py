@@ -430,6 +430,16 @@ def test_a_torn_last_row_is_dropped_on_resume(tmp_path, short_text, saved_run, r
     assert [int(row["step"]) for row in csv_rows(out / "log.csv")] == [0, 1, 2, 3]
 
 
+def test_a_whole_last_row_without_its_line_end_is_kept(tmp_path, short_text, saved_run, resumed_run):
+    out = tmp_path / "run"  # as an editor may save log.csv: every field there, the last line end gone
+    shutil.copytree(saved_run, out)
+    (out / "log.csv").write_bytes((out / "log.csv").read_bytes().rstrip(b"\r\n"))
+    result = train(short_text, out, "--steps", 3, "--resume")
+    assert result.returncode == 0, result.stderr
+    assert [{**row, "seconds": None} for row in csv_rows(out / "log.csv")] == [
+        {**row, "seconds": None} for row in csv_rows(resumed_run / "log.csv")]
+
+
 # --- Fine-tuning a model folder: --init DIR, alias --model DIR ---
 
 
