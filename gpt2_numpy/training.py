@@ -237,7 +237,7 @@ def train(run, params, state, data):  # -> exit status: run (runs.Run) trained f
             induction = evaluate(row) if evaluated else None
             log_writer.writerow(row)
             log_file.flush()
-            # the count and step's numbers change together: set_postfix_str's own redraw would show them beside s - 1
+            # drawn with the count by update(): set_postfix_str's own redraw would show step s's numbers beside s - 1
             bar.set_postfix_str(f"loss {loss:.3f}" + (f", val {float(row['val_loss']):.3f} "
                                                       f"({float(row['val_bits_per_byte']):.3f} bits/byte)"
                                                       if "val_loss" in row else "") +
