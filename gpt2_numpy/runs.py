@@ -4,10 +4,11 @@ folder holds a run that --resume can continue. The loop that fills it is gpt2_nu
 A run's folder is a model folder in Hugging Face's layout (gpt2_numpy/save.py), which every command loads with
 `--model DIR` and `transformers.GPT2LMHeadModel.from_pretrained(DIR)` reads, plus:
     train_state.npz   what --resume needs besides the weights: AdamW's moments, the step, the data order and position,
-                      the RNG state and the run's settings
+                      the RNG state and the run's settings; and the thread count it ran at, which --resume compares
+                      (a product split among another number of threads rounds otherwise)
     log.csv           one row per step: step, train_loss, val_loss and val_bits_per_byte (at evaluations), lr,
-                      grad_norm (before clipping), tokens, seconds; written as the run goes, so --resume drops the
-                      rows after its save
+                      grad_norm (before clipping), tokens, seconds (spent in training steps, across resumes);
+                      written as the run goes, so --resume drops the rows after its save
     heads.csv         at each evaluation, a row per head: step, layer, head and the five scores of `explain --heads`
                       (gpt2_numpy/interpret/heads.py) on a fixed repeated probe; kept as log.csv is
     .train.lock       locked for the whole run, as downloads lock their folder: a second run into it stops at once
@@ -33,6 +34,7 @@ from typing import Callable, NamedTuple, Optional
 
 import numpy as np
 
+from gpt2_numpy.cores import threads
 from gpt2_numpy.formats.checkpoint import load_params
 from gpt2_numpy.errors import Gpt2NumpyError, Interrupted, TrainingFailed, UsageError
 from gpt2_numpy.formats import parse_json
@@ -100,7 +102,7 @@ def save_run(run, params, opt_state, batches, step, seconds):  # -> None: run.ou
     run.write_tokenizer(staging)
     save_model(staging, run.hparams, params, None, metadata={"step": str(step)})
     arrays = {f"opt/{'/'.join(map(str, key))}": np.asarray(leaf) for key, leaf in flatten(opt_state)}
-    arrays.update(batches.state(), step=np.array(step), seconds=np.array(seconds),
+    arrays.update(batches.state(), step=np.array(step), seconds=np.array(seconds), threads=np.array(threads()),
                   settings=np.array(json.dumps(run.settings._asdict())))
     atomic_write(staging / STATE, lambda file: np.savez(file, **arrays))  # last: with it, the save is whole
     fsync_folder(staging)
@@ -258,6 +260,9 @@ def state_problem(state, params):  # -> what makes train_state.npz's arrays unfi
     for name, kinds in SCALARS.items():
         if state[name].shape != () or state[name].dtype.kind not in kinds:
             return f"{name} is not a single {'text' if kinds == 'U' else 'number'}"
+    if "threads" in state and (state["threads"].shape != () or state["threads"].dtype.kind not in "iu" or
+                               int(state["threads"]) < 1):  # a run saved before the count was recorded has none
+        return "threads is not a single count of threads"
     step, order, position = int(state["step"]), state["data_order"], int(state["data_position"])
     if step < 0 or int(state["opt/step"]) != step:
         return f"step {step}, AdamW's step {int(state['opt/step'])}"
@@ -303,20 +308,29 @@ def read_log(path):  # -> the rows of a log (log.csv, heads.csv), none if it is 
         return []
     try:
         with path.open(newline="", encoding="utf-8") as file:
-            reader, rows = csv.DictReader(file), []
-            unknown = [name for name in reader.fieldnames or () if name not in LOGS[path.name]]
-            if unknown:
-                raise UsageError(f"--resume: the header of {path} has the column {unknown[0]!r}, which a run does "
-                                 f"not write: remove that column (or delete the file: the run resumes, its earlier "
-                                 "rows are lost)")
-            for row in reader:
-                if None in row:  # csv.DictReader's key for the fields past the header's
-                    raise UsageError(f"--resume: line {reader.line_num} of {path} has more fields than its header: "
-                                     "correct that line (or delete it)")
-                if not str(row.get("step")).isdecimal():
-                    raise UsageError(f"--resume: line {reader.line_num} of {path} has the step {row.get('step')!r}, "
-                                     "not a whole number: correct that line (or delete it)")
-                rows.append(row)
+            text = file.read()
+        last = text[text.rfind("\n") + 1:]  # a last line with no line end: cut off as it was written, or edited
+        if last and len(next(csv.reader([last]))) < len(next(csv.reader([text.split("\n", 1)[0].rstrip("\r")]))):
+            # cut off (a full disk, a kill), maybe inside its step: that step came after the last save, since a run
+            # saves a step only once its row is written, so the row goes and --resume writes it again
+            text = text[:-len(last)]
+        reader, rows = csv.DictReader(io.StringIO(text, newline=""), restval=None), []
+        unknown = [name for name in reader.fieldnames or () if name not in LOGS[path.name]]
+        if unknown:
+            raise UsageError(f"--resume: the header of {path} has the column {unknown[0]!r}, which a run does not "
+                             "write: remove that column (or delete the file: the run resumes, its earlier rows are "
+                             "lost)")
+        for row in reader:
+            if None in row:  # csv.DictReader's key for the fields past the header's
+                raise UsageError(f"--resume: line {reader.line_num} of {path} has more fields than its header: "
+                                 "correct that line (or delete it)")
+            if None in row.values():  # its restval, for the fields short of the header's
+                raise UsageError(f"--resume: line {reader.line_num} of {path} has fewer fields than its header: "
+                                 "correct that line (or delete it)")
+            if not str(row.get("step")).isdecimal():
+                raise UsageError(f"--resume: line {reader.line_num} of {path} has the step {row.get('step')!r}, "
+                                 "not a whole number: correct that line (or delete it)")
+            rows.append(row)
     except (UnicodeDecodeError, csv.Error) as error:
         raise UsageError(f"--resume: {path} is not a CSV log ({error}): delete it (the run resumes, its earlier "
                          "rows are lost)") from None

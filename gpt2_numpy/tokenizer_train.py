@@ -85,7 +85,8 @@ def train_bpe(text, vocab_size, min_frequency=2, quiet=False):  # -> the merges 
     heap = [(-count, *pair) for pair, count in pair_counts.items()]  # best first: highest count, then smallest pair
     heapq.heapify(heap)
     merges = []
-    with tqdm(total=n_merges, desc="BPE merges", unit="merge", disable=quiet) as progress:
+    # no bar for no merge (--vocab-size 257): tqdm would print "BPE merges: 0merge"
+    with tqdm(total=n_merges, desc="BPE merges", unit="merge", disable=quiet or not n_merges) as progress:
         while heap and len(merges) < n_merges:
             negative_count, left, right = heapq.heappop(heap)
             best, count = (left, right), pair_counts[left, right]

@@ -216,9 +216,10 @@ def train(run, params, state, data):  # -> exit status: run (runs.Run) trained f
         evaluate(first)
         log_writer.writerow(first)
 
-    # the seconds column counts this run's time on from the saved run's
-    started = time.perf_counter() - (0.0 if state is None else float(state["seconds"]))
-    train_seconds = 0.0
+    # the seconds column: the time spent in training steps, summed over the run and the runs it resumes, so that no
+    # row counts an evaluation or a save, which --eval-every, --save-every and where a run was resumed would add
+    seconds = 0.0 if state is None else float(state["seconds"])
+    train_seconds = 0.0  # this run's share, for the bar's tokens/s
     with log_file, heads_file, ctrl_c_stops() as stop, progress_bar(total=steps, initial=step, unit="step") as bar:
         while step < steps and not stop.requested:
             step_start = time.perf_counter()
@@ -228,24 +229,26 @@ def train(run, params, state, data):  # -> exit status: run (runs.Run) trained f
             if not (math.isfinite(loss) and math.isfinite(grad_norm)):  # no update was made: the weights stay finite
                 raise diverged(out, step + 1, f"the loss is {loss:.4g} and the gradient norm {grad_norm:.4g}")
             step += 1
-            train_seconds += time.perf_counter() - step_start
+            step_seconds = time.perf_counter() - step_start
+            seconds, train_seconds = seconds + step_seconds, train_seconds + step_seconds
             row = {"step": step, "train_loss": f"{loss:.6f}", "lr": f"{lr:.6g}", "grad_norm": f"{grad_norm:.4f}",
-                   "tokens": step * tokens_per_step,
-                   "seconds": f"{time.perf_counter() - started:.1f}"}
+                   "tokens": step * tokens_per_step, "seconds": f"{seconds:.1f}"}
             evaluated = step % settings.eval_every == 0 or step == steps
             induction = evaluate(row) if evaluated else None
             log_writer.writerow(row)
             log_file.flush()
+            # drawn with the count by update(): set_postfix_str's own redraw would show step s's numbers beside s - 1
             bar.set_postfix_str(f"loss {loss:.3f}" + (f", val {float(row['val_loss']):.3f} "
                                                       f"({float(row['val_bits_per_byte']):.3f} bits/byte)"
                                                       if "val_loss" in row else "") +
                                 (f", induction {induction:.2f}" if induction is not None else "") +
-                                f", {(step - bar.initial) * tokens_per_step / train_seconds:,.0f} tokens/s")
+                                f", {(step - bar.initial) * tokens_per_step / train_seconds:,.0f} tokens/s",
+                                refresh=False)
             bar.update()
             if step % settings.save_every == 0 or step == steps or stop.requested:
                 if not all(np.isfinite(leaf).all() for _, leaf in flatten(params)):  # an update that overflowed
                     raise diverged(out, step, "the weights hold NaN or infinite values")
-                save_run(run, params, opt_state, batches, step, time.perf_counter() - started)
+                save_run(run, params, opt_state, batches, step, seconds)
     if stop.requested and step < steps:  # a Ctrl-C during the last step or save: the run is complete
         raise Interrupted(f"saved step {step} to {out}; continue with the same command and --resume")
     log(f"step {step}: saved the model to {out}; load it with --model {out}")

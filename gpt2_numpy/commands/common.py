@@ -94,12 +94,12 @@ def usage_hints(parser, message):  # -> argparse's message, with the hints that 
     return "; ".join([message, *filter(None, hints)])
 
 
-def flag_hint(parser, word):  # -> "did you mean --n-tokens for --tokens?", or None when no flag is near
+def flag_hint(parser, word):  # -> "did you mean --n-tokens instead of --tokens?", or None when no flag is near
     name = word.split("=")[0]
     options = [option for option in parser._option_string_actions if option.startswith("--")]
     near = [option for option in options if option.startswith(name)] or difflib.get_close_matches(name, options, n=1,
                                                                                                    cutoff=0.7)
-    return f"did you mean {' or '.join(near)} for {name}?" if near else None
+    return f"did you mean {' or '.join(near)} instead of {name}?" if near else None
 
 
 FLAG = re.compile(r"--[A-Za-z][-\w]*(=.*)?")  # what is meant as a flag: "--tokens", not "-x" or "--5"

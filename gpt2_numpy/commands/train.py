@@ -21,7 +21,8 @@ from gpt2_numpy.commands.common import (
     ArgumentParser, add_models_dir, fraction, model_choice, path_argument, positive_float, read_data, run_cli,
     whole_number,
 )
-from gpt2_numpy.console import log
+from gpt2_numpy.console import log, plural
+from gpt2_numpy.cores import threads
 from gpt2_numpy.errors import UsageError
 from gpt2_numpy.loading import read_model, ready
 from gpt2_numpy.params import gpt2_init, map_leaves
@@ -212,11 +213,22 @@ def start(args, digest):  # -> hparams, params, state (None), Settings and the f
 def resume(args, digest):  # -> hparams, params, state, Settings and the folder of the tokenizer files (its own) of the
     # run saved in --out
     hparams, params, state = load_run(args.out)
+    threads_note(state)
     saved = json.loads(str(state["settings"]))
     if saved["data_sha256"] != digest:
         raise UsageError(f"{args.data} is not the text the run in {args.out} trained on: pass the same --data to "
                          "--resume")
     return hparams, params, state, resumed_settings(args, saved, hparams, int(state["step"])), args.out
+
+
+def threads_note(state):  # -> None; one note when the run was saved at another thread count than this one's
+    # Resuming is exact at the same count only: a product split among other threads sums in another order (its inner
+    # dimension in other parts, or other blocks of BLAS), so the weights part in the last digits and grow apart
+    saved, now = int(state.get("threads", threads())), threads()
+    if saved != now:
+        log(f"note: the run was saved at {plural(saved, 'thread')} and goes on at {now}: products split among another "
+            f"number of threads round otherwise, so from here its numbers differ in the last digits from those of a "
+            f"run kept at {saved} (--threads {saved} keeps them)")
 
 
 def run_tokenizer(data, text, settings, new, folder):  # -> the run's tokenizer, and write_tokenizer(folder), which

@@ -35,7 +35,8 @@ LM_HEAD = ("lm_head",)  # Hugging Face's output layer: GPT-2 ties it to wte, so 
 # defaults, so an absent key is the first) and what they compute. reorder_and_upcast_attn is not among them: it only
 # reorders attention's float32 math, which transformers measures as the same (tests/fixtures/config_options.json)
 OPTIONS = {
-    "activation_function": (("gelu_new", "gelu_pytorch_tanh"), "GPT-2's tanh approximation of GELU"),
+    # transformers' three names of that one formula: gelu_fast writes sqrt(2/pi) as 0.7978845608 and factors out x
+    "activation_function": (("gelu_new", "gelu_pytorch_tanh", "gelu_fast"), "GPT-2's tanh approximation of GELU"),
     "layer_norm_epsilon": ((1e-5,), "GPT-2's layer norm"),
     "scale_attn_weights": ((True,), "attention scores divided by the square root of the head size, as GPT-2's"),
     "scale_attn_by_inverse_layer_idx": ((False,), "GPT-2's attention, the same scale in every layer"),

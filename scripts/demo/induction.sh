@@ -4,7 +4,8 @@
 # loss and best induction score against the step, and the loss on a repeated text it never saw, before and after
 # zero-ablating the induction head and the previous-token head that feeds it.
 #
-#   scripts/demo/induction.sh OUT [STEPS]  (OUT: a new folder; STEPS: train this many steps instead of 20,000)
+#   scripts/demo/induction.sh OUT [STEPS]  (OUT: a new folder; STEPS: train this many steps instead of 20,000,
+#   e.g. 2 to try the script in a minute: too few for any head to form, which it then says)
 # Writes OUT (the model folder, with log.csv and heads.csv), OUT/induction.png, and the two texts in OUT/texts/.
 # Needs matplotlib for the picture.
 set -euo pipefail
@@ -22,7 +23,7 @@ TEXTS=$(mktemp -d)  # until OUT holds the run: train writes only into an empty o
 trap 'rm -rf "$TEXTS"' EXIT
 # sequences of 3 to 8 characters (5 to 14 bytes) said twice, 0 to 3 characters apart: a pair fits the context of 32
 python -m scripts.demo.induction_text "$TEXTS/train.txt" --seed 0  # 1.75 MB
-# another seed: a text never trained on, 7 characters said twice (26 bytes, within the context)
+# another seed: a text never trained on, 7 characters said twice (30 bytes, within the context)
 python -m scripts.demo.induction_text "$TEXTS/unseen.txt" --seed 1 --chars 1 --lengths 7 7 --gaps 0 0
 python -m gpt2_numpy.train --data "$TEXTS/train.txt" --out "$OUT" --vocab-size 257 \
   --n-layer 2 --n-head 4 --n-embd 64 --n-ctx 32 --seq-len 32 --batch-size 32 --lr 3e-3 --warmup 100 \
@@ -35,15 +36,9 @@ python -m scripts.demo.plot_loss "$OUT/log.csv" "$OUT/induction.png" --induction
 # text goes in on stdin ("-"), as it holds characters that no command-line argument may (U+0000)
 UNSEEN=$OUT/texts/unseen.txt
 python -m gpt2_numpy.explain --model "$OUT" - --heads < "$UNSEEN" >&2
-# the best induction head (in layer 1 or later: it reads what a head before it wrote), and the best previous-token
-# head in a layer before it
-read -r INDUCTION PREVIOUS < <(python -m gpt2_numpy.explain --model "$OUT" - --heads --json < "$UNSEEN" | python -c '
-import json, sys
-heads = json.load(sys.stdin)["heads"]
-induction = max((row for row in heads if row["layer"] >= 1), key=lambda row: row["induction"])
-previous = max((row for row in heads if row["layer"] < induction["layer"]), key=lambda row: row["previous_token"])
-print("%d.%d %d.%d" % (induction["layer"], induction["head"], previous["layer"], previous["head"]))')
-echo "induction head $INDUCTION, previous-token head $PREVIOUS" >&2
+# the best induction head and the best previous-token head before it, and whether each formed (one line each)
+read -r INDUCTION PREVIOUS < <(python -m gpt2_numpy.explain --model "$OUT" - --heads --json < "$UNSEEN" |
+  python -m scripts.demo.induction_heads)
 for heads in "$INDUCTION" "$PREVIOUS" "$INDUCTION $PREVIOUS"; do
   # shellcheck disable=SC2086  # $heads: one or two L.H words
   python -m gpt2_numpy.explain --model "$OUT" - --ablate $heads --ablation zero --json < "$UNSEEN" | python -c '

@@ -237,10 +237,10 @@ DASH_HINT = "goes last, after '--'"
 
 @pytest.mark.slow
 @pytest.mark.parametrize("argv, message, absent", [
-    (["generate", "--tokens", "20", "x"], "unrecognized arguments: --tokens; did you mean --n-tokens for --tokens?",
-     [DASH_HINT]),
-    (["generate", "x", "--temp=0.8"], "unrecognized arguments: --temp=0.8; did you mean --temperature for --temp?",
-     [DASH_HINT]),
+    (["generate", "--tokens", "20", "x"], "unrecognized arguments: --tokens; did you mean --n-tokens instead of "
+     "--tokens?", [DASH_HINT]),
+    (["generate", "x", "--temp=0.8"], "unrecognized arguments: --temp=0.8; did you mean --temperature instead of "
+     "--temp?", [DASH_HINT]),
     (["generate", "--model", "my-gpt"], 'no prompt given: gpt2-numpy generate needs one, e.g. gpt2-numpy generate '
      '"The cat" (see --help)', [DASH_HINT, "did you mean"]),
     (["generate", "--model", "my-gpt", "-hello"], "unrecognized arguments: -hello; a prompt that begins with '-' goes "
@@ -248,14 +248,15 @@ DASH_HINT = "goes last, after '--'"
     (["explain", "-x"], "no prompt given: gpt2-numpy explain needs one, e.g. gpt2-numpy explain \"The cat\"; a prompt "
      "that begins with '-' goes last, after '--'", ["did you mean"]),
     (["explain", "--layer", "-1"], "no prompt given: gpt2-numpy explain needs one", [DASH_HINT]),  # -1 is a value
-    (["explain", "hi", "--lenss"], "unrecognized arguments: --lenss; did you mean --lens for --lenss?", [DASH_HINT]),
+    (["explain", "hi", "--lenss"], "unrecognized arguments: --lenss; did you mean --lens instead of --lenss?",
+     [DASH_HINT]),
     (["score", "-hello"], "unrecognized arguments: -hello; a text that begins with '-' goes last", ["did you mean"]),
     (["score", "-h ello"], "unrecognized arguments: -h ello; a text that begins with '-' goes last", []),  # "-h" a flag
     (["train", "--data", "x", "--out", "y", "--step", "3"], "unrecognized arguments: --step 3; did you mean --steps "
-     "for --step?", []),
+     "instead of --step?", []),
     (["tokenizer", "--data", "x", "--vocab-size", "300", "--outt", "y"], "the following arguments are required: "
-     "--out; did you mean --out for --outt?", []),
-    (["download", "124M", "--modles-dir", "w"], "did you mean --models-dir for --modles-dir?", []),
+     "--out; did you mean --out instead of --outt?", []),
+    (["download", "124M", "--modles-dir", "w"], "did you mean --models-dir instead of --modles-dir?", []),
     (["generate", "--colour", "x"], "unrecognized arguments: --colour (see --help)", [DASH_HINT, "did you mean"]),
 ])
 def test_a_usage_error_gets_the_hints_that_apply_to_it_and_no_other(argv, message, absent):

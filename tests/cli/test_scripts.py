@@ -272,10 +272,14 @@ def test_the_induction_demo_trains_plots_scores_and_ablates_in_a_few_steps(tmp_p
     with (out / "heads.csv").open() as file:
         steps = {line.split(",")[0] for line in list(file)[1:]}
     assert steps == {"0", "2"}  # the evaluations: step 0 and the last step
-    # the heads found, then three ablations on the unseen text: each head alone, then both
-    found = next(line for line in result.stderr.splitlines() if line.startswith("induction head "))
-    induction, previous = found.split()[2].rstrip(","), found.split()[-1]
+    # two steps form no head, and the script says so for each kind, naming the best, which it ablates all the same
+    found = [line for line in result.stderr.splitlines() if "head formed" in line or line.startswith(
+        ("induction head", "previous-token head"))]
+    assert [line.split(":")[0] for line in found] == ["no induction head formed", "no previous-token head formed"]
+    induction, previous = (line.split("the best, ")[1].split(",")[0] for line in found)
     assert induction.startswith("1.") and previous.startswith("0.")  # a layer-0 head feeds a layer-1 head
+    assert "BPE merges" not in result.stderr  # --vocab-size 257 makes no merge: no bar counting "0merge"
+    # then three ablations on the unseen text: each head alone, then both
     lines = result.stdout.splitlines()
     assert [line.split(":")[0] for line in lines] == [f"zero-ablating {induction}", f"zero-ablating {previous}",
                                                      f"zero-ablating {induction} {previous}"]

@@ -55,6 +55,20 @@ def test_json_says_what_was_made(tmp_path, data):
                     "bytes": len(TEXT.encode())}
 
 
+def test_json_counts_the_texts_bytes_not_its_characters(tmp_path):
+    data = tmp_path / "data.txt"
+    text = "".join(f"{word} café → {word}𝄞 naïve {word}\n" for word in ("λόγος", "東京", "king", "Ωmega")) * 4
+    data.write_text(text, encoding="utf-8")
+    result = run_cli("gpt2_numpy", "tokenizer", "--data", data, "--vocab-size", 280, "--out", tmp_path / "tok",
+                     "--json")
+    assert result.returncode == 0, result.stderr
+    n_bytes = data.stat().st_size  # the file's own size: UTF-8 spends 2 to 4 bytes on each of these characters
+    assert n_bytes > len(text)
+    made = json.loads(result.stdout)
+    assert made["bytes"] == n_bytes
+    assert f"{made['tokens'] / n_bytes:.3f} per byte" in result.stderr
+
+
 def test_a_text_too_small_says_how_large_a_vocabulary_it_makes(tmp_path, data):
     possible = 257 + len(train_bpe_textbook(TEXT, 10_000))  # every pair seen twice, merged
     result = run_cli("gpt2_numpy", "tokenizer", "--data", data, "--vocab-size", 10_000, "--out", tmp_path / "tok")

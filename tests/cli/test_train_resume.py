@@ -9,15 +9,19 @@ import csv
 import inspect
 import json
 import math
+import io
 import os
+import re
 import shutil
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from gpt2_numpy import fast, fast_backward, model
+from gpt2_numpy import fast, fast_backward, model, training
+from gpt2_numpy.commands import train as train_command
 from gpt2_numpy.formats.checkpoint import load_params
 from gpt2_numpy.interpret import repeated_tokens, trace
 from gpt2_numpy.params import gpt2_init, random_params
@@ -137,6 +141,62 @@ def test_the_last_step_is_evaluated_when_not_a_multiple_of_eval_every(seven_step
     assert [int(row["step"]) for row in seven_steps if row["val_loss"]] == [0, 3, 6, 7]
 
 
+# --- The seconds column, the progress bar ---
+
+
+class Clock:
+    """time.perf_counter for training.py, moved on by hand: a step takes 1 s, an evaluation 10, a save 100."""
+
+    def __init__(self, monkeypatch):
+        self.now = 0.0
+        monkeypatch.setattr(training, "time", SimpleNamespace(perf_counter=lambda: self.now))
+        for name, seconds in (("train_step", 1), ("validation_row", 10), ("save_run", 100)):
+            monkeypatch.setattr(training, name, self.taking(seconds, getattr(training, name)))
+
+    def taking(self, seconds, function):
+        def timed(*args):
+            self.now += seconds
+            return function(*args)
+        return timed
+
+
+def train_here(data, out, *args):  # -> train.run's exit status, in this process
+    return train_command.run(["--data", str(data), "--out", str(out), *map(str, args)])
+
+
+def test_the_seconds_column_counts_the_steps_alone_and_goes_on_across_a_resume(tmp_path, short_text, monkeypatch):
+    Clock(monkeypatch)
+    # evaluations at 0, 2, 4 and 6, and at the first run's last step, 3; saves at 0, 3 and 6
+    assert train_here(short_text, tmp_path / "run", *FLAGS, "--steps", 3, "--eval-every", 2) == 0
+    assert train_here(short_text, tmp_path / "run", "--steps", 6, "--eval-every", 2, "--resume") == 0
+    assert [float(row["seconds"]) for row in log_rows(tmp_path / "run")] == [0, 1, 2, 3, 4, 5, 6]
+    with np.load(tmp_path / "run" / "train_state.npz") as state:
+        assert float(state["seconds"]) == 6
+
+
+def test_the_bar_shows_each_steps_loss_beside_its_own_count(tmp_path, short_text, monkeypatch):
+    from tqdm import tqdm
+
+    drawn = io.StringIO()
+    monkeypatch.setattr(training, "progress_bar", lambda **options: tqdm(file=drawn, mininterval=0, **options))
+    assert train_here(short_text, tmp_path / "run", *FLAGS, "--steps", 4) == 0
+    losses = {int(row["step"]): f"{float(row['train_loss']):.3f}" for row in log_rows(tmp_path / "run")[1:]}
+    shown = re.findall(r"(\d+)/4 \[[^]]*loss (\d+\.\d+)", drawn.getvalue())
+    assert shown and all(loss == losses.get(int(count)) for count, loss in shown), (shown, losses)
+
+
+def test_steps_0_then_resume_keeps_the_step_0_rows_of_both_logs(tmp_path, short_text, saved_run):
+    # README's flow: the initial model first, then training on; saved_run is the same two steps, uninterrupted
+    out = tmp_path / "run"
+    assert train(short_text, out, *FLAGS, "--steps", 0).returncode == 0
+    result = train(short_text, out, *FLAGS, "--steps", 2, "--resume")
+    assert result.returncode == 0, result.stderr
+    assert [{**row, "seconds": None} for row in log_rows(out)] == [
+        {**row, "seconds": None} for row in log_rows(saved_run)]
+    assert (out / "heads.csv").read_bytes() == (saved_run / "heads.csv").read_bytes()
+    assert {row["step"] for row in csv_rows(out / "heads.csv")} == {"0", "2"}
+
+
 # --- Resuming: the command the user started with, across epochs ---
 
 
@@ -219,6 +279,21 @@ def test_a_resumed_run_leaves_no_mapping_of_the_weights_its_saves_replace(tmp_pa
     monkeypatch.setattr(train_command, "train", training_starts)
     assert train_command.run(["--data", str(short_text), "--out", str(out), "--steps", "4", "--resume"]) == 0
     assert mapped == [False]
+
+
+def test_a_resume_at_another_thread_count_says_so_in_one_note(tmp_path, short_text):
+    out, note = tmp_path / "run", "note: the run was saved at 2 threads and goes on at 1: "
+    assert train(short_text, out, *FLAGS, "--steps", 1, "--threads", 2).returncode == 0
+    with np.load(out / "train_state.npz") as state:
+        assert int(state["threads"]) == 2
+    result = train(short_text, out, "--steps", 2, "--resume", "--threads", 1)
+    assert result.returncode == 0, result.stderr
+    notes = [line for line in result.stderr.splitlines() if line.startswith("note: the run was saved at")]
+    assert notes == [note + "products split among another number of threads round otherwise, so from here its "
+                     "numbers differ in the last digits from those of a run kept at 2 (--threads 2 keeps them)"]
+    result = train(short_text, out, "--steps", 3, "--resume", "--threads", 1)  # saved at 1 now: nothing to say
+    assert result.returncode == 0, result.stderr
+    assert "note: the run was saved at" not in result.stderr
 
 
 @pytest.mark.parametrize("flag, value, saved", [
@@ -327,6 +402,44 @@ def test_a_run_killed_after_its_last_save_resumes_to_the_heads_csv_of_an_uninter
     whole = train(short_text, tmp_path / "whole", *FLAGS, "--steps", 8, "--eval-every", 1, "--save-every", 4)
     assert whole.returncode == 0, whole.stderr
     assert (tmp_path / "killed" / "heads.csv").read_bytes() == (tmp_path / "whole" / "heads.csv").read_bytes()
+
+
+# a row cut off as it was written, where a full disk or a kill cuts it: short of fields, or inside its step number
+# (step 13's row cut to "1"); one whose step is past the save's is dropped as any row after the save is
+TORN_ROWS = {"log.csv": ["1", "2", "3,10.8"], "heads.csv": ["2", "3,1,0,0.25"]}
+
+
+@pytest.fixture(scope="module")
+def resumed_run(tmp_path_factory, short_text, saved_run):  # -> the folder of saved_run resumed to step 3
+    out = tmp_path_factory.mktemp("runs") / "resumed"
+    shutil.copytree(saved_run, out)
+    assert train(short_text, out, "--steps", 3, "--resume").returncode == 0
+    return out
+
+
+@pytest.mark.parametrize("name, torn", [(name, torn) for name, tears in TORN_ROWS.items() for torn in tears])
+def test_a_torn_last_row_is_dropped_on_resume(tmp_path, short_text, saved_run, resumed_run, name, torn):
+    out = tmp_path / "run"
+    shutil.copytree(saved_run, out)
+    with (out / name).open("a", newline="") as file:
+        file.write(torn)
+    result = train(short_text, out, "--steps", 3, "--resume")
+    assert result.returncode == 0, result.stderr
+    # every row as the same resume without the torn row wrote it, once; the seconds column aside, which is timed
+    for log in ("log.csv", "heads.csv"):
+        assert [{**row, "seconds": None} for row in csv_rows(out / log)] == [
+            {**row, "seconds": None} for row in csv_rows(resumed_run / log)], log
+    assert [int(row["step"]) for row in csv_rows(out / "log.csv")] == [0, 1, 2, 3]
+
+
+def test_a_whole_last_row_without_its_line_end_is_kept(tmp_path, short_text, saved_run, resumed_run):
+    out = tmp_path / "run"  # as an editor may save log.csv: every field there, the last line end gone
+    shutil.copytree(saved_run, out)
+    (out / "log.csv").write_bytes((out / "log.csv").read_bytes().rstrip(b"\r\n"))
+    result = train(short_text, out, "--steps", 3, "--resume")
+    assert result.returncode == 0, result.stderr
+    assert [{**row, "seconds": None} for row in csv_rows(out / "log.csv")] == [
+        {**row, "seconds": None} for row in csv_rows(resumed_run / "log.csv")]
 
 
 # --- Fine-tuning a model folder: --init DIR, alias --model DIR ---
@@ -450,6 +563,9 @@ DAMAGES = {  # name -> (damage(folder), a fragment of the error line)
                                                          "line 3 of"),
     "a column in log.csv's header that a run does not write": (lambda folder: edit_log_line(folder, 0, ",note"),
                                                                "has the column 'note'"),
+    # a whole line (its line end written) short of fields is no torn row: it was written back with blanks
+    "a row of heads.csv with fewer fields than its header": (lambda folder: (folder / "heads.csv").write_text(
+        (folder / "heads.csv").read_text().replace("\n0,0,1,", "\n0,0,1\n", 1)), "line 3 of"),
 }
 
 

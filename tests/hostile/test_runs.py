@@ -236,8 +236,7 @@ def test_a_full_disk_keeps_the_last_save_and_the_run_goes_on_once_there_is_room(
     for at, (out, outcome) in enumerate(cuts, 1):
         message, saved = str(outcome), saved_step(out)
         assert type(outcome).__name__ == "TrainingFailed" and outcome.exit_code == 1, outcome
-        assert message.startswith(f"cannot write to {out} (No space left on device): free some disk space"), message
-        assert message.endswith("nothing was saved" if saved is None else f"the last save (step {saved}) is kept")
+        assert message == f"cannot write to {out} (No space left on device): free some disk space, " + after(saved)
         assert ".tmp" not in message and ".train.save" not in message  # never a temporary name
         assert not (out / ".train.save").exists()  # the cut save is gone: it would take the room freed
         assert_goes_on_as_uninterrupted(data, out, scenario, uninterrupted)
@@ -256,10 +255,17 @@ def test_a_read_only_out_says_which_save_is_kept_and_names_no_temporary(tmp_path
         outcome = run_here(data, out, *(["--resume", "--steps", 3] if saved else [*SHAPE, "--steps", 3]))
     message = str(outcome)
     assert type(outcome).__name__ == "TrainingFailed", outcome
-    assert message.startswith(f"cannot write to {out} (Read-only file system): its file system is read-only"), message
-    assert message.endswith("nothing was saved" if saved is None else f"the last save (step {saved}) is kept")
+    assert message == (f"cannot write to {out} (Read-only file system): its file system is read-only: remount it "
+                       f"writable, {after(saved)}")
     assert "free some disk space" not in message and ".tmp" not in message
     assert {path.name: path.read_bytes() for path in out.iterdir()} == before
+
+
+def after(saved):  # -> the end of a disk error's line, after its fix: what to do next, and which save is kept
+    # nothing saved: --resume would find nothing to continue; a save: another --out would start over without it
+    if saved is None:
+        return "or choose another --out; nothing was saved"
+    return f"then continue with the same command and --resume; the last save (step {saved}) is kept"
 
 
 def read_only(monkeypatch, folder):  # -> None: writing in folder, or making a folder in it, fails as on a read-only
