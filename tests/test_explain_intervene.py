@@ -180,13 +180,18 @@ def test_the_loss_is_the_mean_next_token_cross_entropy(model):
 
 
 @pytest.mark.parametrize("name", CONFIGS)
-def test_ablation_matches_transformer_lens(name, capsys):
+def test_ablation_matches_transformer_lens(name, capsys, tmp_path):
+    # a mean ablation's mean: over windows of another text at each position, from TransformerLens's cache of them
     folder, texts, tl = reference(name)
+    (tmp_path / "reference.txt").write_text(texts["reference"], encoding="utf-8")
     for number, (how, heads) in enumerate(texts["ablations"]):
         ablate = [f"{layer}.{head}" for layer, head in heads]
-        out = explain_json(capsys, texts["clean"], "--model", folder, "--ablate", *ablate, "--ablation", how)
+        mean_over = ["--mean-over", tmp_path / "reference.txt"] if how == "mean" else []
+        out = explain_json(capsys, texts["clean"], "--model", folder, "--ablate", *ablate, "--ablation", how,
+                           *mean_over)
         assert out["prompt_ids"] == tl["clean_ids"].tolist()
         assert out["ablated"] == heads and out["ablation"] == how
+        assert out.get("mean_windows") == (int(tl["mean_windows"]) if how == "mean" else None)
         close(out["loss"]["before"], tl["loss_before"])
         close(out["loss"]["after"], tl[f"ablation{number}_loss"])
         for when, key in (("before", "top_{}_before"), ("after", f"ablation{number}_top_{{}}")):
@@ -250,14 +255,16 @@ def test_patch_plot_draws_a_png(tmp_path, capsys):
     assert "wrote" in capsys.readouterr().err
 
 
-def test_the_ablation_heading_says_what_was_done(capsys):
+def test_the_ablation_heading_says_what_was_done(capsys, tmp_path):
     common = [PROMPT, "--model", str(FOLDER), "--ablate"]
     assert explain_cli.run([*common, "2.3"]) == 0
     assert capsys.readouterr().out.splitlines()[0] == ("Ablation of head 2.3 (layer.head): its attn.z set to zero at "
                                                        "every position")
-    assert explain_cli.run([*common, "2.3", "0.1", "--ablation", "mean"]) == 0
+    (tmp_path / "text.txt").write_text(PROMPT * 3, encoding="utf-8")  # 3 windows of the prompt's 26 tokens
+    assert explain_cli.run([*common, "2.3", "0.1", "--ablation", "mean", "--mean-over", str(tmp_path / "text.txt")]) == 0
     assert capsys.readouterr().out.splitlines()[0] == ("Ablation of heads 2.3, 0.1 (layer.head): each head's attn.z "
-                                                       "replaced by its mean over the prompt's positions")
+                                                       "replaced at each position by its mean there over 3 windows of "
+                                                       "the reference text")
 
 
 @pytest.fixture(scope="module")
