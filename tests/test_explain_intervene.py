@@ -8,12 +8,13 @@ import numpy as np
 import pytest
 
 from gpt2_numpy.commands import explain as explain_cli
-from gpt2_numpy.interpret.ablation import next_token_loss
+from gpt2_numpy.interpret.ablation import ablation, ablation_edits, next_token_loss, reference_means, reference_windows
 from gpt2_numpy.interpret.attribution import attribution
 from gpt2_numpy.interpret import patching as patching_module
 from gpt2_numpy.interpret.edits import Edit, resid_pre, run_with_edits
 from gpt2_numpy.interpret.patching import patching
-from gpt2_numpy.interpret.tracing import trace
+from gpt2_numpy.interpret.present import patching_table
+from gpt2_numpy.interpret.tracing import run_names, trace
 from gpt2_numpy.model import gpt2, layer_norm, softmax
 from gpt2_numpy.params import random_params
 from tests.conftest import FIXTURES, assert_one_error_line, official_path, run_explain, tiny_models_dir
@@ -94,6 +95,103 @@ def test_an_edit_of_no_array_or_of_another_shape_is_refused(model):
         run_with_edits(ids, params, 3, [Edit("blocks.9.attn.z", np.zeros_like)])
     with pytest.raises(ValueError, match="shape"):
         run_with_edits(ids, params, 3, [Edit("blocks.0.attn.z", lambda z: z[:, :-1], head=0)])
+
+
+def test_edits_are_checked_before_anything_runs(model):
+    # a run that fails on its last edit's name after computing everything costs a long prompt's whole pass
+    params, ids = model
+    calls = []
+
+    def spy(z):
+        calls.append(z.shape)
+        return z
+
+    for edits, fragment in (([Edit("blocks.0.attn.z", spy), Edit("blocks.7.out", spy)], "blocks.7.out"),
+                            ([Edit("blocks.0.attn.z", spy), Edit("blocks.1.attn.z", spy, head=3)], "head 3"),
+                            ([Edit("blocks.0.attn.z", spy), Edit("blocks.1.attn.z", spy, head=-1)], "head -1"),
+                            ([Edit("blocks.0.attn.z", spy), Edit("blocks.1.attn.z", spy, head=True)], "head True"),
+                            ([Edit("blocks.0.attn.z", spy), Edit("blocks.1.mid", spy, head=0)], "has no heads")):
+        with pytest.raises(ValueError, match=fragment):
+            run_with_edits(ids, params, 3, edits)
+        assert calls == []
+    with pytest.raises(ValueError, match="blocks.0.out"):  # made before the run's start
+        run_with_edits(trace(ids, params, 3)["blocks.0.out"], params, 3, [Edit("blocks.0.out", spy)], start_at_layer=1)
+    with pytest.raises(ValueError, match="ln_2"):
+        run_with_edits(ids, params, 3, [], names=["ln_2"])
+
+
+def test_the_names_of_a_run_are_trace_s_in_its_order(model):
+    params, ids = model
+    assert run_names(2) == list(trace(ids, params, 3))
+    assert run_names(2, start_at_layer=1) == [name for name in trace(ids, params, 3) if not name.startswith(
+        ("embed", "blocks.0."))]
+
+
+def test_a_run_started_at_a_layer_is_the_rest_of_the_whole_run(model):
+    # TransformerLens's start_at_layer: the stream entering block 1 goes on as the whole run would
+    params, ids = model
+    names = trace(ids, params, 3)
+    rest = run_with_edits(names["blocks.0.out"], params, 3, [], start_at_layer=1)
+    assert list(rest) == run_names(2, start_at_layer=1)
+    assert all(np.array_equal(rest[name], names[name]) for name in rest)
+    # names: only those kept, and the run stops after the last of them (no logits: an edit of them never runs)
+    never = Edit("logits", lambda logits: pytest.fail("the run went on past ln_f"))
+    kept = run_with_edits(ids, params, 3, [never], names=["ln_f", "blocks.1.attn.z"])
+    assert sorted(kept) == ["blocks.1.attn.z", "ln_f"] and np.array_equal(kept["ln_f"], names["ln_f"])
+
+
+def test_a_head_edit_of_a_batch_of_runs_edits_each_run_s_head(model):
+    # the head axis is third from the end: a leading batch axis must not be taken for it
+    params, ids = model
+    other = np.random.default_rng(7).integers(0, HPARAMS["n_vocab"], len(ids))
+    streams = np.stack([trace(prompt, params, 3)["blocks.0.out"] for prompt in (ids, other)])
+    edit = [Edit("blocks.1.attn.z", np.zeros_like, head=1)]
+    batched = run_with_edits(streams, params, 3, edit, start_at_layer=1)["logits"]
+    for run, prompt in zip(batched, (ids, other)):
+        np.testing.assert_allclose(run, run_with_edits(prompt, params, 3, edit)["logits"], atol=1e-5)
+
+
+def test_the_library_refuses_indices_numpy_would_wrap(model):
+    # -1 was the last token or head; n_vocab or n_head a bare IndexError
+    params, ids = model
+    for answers in ((-1, 5), (5, HPARAMS["n_vocab"]), (2.0, 5)):
+        with pytest.raises(ValueError, match="answer token id .* is out of range"):
+            attribution(ids, params, 3, answers)
+        with pytest.raises(ValueError, match="answer token id .* is out of range"):
+            patching(ids, ids[::-1], params, 3, answers)
+    for heads, fragment in (([(0, -1)], "ablated head -1"), ([(-1, 0)], "ablated layer -1"),
+                            ([(2, 0)], "ablated layer 2"), ([(0, 3)], "ablated head 3")):
+        with pytest.raises(ValueError, match=fragment):
+            ablation(ids, params, 3, heads, "zero")
+    with pytest.raises(ValueError, match="as long"):
+        patching(ids, ids[:-1], params, 3, (3, 7))
+
+
+def test_a_mean_ablation_lets_no_position_see_a_later_token(model):
+    # the mean over the prompt's own positions moved earlier positions' logits when the last token changed
+    params, ids = model
+    reference = reference_windows(np.random.default_rng(8).integers(0, HPARAMS["n_vocab"], 200), len(ids))
+    heads = [(0, 1), (1, 2)]
+    changed = ids.copy()
+    changed[-1] = (changed[-1] + 1) % HPARAMS["n_vocab"]
+    logits = [run_with_edits(prompt, params, 3, ablation_edits(heads, "mean", reference_means(
+        reference, params, 3, heads, len(ids), "mean")))["logits"] for prompt in (ids, changed)]
+    np.testing.assert_allclose(logits[0][:-1], logits[1][:-1], atol=1e-6)
+    assert not np.allclose(logits[0][-1], logits[1][-1])
+    # and the mean is the reference's, position by position: the first window alone gives its own z
+    alone = reference_means(reference[:1], params, 3, heads, len(ids), "mean")
+    assert np.array_equal(alone[1], trace(reference[0], params, 3)["blocks.1.attn.z"])
+
+
+def test_a_mean_ablation_needs_a_reference_as_long_as_the_prompt(model):
+    params, ids = model
+    with pytest.raises(ValueError, match="reference token ids"):
+        ablation(ids, params, 3, [(0, 0)], "mean")
+    with pytest.raises(ValueError, match="shorter than the prompt's 17"):
+        ablation(ids, params, 3, [(0, 0)], "mean", reference=np.zeros((4, 16), int))
+    with pytest.raises(ValueError, match="fewer than the prompt's 17"):
+        reference_windows(np.arange(16), 17)
+    assert reference_windows(np.arange(40), 17).tolist() == [list(range(17)), list(range(17, 34))]
 
 
 # --- The three techniques, from the math ---
