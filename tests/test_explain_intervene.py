@@ -3,6 +3,7 @@ functions and against math, and the three techniques on the command line against
 (scripts/fixtures/make_intervene_reference.py: random GPT-2 folders of their own, loaded by TransformerLens's
 TransformerBridge); the tables, the picture and every bad input."""
 import json
+import re
 
 import numpy as np
 import pytest
@@ -420,6 +421,59 @@ def test_a_layer_or_head_that_no_output_shows_is_refused(args, tmp_path):
     (["--ablation", "mean"], "--ablation belongs to --ablate"),
     (["--ablation", "half", "--ablate", "0.0"], "invalid choice: 'half'"),
     (["--ablate", "0.0", "--attribute", " the", " a", "--json"], "keep one of --ablate --attribute"),
+    # a --flag=value ends the answers as a bare flag does: it is not answer B
+    (["--attribute", " the", f"--model={FOLDER}"], "--attribute A B needs 2 words after it, got 1 before --model="),
+    (["--patch", CORRUPT, "--answer", " the", "--json=x"], "--answer A B needs 2 words after it, got 1 before --json="),
+    (["--ablate", "0.1", "--ablation", "mean"], "--ablation mean needs --mean-over FILE"),
+    (["--ablate", "0.1", "--mean-over", "README.md"], "--mean-over belongs to --ablation mean"),
+    (["--ablate", "0.1", "--ablation", "mean", "--mean-over", "{tmp}/none.txt"], "cannot read --mean-over"),
+    (["--ablate", "0.1", "--ablation", "mean", "--mean-over", "{tmp}/short.txt"],
+     "short.txt is 5 tokens, fewer than the prompt's 26"),
 ])
 def test_bad_input_is_one_error_line_with_exit_2(args, fragment, tmp_path):
+    (tmp_path / "short.txt").write_text("a cat", encoding="utf-8")
+    args = [arg.format(tmp=tmp_path) for arg in args]
     assert_one_error_line(run_explain(PROMPT, "--model", str(FOLDER), *args, models_dir=tmp_path), fragment)
+
+
+def test_a_one_token_prompt_s_loss_is_null_as_the_docs_say(capsys):
+    out = explain_json(capsys, "x", "--model", FOLDER, "--ablate", "0.1")
+    assert out["loss"] is None and len(out["next_token"]["after"]) == 5
+    assert json.loads(json.dumps(explain_json(capsys, "x y", "--model", FOLDER, "--ablate", "0.1")["loss"])).keys() == {
+        "before", "after"}
+
+
+def test_each_position_s_recovery_stands_under_its_own_header():
+    # a prompt of 15 tokens shows its last 12 positions: header, tokens and values from the same position
+    n_seq, n_layer = 15, 2
+    result = {"clean": 2.0, "corrupt": 0.0, "small_gap": False, "heads": np.zeros((n_layer, 3)),
+              "resid": np.array([[layer + position / 100 for position in range(n_seq)] for layer in range(n_layer)])}
+    table = patching_table(list(range(n_seq)), list(range(n_seq)), (0, 1), result, lambda token_id: f"t{token_id}")
+    lines = table.splitlines()
+    start = next(number for number, line in enumerate(lines) if line.startswith("The residual stream"))
+    header, clean = lines[start + 1].split(), lines[start + 2].split()
+    assert header == ["layer", *map(str, range(3, n_seq))] and clean == ["clean", *(f"t{p}" for p in range(3, n_seq))]
+    for layer in range(n_layer):
+        row = lines[start + 4 + layer].split()
+        assert row[0] == str(layer) and [float(value) for value in row[1:]] == [
+            round(layer + int(position) / 100, 3) for position in header[1:]]
+        assert cell_ends(lines[start + 4 + layer])[1:] == cell_ends(lines[start + 1])[1:]  # under the header
+
+
+def cell_ends(line):  # -> where each cell of a fixed-width line ends
+    return [match.end() for match in re.finditer(r"\S+", line)]
+
+
+def test_patching_cautions_when_clean_and_corrupt_barely_differ(model, monkeypatch):
+    # "clean 0.5145, corrupt 0.5148" printed recoveries of 2.49 and 1.41 with no caveat
+    base = {"heads": np.zeros((1, 2)), "resid": np.zeros((1, 2))}
+    for clean, corrupt, small in ((0.5145, 0.5148, True), (0.5, 0.45, True), (1.0, 0.0, False), (0.0, -0.1, False)):
+        result = {**base, "clean": clean, "corrupt": corrupt, "small_gap": small}
+        table = patching_table([0, 1], [0, 2], (0, 1), result, str)
+        assert ("caution: clean and corrupt differ by" in table) == small, table
+    params, ids = model
+    corrupt = np.random.default_rng(6).integers(0, HPARAMS["n_vocab"], len(ids))
+    result = patching(ids, corrupt, params, 3, (3, 7))
+    assert result["small_gap"] == (abs(result["clean"] - result["corrupt"]) < 0.1) == False  # noqa: E712
+    monkeypatch.setattr(patching_module, "MIN_GAP", abs(result["clean"] - result["corrupt"]) * 2)
+    assert patching(ids, corrupt, params, 3, (3, 7))["small_gap"]
