@@ -362,8 +362,8 @@ def test_the_ablation_heading_says_what_was_done(capsys, tmp_path):
     (tmp_path / "text.txt").write_text(PROMPT * 3, encoding="utf-8")  # 3 windows of the prompt's 26 tokens
     assert explain_cli.run([*common, "2.3", "0.1", "--ablation", "mean", "--mean-over", str(tmp_path / "text.txt")]) == 0
     assert capsys.readouterr().out.splitlines()[0] == ("Ablation of heads 2.3, 0.1 (layer.head): each head's attn.z "
-                                                       "replaced at each position by its mean there over 3 windows of "
-                                                       "the reference text")
+                                                       "replaced by its mean at each position over 3 windows of the "
+                                                       "reference text")
 
 
 @pytest.fixture(scope="module")

@@ -108,7 +108,7 @@ def ablation_table(ids, heads, how, result, label, windows=None):  # -> the text
     names = ", ".join(f"{layer}.{head}" for layer, head in heads)
     whose = "head {}: its" if len(heads) == 1 else "heads {}: each head's"
     done = ("set to zero at every position" if how == "zero" else
-            f"replaced at each position by its mean there over {plural(windows, 'window')} of the reference text")
+            f"replaced by its mean at each position over {plural(windows, 'window')} of the reference text")
     lines = [f"Ablation of {whose.format(names + ' (layer.head)')} attn.z {done}", ""]
     if math.isnan(loss_before):
         lines.append("mean next-token loss: none (a prompt of one token has no next token inside it)")
@@ -153,9 +153,9 @@ def patching_json(clean_ids, corrupt_ids, answers, result):  # -> the object --p
 
 
 def small_gap_caution(result):  # -> the caution a table prints when clean and corrupt barely differ
-    return (f"caution: clean and corrupt differ by {abs(result['clean'] - result['corrupt']):.2g}, under {MIN_GAP}: "
-            "the prompts barely change the answer (the odds of A over B by under 11%),\nso each recovery divides what "
-            "a patch moves by next to nothing and says little; choose prompts that change the answer more")
+    return (f"caution: clean and corrupt differ by {abs(result['clean'] - result['corrupt']):.2g}, under {MIN_GAP} (the "
+            "odds of A over B move by under 11%): each recovery\ndivides what a patch moves by next to nothing, so "
+            "these say little; choose prompts that change the answer more")
 
 
 def patching_table(clean_ids, corrupt_ids, answers, result, label):  # -> the text --patch prints
