@@ -360,7 +360,8 @@ def test_the_ablation_heading_says_what_was_done(capsys, tmp_path):
     assert capsys.readouterr().out.splitlines()[0] == ("Ablation of head 2.3 (layer.head): its attn.z set to zero at "
                                                        "every position")
     (tmp_path / "text.txt").write_text(PROMPT * 3, encoding="utf-8")  # 3 windows of the prompt's 26 tokens
-    assert explain_cli.run([*common, "2.3", "0.1", "--ablation", "mean", "--mean-over", str(tmp_path / "text.txt")]) == 0
+    mean_over = ["--ablation", "mean", "--mean-over", str(tmp_path / "text.txt")]
+    assert explain_cli.run([*common, "2.3", "0.1", *mean_over]) == 0
     assert capsys.readouterr().out.splitlines()[0] == ("Ablation of heads 2.3, 0.1 (layer.head): each head's attn.z "
                                                        "replaced by its mean at each position over 3 windows of the "
                                                        "reference text")

@@ -153,7 +153,8 @@ def patching_json(clean_ids, corrupt_ids, answers, result):  # -> the object --p
 
 
 def small_gap_caution(result):  # -> the caution a table prints when clean and corrupt barely differ
-    return (f"caution: clean and corrupt differ by {abs(result['clean'] - result['corrupt']):.2g}, under {MIN_GAP} (the "
+    gap = abs(result["clean"] - result["corrupt"])
+    return (f"caution: clean and corrupt differ by {gap:.2g}, under {MIN_GAP} (the "
             "odds of A over B move by under 11%): each recovery\ndivides what a patch moves by next to nothing, so "
             "these say little; choose prompts that change the answer more")
 
