@@ -298,6 +298,10 @@ def mean_windows(args, tokenizer, reference, n_vocab, n_seq):  # -> --mean-over'
 # --- The modes: what each computes and prints ---
 
 
+def walkthrough_steps(request):  # -> walkthrough()'s arrays, made with the request (--plot's attention uses them too)
+    return request.steps
+
+
 def walkthrough_table(request, steps):  # -> the walkthrough's text (report)
     return report(request.text, request.ids, request.label, steps, request.hparams, request.layer, request.heads[0])
 
@@ -342,22 +346,55 @@ def patched(request):  # -> patching's result; UsageError when the prompts leave
     return result
 
 
+def lens_text(request, layers):
+    return lens_table(request.ids, layers, request.label)
+
+
+def lens_data(request, layers):
+    return lens_json(request.ids, layers, request.text_of)
+
+
+def heads_text(request, result):
+    return heads_table(request.ids, request.repeated, result, scored_layers(request), request.args.seed)
+
+
+def heads_data(request, result):
+    return heads_json(request.ids, request.repeated, result, scored_layers(request))
+
+
+def ablation_text(request, result):
+    args = request.args
+    return ablation_table(request.ids, args.ablate, args.ablation, result, request.label, mean_count(request))
+
+
+def ablation_data(request, result):
+    args = request.args
+    return ablation_json(request.ids, args.ablate, args.ablation, result, request.text_of, mean_count(request))
+
+
+def attribution_text(request, result):
+    return attribution_table(request.attribute, *result, request.label)
+
+
+def attribution_data(request, result):
+    return attribution_json(request.ids, request.attribute, *result)
+
+
+def patching_text(request, result):
+    return patching_table(request.ids, request.corrupt_ids, request.answers, result, request.label)
+
+
+def patching_data(request, result):
+    return patching_json(request.ids, request.corrupt_ids, request.answers, result)
+
+
 MODES = {  # name (its flag, --NAME) -> Mode, in the order they print; each but the walkthrough has --json
-    "walkthrough": Mode(lambda request: request.steps, walkthrough_table, None),
-    "lens": Mode(lens_layers, lambda request, layers: lens_table(request.ids, layers, request.label),
-                 lambda request, layers: lens_json(request.ids, layers, request.text_of)),
-    "heads": Mode(scores, lambda request, result: heads_table(request.ids, request.repeated, result,
-                                                              scored_layers(request), request.args.seed),
-                  lambda request, result: heads_json(request.ids, request.repeated, result, scored_layers(request))),
-    "ablate": Mode(ablated, lambda request, result: ablation_table(
-        request.ids, request.args.ablate, request.args.ablation, result, request.label, mean_count(request)),
-                   lambda request, result: ablation_json(request.ids, request.args.ablate, request.args.ablation,
-                                                         result, request.text_of, mean_count(request))),
-    "attribute": Mode(attributed, lambda request, result: attribution_table(request.attribute, *result, request.label),
-                      lambda request, result: attribution_json(request.ids, request.attribute, *result)),
-    "patch": Mode(patched, lambda request, result: patching_table(request.ids, request.corrupt_ids, request.answers,
-                                                                  result, request.label),
-                  lambda request, result: patching_json(request.ids, request.corrupt_ids, request.answers, result)),
+    "walkthrough": Mode(walkthrough_steps, walkthrough_table, None),
+    "lens": Mode(lens_layers, lens_text, lens_data),
+    "heads": Mode(scores, heads_text, heads_data),
+    "ablate": Mode(ablated, ablation_text, ablation_data),
+    "attribute": Mode(attributed, attribution_text, attribution_data),
+    "patch": Mode(patched, patching_text, patching_data),
 }
 OUTPUTS = tuple(name for name, mode in MODES.items() if mode.json)  # each prints a table, or with --json one object
 
