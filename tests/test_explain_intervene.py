@@ -119,6 +119,11 @@ def test_edits_are_checked_before_anything_runs(model):
         run_with_edits(trace(ids, params, 3)["blocks.0.out"], params, 3, [Edit("blocks.0.out", spy)], start_at_layer=1)
     with pytest.raises(ValueError, match="ln_2"):
         run_with_edits(ids, params, 3, [], names=["ln_2"])
+    for start in (-1, 3, True, 1.0):
+        with pytest.raises(ValueError, match="a run starts at block 0 to 2"):
+            run_with_edits(trace(ids, params, 3)["blocks.0.out"], params, 3, [], start_at_layer=start)
+    with pytest.raises(ValueError, match="takes the residual stream entering it"):
+        run_with_edits(ids, params, 3, [], start_at_layer=1)  # token ids where the stream should be
 
 
 def test_the_names_of_a_run_are_trace_s_in_its_order(model):

@@ -40,8 +40,9 @@ def run_with_edits(inputs, params, n_head, edits, start_at_layer=None, names=Non
     names: the arrays to return (all the run makes when None); the run stops after the last of them is made, so one
     that asks for "ln_f" computes no logits, and it drops the others as it goes.
 
-    ValueError, before anything runs, for an edit or a name that the run does not make, or a head out of range;
-    ValueError when an edit's function changes the shape."""
+    ValueError, before anything runs, for an edit or a name that the run does not make, a head out of range, or a
+    start that is no block's; ValueError when an edit's function changes the shape."""
+    check_start(inputs, start_at_layer, len(params["blocks"]), params["wte"].shape[1])
     made = run_names(len(params["blocks"]), start_at_layer)
     check_edits(edits, made, n_head)
     wanted = set(made if names is None else check_names(names, made))
@@ -52,6 +53,17 @@ def run_with_edits(inputs, params, n_head, edits, start_at_layer=None, names=Non
             if len(kept) == len(wanted):  # nothing after this is asked for: the run stops here
                 break
     return kept
+
+
+def check_start(inputs, start_at_layer, n_layer, n_embd):  # -> None; ValueError for a start no run can make
+    if start_at_layer is None:
+        return
+    if isinstance(start_at_layer, bool) or not isinstance(start_at_layer, numbers.Integral) or not (
+            0 <= start_at_layer <= n_layer):
+        raise ValueError(f"start_at_layer={start_at_layer!r}: a run starts at block 0 to {n_layer} (at ln_f)")
+    if np.ndim(inputs) < 2 or np.shape(inputs)[-1] != n_embd:
+        raise ValueError(f"a run started at block {start_at_layer} takes the residual stream entering it, [..., n_seq, "
+                         f"{n_embd}], not an array of shape {np.shape(inputs)}")
 
 
 def check_edits(edits, made, n_head):  # -> None; ValueError for an edit of no array of the run, or of no head
