@@ -269,8 +269,11 @@ def printed(mode, request, result, as_json):  # -> what a mode prints: its table
 def make_request(args, hparams, params, tokenizer, text, corrupt, reference):  # -> Request; UsageError for bad input
     ids, layer, heads = check_request(args, hparams, tokenizer, text)
     n_vocab = hparams["n_vocab"]
+    # every check before the first computation: bad input costs no forward pass
+    corrupt_ids = None if corrupt is None else check_corrupt(ids, tokenizer, corrupt, n_vocab)
     attribute, answers = (None if given is None else answer_ids(tokenizer, given, flag, n_vocab)
                           for given, flag in ((args.attribute, "--attribute"), (args.answer, "--answer")))
+    windows = None if reference is None else mean_windows(args, tokenizer, reference, n_vocab, len(ids))
     eot_id, problem = tokenizer.eot_id, repetition_problem(n_vocab, hparams["n_ctx"], tokenizer.eot_id)
     # the page shows the head scores whenever they can be computed
     repeated = (repeated_tokens(n_vocab, eot_id, repeat_length(hparams["n_ctx"]), args.seed)
@@ -279,10 +282,7 @@ def make_request(args, hparams, params, tokenizer, text, corrupt, reference):  #
     steps = (walkthrough(ids, params, hparams["n_head"], layer, progress=stage_bar("walkthrough"))
              if args.walkthrough or attention_plot else None)
     return Request(args, hparams, params, text, ids, layer, heads, functools.partial(token_label, tokenizer),
-                   functools.partial(token_text, tokenizer),
-                   None if corrupt is None else check_corrupt(ids, tokenizer, corrupt, n_vocab), attribute, answers,
-                   repeated, None if reference is None else mean_windows(args, tokenizer, reference, n_vocab, len(ids)),
-                   steps)
+                   functools.partial(token_text, tokenizer), corrupt_ids, attribute, answers, repeated, windows, steps)
 
 
 def mean_windows(args, tokenizer, reference, n_vocab, n_seq):  # -> --mean-over's windows [n_windows, n_seq]
@@ -306,12 +306,12 @@ def walkthrough_table(request, steps):  # -> the walkthrough's text (report)
     return report(request.text, request.ids, request.label, steps, request.hparams, request.layer, request.heads[0])
 
 
-def lens_layers(request):  # -> the lens's top tokens per layer: at every position for --json, else the table's
+def lens_top(request):  # -> the lens's top tokens per layer: at every position for --json, else the table's
     first = 0 if request.args.json else first_shown(len(request.ids))
     return top_tokens(request.ids, request.params, request.hparams["n_head"], first, stage_bar("logit lens"))
 
 
-def scores(request):  # -> head_scores's {pattern: [n_layer, n_head]}
+def scored(request):  # -> head_scores's {pattern: [n_layer, n_head]}
     return head_scores(request.ids, request.repeated, request.params, request.hparams["n_head"],
                        progress=stage_bar("head scores"))
 
@@ -390,8 +390,8 @@ def patching_data(request, result):
 
 MODES = {  # name (its flag, --NAME) -> Mode, in the order they print; each but the walkthrough has --json
     "walkthrough": Mode(walkthrough_steps, walkthrough_table, None),
-    "lens": Mode(lens_layers, lens_text, lens_data),
-    "heads": Mode(scores, heads_text, heads_data),
+    "lens": Mode(lens_top, lens_text, lens_data),
+    "heads": Mode(scored, heads_text, heads_data),
     "ablate": Mode(ablated, ablation_text, ablation_data),
     "attribute": Mode(attributed, attribution_text, attribution_data),
     "patch": Mode(patched, patching_text, patching_data),
