@@ -483,3 +483,16 @@ def test_patching_cautions_when_clean_and_corrupt_barely_differ(model, monkeypat
     assert result["small_gap"] == (abs(result["clean"] - result["corrupt"]) < 0.1) == False  # noqa: E712
     monkeypatch.setattr(patching_module, "MIN_GAP", abs(result["clean"] - result["corrupt"]) * 2)
     assert patching(ids, corrupt, params, 3, (3, 7))["small_gap"]
+
+
+def test_the_command_line_cautions_in_the_table_and_beside_the_json(monkeypatch, capsys):
+    # the fixture's prompts differ by 0.69 nats: no caution, until the threshold is above that
+    common = [PROMPT, "--model", str(FOLDER), "--patch", CORRUPT, "--answer", " the", " a"]
+    for threshold, cautioned in ((0.1, False), (1.0, True)):
+        monkeypatch.setattr(patching_module, "MIN_GAP", threshold)
+        assert explain_cli.run(common) == 0
+        assert ("caution: clean and corrupt differ by 0.69" in capsys.readouterr().out) == cautioned
+        assert explain_cli.run([*common, "--json"]) == 0
+        captured = capsys.readouterr()
+        assert json.loads(captured.out)["small_gap"] == cautioned
+        assert ("caution: clean and corrupt differ by 0.69" in captured.err) == cautioned
