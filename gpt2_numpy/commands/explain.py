@@ -1,36 +1,44 @@
-"""`gpt2-numpy explain PROMPT [--layer L] [--head H] [--lens] [--heads] [--ablate L.H ... [--ablation zero|mean]]
-[--attribute A B] [--patch CORRUPT --answer A B] [--json] [--plot FILE] [--html FILE] [--walkthrough]`: look inside
-GPT-2 on a prompt (gpt2_numpy/interpret/ computes what it shows).
+"""`gpt2-numpy explain PROMPT [--layer L] [--head H] [--lens] [--heads] [--ablate L.H ... [--ablation zero|mean
+--mean-over FILE]] [--attribute A B] [--patch CORRUPT --answer A B] [--json] [--plot FILE] [--html FILE]
+[--walkthrough]`: look inside GPT-2 on a prompt (gpt2_numpy/interpret/ computes what it shows).
 
 stdout gets what is asked for: the logit lens's table (--lens), the head scores (--heads), an ablation (--ablate), a
 direct logit attribution (--attribute), activation patching (--patch), each one JSON object with --json, and the
 walkthrough (the prompt's tokens, the shape of every step, one head's attention step by step, the
 next-token prediction). The walkthrough prints when nothing else is asked for, or with --walkthrough; a command that
 writes a file (--plot, --html) otherwise prints only, on stderr, where the file went. Long stages show a progress bar
-on stderr."""
+on stderr.
+
+The outputs of stdout are MODES, a table: a mode named NAME is asked for by args.NAME (its flag, --NAME, added in
+parse_args), computes a result from the Request (the arguments, the model, the prompt's ids), and prints it as a table,
+or with --json as one JSON object (interpret/present.py formats both). A new output is one add_argument and one
+entry of MODES."""
 import argparse
 import functools
 import json
 import os
 import sys
+from typing import Callable, NamedTuple, Optional
 
 from gpt2_numpy.catalog import OFFICIAL_HPARAMS
 from gpt2_numpy.commands.common import (
-    ArgumentParser, add_model_args, model_from_args, model_size, open_stdout, path_argument, read_prompt, run_model_cli,
-    whole_number, write_stdout,
+    ArgumentParser, add_model_args, model_from_args, model_size, open_stdout, path_argument, read_data, read_prompt,
+    run_model_cli, whole_number, write_stdout,
 )
 from gpt2_numpy.console import log, plural, progress_bar
 from gpt2_numpy.errors import NothingToRecover, UsageError
 from gpt2_numpy.loading import is_ready, prompt_ids
-from gpt2_numpy.interpret.ablation import ABLATIONS, ablation, ablation_json, ablation_table
-from gpt2_numpy.interpret.attribution import attribution, attribution_json, attribution_table
-from gpt2_numpy.interpret.heads import (
-    head_scores, heads_json, heads_table, repeat_length, repeated_tokens, repetition_problem,
-)
-from gpt2_numpy.interpret.lens import LENS_COLUMNS, lens_json, lens_table
+from gpt2_numpy.interpret.ablation import ABLATIONS, REFERENCE_TOKENS, ablation, reference_windows
+from gpt2_numpy.interpret.attribution import attribution
+from gpt2_numpy.interpret.heads import head_scores, repeat_length, repeated_tokens, repetition_problem
+from gpt2_numpy.interpret.lens import LENS_COLUMNS, first_shown, top_tokens
 from gpt2_numpy.interpret.page import check_page_file, page_html, write_page
-from gpt2_numpy.interpret.patching import patching, patching_json, patching_table
-from gpt2_numpy.interpret.plot import PLOT_INSTALL, attention_figure, check_plot_file, patching_figure, save_figure
+from gpt2_numpy.interpret.patching import patching
+from gpt2_numpy.interpret.plot import attention_figure, check_plot_file, patching_figure, plot_install, save_figure
+from gpt2_numpy.interpret.present import (
+    ablation_json, ablation_table, attribution_json, attribution_table, heads_json, heads_table, lens_json, lens_table,
+    patching_json, patching_table, small_gap_caution,
+)
 from gpt2_numpy.interpret.stepwise import check_index, report, token_label, walkthrough
 
 HEADS_SEED = 0  # --heads's random tokens: the same table for the same model, unless --seed asks for others
@@ -51,7 +59,6 @@ def layer_head(text):  # -> (layer, head) from "L.H"; argparse turns the error i
     return int(layer), int(head)
 
 
-OUTPUTS = ("heads", "lens", "ablate", "attribute", "patch")  # each prints a table, or with --json one JSON object
 # the options whose words are texts (answers, a prompt), with their names: as getopt does, those words are taken as
 # given even when they begin with '-' ("--attribute -- -"), which argparse alone would read as options
 TEXT_OPTIONS = {"--attribute": ("A", "B"), "--answer": ("A", "B"), "--patch": ("CORRUPT",)}
@@ -105,7 +112,7 @@ def parse_args(argv):  # -> argparse.Namespace, checked
                         "--html); it prints by itself only when none is")
     parser.add_argument("--plot", type=path_argument, metavar="FILE",
                         help=f"draw the attention weights as a heatmap into FILE (.png or .svg); with --patch, the "
-                        f"recoveries as two heatmaps instead; needs matplotlib: {PLOT_INSTALL}")
+                        f"recoveries as two heatmaps instead; needs matplotlib: {plot_install()}")
     parser.add_argument("--lens", action="store_true",
                         help="print the logit lens: the top next token after each layer, at each of the last "
                         f"{LENS_COLUMNS} positions (at every position with --json)")
@@ -116,9 +123,13 @@ def parse_args(argv):  # -> argparse.Namespace, checked
     parser.add_argument("--ablate", nargs="+", type=layer_head, metavar="L.H",
                         help="switch off head H of layer L (each one given) at every position, and print the mean "
                         "next-token loss over the prompt and the top 5 next tokens before and after")
-    parser.add_argument("--ablation", choices=sorted(ABLATIONS),
-                        help="with --ablate: set the heads' outputs (attn.z) to zero, or to their mean over the "
-                        "prompt's positions (zero)")
+    parser.add_argument("--ablation", choices=ABLATIONS,
+                        help="with --ablate: set the heads' outputs (attn.z) to zero (the default), or to their mean "
+                        "at each position over the text of --mean-over")
+    parser.add_argument("--mean-over", type=path_argument, metavar="FILE",
+                        help=f"with --ablation mean: the text whose windows, as long as the prompt, give each "
+                        f"position's mean (its first {REFERENCE_TOKENS} tokens at most); never the prompt itself, "
+                        "whose later tokens a mean over its positions would let in")
     parser.add_argument("--attribute", nargs=2, type=text_word, metavar=("A", "B"),
                         help="split logit(A) - logit(B) at the last position into what each head, each MLP, the "
                         "embeddings and the biases wrote into the residual stream; A and B are texts of one token "
@@ -148,6 +159,13 @@ def parse_args(argv):  # -> argparse.Namespace, checked
         raise UsageError(f"--ablate names head {'.'.join(map(str, twice[0]))} more than once: give each head once")
     if args.ablation is not None and args.ablate is None:
         raise UsageError("--ablation belongs to --ablate: add --ablate L.H, or drop --ablation")
+    if args.ablation == "mean" and args.mean_over is None:
+        raise UsageError("--ablation mean needs --mean-over FILE, a text whose mean at each position replaces the "
+                         "heads' outputs (a mean over the prompt would let each position see later tokens): add "
+                         "--mean-over README.md, say")
+    if args.mean_over is not None and args.ablation != "mean":
+        raise UsageError("--mean-over belongs to --ablation mean: add --ablate L.H --ablation mean, or drop "
+                         "--mean-over")
     if args.patch is not None and args.answer is None:
         raise UsageError("--patch needs --answer A B: the two one-token answers whose logit difference it measures")
     if args.answer is not None and args.patch is None:
@@ -183,11 +201,36 @@ def check_layer_and_head(args):  # -> None; UsageError for a --layer or --head t
                          "is asked for: " + fix.format("--head"))
 
 
+class Request(NamedTuple):  # what every mode reads: the arguments, the model, and the prompt's ids
+    args: argparse.Namespace
+    hparams: dict
+    params: dict
+    text: str  # the prompt
+    ids: list  # its token ids
+    layer: int  # the layer --layer shows
+    heads: list  # the heads --head shows
+    label: Callable  # token id -> a quoted label for tables (token_label)
+    text_of: Callable  # token id -> its text, for JSON (token_text)
+    corrupt_ids: Optional[list]  # --patch's prompt's ids
+    attribute: Optional[tuple]  # --attribute's answer ids (A, B)
+    answers: Optional[tuple]  # --answer's answer ids (A, B)
+    repeated: Optional[list]  # <|endoftext|> R R, for the head scores (--heads, and the page's)
+    reference: Optional[list]  # --mean-over's windows [n_windows, n_seq], for a mean ablation
+    steps: Optional[dict]  # walkthrough()'s arrays, for the walkthrough and --plot's attention
+
+
+class Mode(NamedTuple):  # one output of stdout, asked for by its flag (args.NAME, for the name MODES gives it)
+    compute: Callable  # Request -> result: every mode computes before any prints
+    table: Callable  # Request, result -> the text it prints
+    json: Optional[Callable]  # Request, result -> the JSON-ready object --json prints; None: no --json
+
+
 def run(argv=None):  # -> exit status
     args = parse_args(argv)
     open_stdout()  # a closed stdout is refused before the model loads
     text = read_prompt(args.prompt)
     corrupt = None if args.patch is None else read_prompt(args.patch, "the --patch prompt")
+    reference = None if args.mean_over is None else read_data(args.mean_over, "--mean-over")
     # the output files first: a typo in a file name should not cost a model load
     if args.plot is not None:
         check_plot_file(args.plot)
@@ -197,62 +240,170 @@ def run(argv=None):  # -> exit status
     if size is not None and not is_ready(size, args.models_dir, args.source):
         layer_and_heads(args, OFFICIAL_HPARAMS[size])  # known before the download: a typo in --layer costs none
     hparams, params, tokenizer = model_from_args(args)
-    ids, layer, heads = check_request(args, hparams, tokenizer, text)
-    corrupt_ids = None if corrupt is None else check_corrupt(ids, tokenizer, corrupt, hparams["n_vocab"])
-    attribute, answers = (None if given is None else answer_ids(tokenizer, given, flag, hparams["n_vocab"])
-                          for given, flag in ((args.attribute, "--attribute"), (args.answer, "--answer")))
-    n_head, n_layer = hparams["n_head"], hparams["n_layer"]
-    label, text_of = functools.partial(token_label, tokenizer), functools.partial(token_text, tokenizer)
+    request = make_request(args, hparams, params, tokenizer, text, corrupt, reference)
     # every output is computed before any is written: a model that fails one (NaN weights) leaves nothing behind
-    printed, steps, repeated, page = [], None, None, None
-    if args.walkthrough or (args.plot is not None and args.patch is None):
-        steps = walkthrough(ids, params, n_head, layer, progress=stage_bar("walkthrough"))
-    if args.walkthrough:
-        printed.append(report(text, ids, label, steps, hparams, layer, heads[0]))
-    if args.lens and args.json:
-        printed.append(json.dumps(lens_json(ids, params, n_head, text_of, progress=stage_bar("logit lens"))) + "\n")
-    elif args.lens:
-        printed.append(lens_table(ids, params, n_head, label, progress=stage_bar("logit lens")))
-    eot_id = tokenizer.eot_id
-    if args.heads or (args.html is not None and not repetition_problem(hparams["n_vocab"], hparams["n_ctx"], eot_id)):
-        # the page shows the head scores whenever they can be computed
-        repeated = repeated_tokens(hparams["n_vocab"], eot_id, repeat_length(hparams["n_ctx"]), args.seed)
-    if args.heads:
-        scores = head_scores(ids, repeated, params, n_head, progress=stage_bar("head scores"))
-        layers = range(n_layer) if args.layer is None else [args.layer]
-        printed.append(json.dumps(heads_json(ids, repeated, scores, layers)) + "\n" if args.json
-                       else heads_table(ids, repeated, scores, layers, args.seed))
-    if args.ablate:
-        result = ablation(ids, params, n_head, args.ablate, args.ablation)
-        printed.append(json.dumps(ablation_json(ids, args.ablate, args.ablation, result, text_of)) + "\n" if args.json
-                       else ablation_table(ids, args.ablate, args.ablation, result, label))
-    if attribute:
-        logit_diff, terms = attribution(ids, params, n_head, attribute)
-        printed.append(json.dumps(attribution_json(ids, attribute, logit_diff, terms)) + "\n" if args.json
-                       else attribution_table(attribute, logit_diff, terms, label))
-    if answers:
-        try:
-            patched = patching(ids, corrupt_ids, params, n_head, answers, progress=stage_bar("patching"))
-        except NothingToRecover as error:  # the library's words name no flag
-            raise UsageError(f"the two prompts give the same logit difference ({error.logit_diff:.4g}), so there is "
-                             "nothing to recover: give a --patch prompt that changes the answer") from None
-        printed.append(json.dumps(patching_json(ids, corrupt_ids, answers, patched)) + "\n" if args.json
-                       else patching_table(ids, corrupt_ids, answers, patched, label))
-    if args.html is not None:
-        page = page_html(ids, params, n_head, text_of,
-                         page_title(args, hparams, len(ids)), repeated, stage_bar("page"))
-    if args.plot is not None and answers:
-        save_figure(patching_figure(patched, list(map(label, ids)), list(map(label, corrupt_ids))), args.plot)
-        log(f"wrote {args.plot} ({file_size(args.plot)})")
-    elif args.plot is not None:
-        title = f"GPT-2 attention weights, layer {layer}" + (f", head {heads[0]}" if len(heads) == 1 else "")
-        save_figure(attention_figure(steps["attn.weights"][heads], heads, list(map(label, ids)), title), args.plot)
+    results = {name: mode.compute(request) for name, mode in MODES.items() if asks(args, name)}
+    page = None if args.html is None else page_html(request.ids, params, hparams["n_head"], request.text_of,
+                                                    page_title(args, hparams, len(request.ids)), request.repeated,
+                                                    stage_bar("page"))
+    if args.plot is not None:
+        save_figure(plot_figure(request, results.get("patch")), args.plot)
         log(f"wrote {args.plot} ({file_size(args.plot)})")
     if page is not None:
         write_page(args.html, page)
         log(f"wrote {args.html} ({file_size(args.html)})")
-    write_stdout("\n".join(printed))
+    write_stdout("\n".join(printed(MODES[name], request, result, args.json) for name, result in results.items()))
     return 0
+
+
+def asks(args, name):  # -> whether the arguments ask for mode `name`: its flag, args.NAME, is given
+    return getattr(args, name) not in (None, False)
+
+
+def printed(mode, request, result, as_json):  # -> what a mode prints: its table, or its JSON object on one line
+    return json.dumps(mode.json(request, result)) + "\n" if as_json else mode.table(request, result)
+
+
+def make_request(args, hparams, params, tokenizer, text, corrupt, reference):  # -> Request; UsageError for bad input
+    ids, layer, heads = check_request(args, hparams, tokenizer, text)
+    n_vocab = hparams["n_vocab"]
+    # every check before the first computation: bad input costs no forward pass
+    corrupt_ids = None if corrupt is None else check_corrupt(ids, tokenizer, corrupt, n_vocab)
+    attribute, answers = (None if given is None else answer_ids(tokenizer, given, flag, n_vocab)
+                          for given, flag in ((args.attribute, "--attribute"), (args.answer, "--answer")))
+    windows = None if reference is None else mean_windows(args, tokenizer, reference, n_vocab, len(ids))
+    eot_id, problem = tokenizer.eot_id, repetition_problem(n_vocab, hparams["n_ctx"], tokenizer.eot_id)
+    # the page shows the head scores whenever they can be computed
+    repeated = (repeated_tokens(n_vocab, eot_id, repeat_length(hparams["n_ctx"]), args.seed)
+                if args.heads or (args.html is not None and not problem) else None)
+    attention_plot = args.plot is not None and args.patch is None
+    steps = (walkthrough(ids, params, hparams["n_head"], layer, progress=stage_bar("walkthrough"))
+             if args.walkthrough or attention_plot else None)
+    return Request(args, hparams, params, text, ids, layer, heads, functools.partial(token_label, tokenizer),
+                   functools.partial(token_text, tokenizer), corrupt_ids, attribute, answers, repeated, windows, steps)
+
+
+def mean_windows(args, tokenizer, reference, n_vocab, n_seq):  # -> --mean-over's windows [n_windows, n_seq]
+    token_ids = prompt_ids(tokenizer, reference, n_vocab, f"--mean-over {args.mean_over}")
+    try:
+        return reference_windows(token_ids, n_seq)
+    except ValueError:
+        raise UsageError(f"--mean-over {args.mean_over} is {plural(len(token_ids), 'token')}, fewer than the "
+                         f"prompt's {n_seq}: each position's mean comes from that position of the text, so give a "
+                         "longer text") from None
+
+
+# --- The modes: what each computes and prints ---
+
+
+def walkthrough_steps(request):  # -> walkthrough()'s arrays, made with the request (--plot's attention uses them too)
+    return request.steps
+
+
+def walkthrough_table(request, steps):  # -> the walkthrough's text (report)
+    return report(request.text, request.ids, request.label, steps, request.hparams, request.layer, request.heads[0])
+
+
+def lens_top(request):  # -> the lens's top tokens per layer: at every position for --json, else the table's
+    first = 0 if request.args.json else first_shown(len(request.ids))
+    return top_tokens(request.ids, request.params, request.hparams["n_head"], first, stage_bar("logit lens"))
+
+
+def scored(request):  # -> head_scores's {pattern: [n_layer, n_head]}
+    return head_scores(request.ids, request.repeated, request.params, request.hparams["n_head"],
+                       progress=stage_bar("head scores"))
+
+
+def scored_layers(request):  # -> the layers --heads lists: --layer's, or all
+    return range(request.hparams["n_layer"]) if request.args.layer is None else [request.args.layer]
+
+
+def ablated(request):  # -> ablation's {"before", "after"}
+    args = request.args
+    return ablation(request.ids, request.params, request.hparams["n_head"], args.ablate, args.ablation,
+                    request.reference)
+
+
+def mean_count(request):  # -> the reference's windows, for a mean ablation's table and JSON
+    return None if request.reference is None else len(request.reference)
+
+
+def attributed(request):  # -> attribution's (logit difference, terms)
+    return attribution(request.ids, request.params, request.hparams["n_head"], request.attribute)
+
+
+def patched(request):  # -> patching's result; UsageError when the prompts leave nothing to recover
+    try:
+        result = patching(request.ids, request.corrupt_ids, request.params, request.hparams["n_head"],
+                          request.answers, progress=stage_bar("patching"))
+    except NothingToRecover as error:  # the library's words name no flag
+        raise UsageError(f"the two prompts give the same logit difference ({error.logit_diff:.4g}), so there is "
+                         "nothing to recover: give a --patch prompt that changes the answer") from None
+    if result["small_gap"] and request.args.json:  # the table prints it; JSON's reader gets it here
+        log(small_gap_caution(result))
+    return result
+
+
+def lens_text(request, layers):
+    return lens_table(request.ids, layers, request.label)
+
+
+def lens_data(request, layers):
+    return lens_json(request.ids, layers, request.text_of)
+
+
+def heads_text(request, result):
+    return heads_table(request.ids, request.repeated, result, scored_layers(request), request.args.seed)
+
+
+def heads_data(request, result):
+    return heads_json(request.ids, request.repeated, result, scored_layers(request))
+
+
+def ablation_text(request, result):
+    args = request.args
+    return ablation_table(request.ids, args.ablate, args.ablation, result, request.label, mean_count(request))
+
+
+def ablation_data(request, result):
+    args = request.args
+    return ablation_json(request.ids, args.ablate, args.ablation, result, request.text_of, mean_count(request))
+
+
+def attribution_text(request, result):
+    return attribution_table(request.attribute, *result, request.label)
+
+
+def attribution_data(request, result):
+    return attribution_json(request.ids, request.attribute, *result)
+
+
+def patching_text(request, result):
+    return patching_table(request.ids, request.corrupt_ids, request.answers, result, request.label)
+
+
+def patching_data(request, result):
+    return patching_json(request.ids, request.corrupt_ids, request.answers, result)
+
+
+MODES = {  # name (its flag, --NAME) -> Mode, in the order they print; each but the walkthrough has --json
+    "walkthrough": Mode(walkthrough_steps, walkthrough_table, None),
+    "lens": Mode(lens_top, lens_text, lens_data),
+    "heads": Mode(scored, heads_text, heads_data),
+    "ablate": Mode(ablated, ablation_text, ablation_data),
+    "attribute": Mode(attributed, attribution_text, attribution_data),
+    "patch": Mode(patched, patching_text, patching_data),
+}
+OUTPUTS = tuple(name for name, mode in MODES.items() if mode.json)  # each prints a table, or with --json one object
+
+
+def plot_figure(request, patched):  # -> --plot's figure: the recoveries with --patch, else the attention weights
+    labels = list(map(request.label, request.ids))
+    if patched is not None:
+        return patching_figure(patched, labels, list(map(request.label, request.corrupt_ids)))
+    heads = request.heads
+    title = f"GPT-2 attention weights, layer {request.layer}" + (f", head {heads[0]}" if len(heads) == 1 else "")
+    return attention_figure(request.steps["attn.weights"][heads], heads, labels, title)
 
 
 def check_request(args, hparams, tokenizer, text):  # -> prompt ids, layer, heads; UsageError for what cannot be done

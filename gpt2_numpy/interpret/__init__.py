@@ -6,9 +6,9 @@ command line that prints and writes them is gpt2_numpy/commands/explain.py (`gpt
     logits = logit_lens(ids, params, n_head)   # [n_layer + 1, n_seq, n_vocab]: the next token after each layer
 
 The rooms: stepwise.py (the walkthrough: one head step by step, printed), tracing.py (trace and logit_lens),
-lens.py (the lens's table), heads.py (the head scores), page.py with page.html (the page), plot.py (--plot),
+lens.py (the lens's top tokens), heads.py (the head scores), page.py with page.html (the page), plot.py (--plot),
 files.py (the files written); edits.py (a forward pass with edits: run_with_edits) and the three techniques built on it,
-ablation.py, attribution.py and patching.py.
+ablation.py, attribution.py and patching.py; present.py (every technique's table and JSON).
 """
 from gpt2_numpy.interpret.edits import Edit, run_with_edits
 from gpt2_numpy.interpret.heads import head_scores, repeated_tokens

@@ -12,13 +12,14 @@ so the logit difference logit(A) - logit(B) = ln_f(x) · d, with d = wte[A] - wt
 
     term(c) = (g (c - mean(c)) / σ) · d        for each part c above, and   term(ln_f.b) = b · d
 
-They add up to the logit difference, to float error.
+They add up to the logit difference, to float error. The parts are read from one unedited run_with_edits (edits.py),
+which keeps only the arrays named here.
 """
 import inspect
 
 import numpy as np
 
-from gpt2_numpy.interpret.tracing import trace
+from gpt2_numpy.interpret.edits import check_index, run_with_edits
 from gpt2_numpy.model import layer_norm
 from gpt2_numpy.checks import check_finite
 
@@ -28,10 +29,13 @@ EPS = inspect.signature(layer_norm).parameters["eps"].default  # model.layer_nor
 def attribution(ids, params, n_head, answers):  # int [n_seq], (A, B) -> (logit_diff, [(name, term)])
     """logit(A) - logit(B) at the last position of token ids `ids`, as the model computes it, and its terms, one per
     writer of the residual stream, in the model's order: embed; blocks.{L}.attn.head.{H} for each head, then
-    blocks.{L}.attn.bias and blocks.{L}.mlp, layer by layer; ln_f.b. NonFiniteError for NaN or infinity."""
-    names = trace(ids, params, n_head)
+    blocks.{L}.attn.bias and blocks.{L}.mlp, layer by layer; ln_f.b. ValueError for an answer outside the
+    vocabulary; NonFiniteError for NaN or infinity."""
+    a, b = check_answers(answers, params["wte"].shape[0])
+    n_layer = len(params["blocks"])
+    names = run_with_edits(ids, params, n_head, [], names=["embed", "logits", *(
+        f"blocks.{layer}.{name}" for layer in range(n_layer) for name in ("attn.z", "mlp.out", "out"))])
     check_finite(names["logits"][-1])
-    a, b = answers
     direction = (params["wte"][a] - params["wte"][b]).astype(np.float64)  # [n_embd]; float64: the terms' sum exact
     x = names[f"blocks.{len(params['blocks']) - 1}.out"][-1] if params["blocks"] else names["embed"][-1]
     sigma = np.sqrt(np.var(x.astype(np.float64)) + EPS)
@@ -39,6 +43,15 @@ def attribution(ids, params, n_head, answers):  # int [n_seq], (A, B) -> (logit_
     terms = [(name, float(through_ln_f(part, g, sigma) @ direction)) for name, part in writers(names, params, n_head)]
     terms.append(("ln_f.b", float(bias.astype(np.float64) @ direction)))
     return float(names["logits"][-1][a] - names["logits"][-1][b]), terms
+
+
+def check_answers(answers, n_vocab):  # -> (A, B); ValueError unless two token ids of the vocabulary
+    # NumPy would take -1 as the last token, and wte[n_vocab] fails with an IndexError that names nothing
+    if len(answers) != 2:
+        raise ValueError(f"answers are two token ids (A, B), got {len(answers)}")
+    for answer in answers:
+        check_index(answer, n_vocab, "answer token id", "token")
+    return tuple(answers)
 
 
 def writers(names, params, n_head):  # -> [(name, [n_embd])]: what each part wrote into the last position's stream

@@ -11,11 +11,8 @@ are the second copy, i = L+1 ... 2L:
     induction        mean of w[i, i-L+1]: the token that followed it there, which an induction head predicts
 A head that spreads its weight evenly scores what `uniform_weights` scores: the table prints that line for comparison.
 """
-import math
-
 import numpy as np
 
-from gpt2_numpy.console import plural
 from gpt2_numpy.errors import OutOfVocabulary
 from gpt2_numpy.interpret.tracing import layer_weights, no_progress
 from gpt2_numpy.checks import check_finite
@@ -24,7 +21,6 @@ PROMPT_PATTERNS = ("previous_token", "first_token", "self")
 REPEAT_PATTERNS = ("duplicate_token", "induction")
 PATTERNS = PROMPT_PATTERNS + REPEAT_PATTERNS
 REPEAT_LENGTH = 50  # L, TransformerLens's choice; a context shorter than 2 L + 1 takes the longest L that fits
-COLUMN = 10  # characters per score column of the table
 
 
 def head_scores(ids, repeated, params, n_head, progress=no_progress):  # -> {pattern: float [n_layer, n_head]}
@@ -86,33 +82,3 @@ def repeated_tokens(n_vocab, eot_id, length, seed):  # -> int64 [2 * length + 1]
     drawn = np.random.default_rng(seed).integers(0, n_vocab - 1, length)
     tokens = drawn + (drawn >= eot_id)  # n_vocab - 1 values mapped onto the ids other than eot_id
     return np.concatenate([[eot_id], tokens, tokens])
-
-
-def heads_json(ids, repeated, scores, layers):  # -> the JSON-ready object --heads --json prints, for `layers`
-    rows = [{"layer": layer, "head": head, **{pattern: json_number(scores[pattern][layer, head])
-                                              for pattern in PATTERNS}}
-            for layer in layers for head in range(scores["self"].shape[1])]
-    return {"prompt_ids": [int(token_id) for token_id in ids], "repeated_ids": [int(token_id) for token_id in repeated],
-            "heads": rows}
-
-
-def json_number(value):  # -> a float, or None for NaN (JSON has no NaN)
-    return None if math.isnan(value) else float(value)
-
-
-def heads_table(ids, repeated, scores, layers, seed):  # -> the table's text: a row per head of `layers`
-    length = (len(repeated) - 1) // 2
-    uniform = {**prompt_scores(uniform_weights(len(ids))), **repeat_scores(uniform_weights(len(repeated)), length)}
-    lines = ["Head scores: the mean attention weight each head gives the key a pattern names",
-             f"(previous, first, self: the prompt's {plural(len(ids), 'token')}; duplicate, induction: "
-             f"<|endoftext|> and {length} random tokens fed twice, seed {seed})", "",
-             "layer head" + "".join(f"{name:>{COLUMN}}" for name in ("previous", "first", "self", "duplicate",
-                                                                      "induction")),
-             "  uniform " + cells(uniform[pattern] for pattern in PATTERNS)]
-    lines += [f"{layer:5} {head:4}" + cells(scores[pattern][layer, head] for pattern in PATTERNS)
-              for layer in layers for head in range(scores["self"].shape[1])]
-    return "\n".join(lines) + "\n"
-
-
-def cells(values):  # -> the scores as fixed-width columns; "-" for a score that does not exist (NaN)
-    return "".join(f"{'-':>{COLUMN}}" if math.isnan(value) else f"{value:{COLUMN}.3f}" for value in values)

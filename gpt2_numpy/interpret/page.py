@@ -17,7 +17,8 @@ from importlib import resources
 import numpy as np
 
 from gpt2_numpy.interpret.files import check_output_file, write_atomically
-from gpt2_numpy.interpret.heads import heads_json, layer_scores, stacked
+from gpt2_numpy.interpret.heads import layer_scores, stacked
+from gpt2_numpy.interpret.present import heads_json
 from gpt2_numpy.interpret.tracing import block_traces, embedding, layer_weights, lens, no_progress
 from gpt2_numpy.checks import check_finite
 
@@ -39,7 +40,7 @@ def page_html(ids, params, n_head, text, title, repeated=None, progress=no_progr
 def page_data(ids, params, n_head, text, repeated=None, progress=no_progress):  # -> the data the page's script reads
     """One forward pass: every block's attention weights, encoded (module docstring), the logit lens's LENS_TOP tokens
     at each position after the embedding and after each block, and, given `repeated` (<|endoftext|> R R, see
-    heads.repeated_tokens), the head scores' JSON object (heads.heads_json), else None. progress(items, total) wraps
+    heads.repeated_tokens), the head scores' JSON object (present.heads_json), else None. progress(items, total) wraps
     the loop over the blocks. NonFiniteError when the model computes NaN or infinity."""
     x = embedding(ids, params["wte"], params["wpe"])
     lens_top = [finite_top_tokens(lens(x, params["ln_f"], params["wte"]))]

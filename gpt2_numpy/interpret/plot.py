@@ -1,6 +1,7 @@
 """--plot: the attention weights of one head, or of every head of a layer, as heatmaps (matplotlib, an optional extra:
-pip install -e ".[plot]")."""
+plot_install names the command that installs it)."""
 import math
+from pathlib import Path
 
 import numpy as np
 
@@ -9,7 +10,6 @@ from gpt2_numpy.interpret.files import check_output_file, write_atomically
 from gpt2_numpy.model import causal_mask
 
 PLOT_SUFFIXES = (".png", ".svg")
-PLOT_INSTALL = 'pip install -e ".[plot]"'
 MAX_TICKS = 40  # tick labels per heatmap axis: a longer prompt labels every k-th token
 
 
@@ -74,6 +74,15 @@ def patching_figure(result, clean_labels, corrupt_labels):  # patching()'s resul
     return figure
 
 
+def plot_install(package=Path(__file__).resolve().parents[1]):  # -> the command that installs matplotlib here
+    # the extra exists only where the package runs from its clone (pyproject.toml beside it); an installed wheel's
+    # users have no ".": for them matplotlib itself is the install
+    root = package.parent
+    if (root / "pyproject.toml").is_file():
+        return f'pip install -e "{root}[plot]"' if root != Path.cwd() else 'pip install -e ".[plot]"'
+    return "pip install matplotlib"
+
+
 def plain_text(label):  # -> label as matplotlib shows it literally: a pair of "$" would start its mathtext
     return label.replace("$", r"\$")
 
@@ -89,4 +98,4 @@ def check_plot_file(path):  # -> None; UsageError for a bad file name or folder,
     try:
         import matplotlib  # noqa: F401 (only its presence is checked here)
     except ImportError:
-        raise UsageError(f"--plot needs matplotlib, an optional extra: {PLOT_INSTALL}") from None
+        raise UsageError(f"--plot needs matplotlib, an optional extra: {plot_install()}") from None

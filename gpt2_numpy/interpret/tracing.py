@@ -44,19 +44,34 @@ def trace(inputs, params, n_head, edit=unedited):  # int [n_seq] -> {name: float
     """Every intermediate array of model.gpt2(inputs, **params, n_head=n_head), by name, in the order it runs them.
     edit(name, array) -> array, when given, replaces each array as it is made, and everything after is computed from
     the replacement (interpret/edits.py builds edits); without it the arrays are model.gpt2's own."""
-    names = {"embed": edit("embed", embedding(inputs, params["wte"], params["wpe"]))}
-    x = names["embed"]
-    for i, steps in enumerate(block_traces(x, params["blocks"], n_head, edit)):
-        names.update({f"blocks.{i}.{name}": array for name, array in steps.items()})
+    return dict(walk(inputs, params, n_head, edit))
+
+
+def walk(inputs, params, n_head, edit=unedited, start_at_layer=None):  # -> iterator of (name, array), in run order
+    """trace's arrays one at a time, each made only when asked for (a caller that stops early skips the rest). With
+    start_at_layer=L, inputs is the residual stream entering block L, [..., n_seq, n_embd], and the walk starts there
+    (TransformerLens's start_at_layer): no embed, no blocks before L."""
+    x, first = inputs, start_at_layer or 0
+    if start_at_layer is None:
+        x = edit("embed", embedding(inputs, params["wte"], params["wpe"]))
+        yield "embed", x
+    for i, steps in enumerate(block_traces(x, params["blocks"], n_head, edit, first), first):
+        yield from ((f"blocks.{i}.{name}", array) for name, array in steps.items())
         x = steps["out"]
-    names["ln_f"] = edit("ln_f", layer_norm(x, **params["ln_f"]))
-    names["logits"] = edit("logits", unembedding(names["ln_f"], params["wte"]))
-    return names
+    normed = edit("ln_f", layer_norm(x, **params["ln_f"]))
+    yield "ln_f", normed
+    yield "logits", edit("logits", unembedding(normed, params["wte"]))
+
+
+def run_names(n_layer, start_at_layer=None):  # -> [name]: the arrays walk makes, in its order, without running it
+    first = 0 if start_at_layer is None else start_at_layer
+    blocks = [f"blocks.{i}.{step}" for i in range(first, n_layer) for step in BLOCK_STEPS]
+    return ["embed"] * (start_at_layer is None) + blocks + ["ln_f", "logits"]
 
 
 def block_traces(x, blocks, n_head, edit=unedited, first=0):  # [..., n_seq, n_embd] -> iterator of {name: array}
-    # x enters block `first`, and the blocks from there run: activation patching starts a run at the patched layer,
-    # from the corrupt run's stream, since everything before it is the corrupt run's own
+    # x enters block `first`, and the blocks from there run (walk's start_at_layer: a run that is another run up to
+    # block `first`, as activation patching's are, need not repeat it)
     check_heads(n_head, x.shape[-1])  # the error gpt2 and generate give, not NumPy's from split_heads
     for i, block_params in enumerate(blocks[first:], first):
         steps = block_trace(x, **block_params, n_head=n_head, edit=functools.partial(in_block, edit, i))
@@ -66,6 +81,11 @@ def block_traces(x, blocks, n_head, edit=unedited, first=0):  # [..., n_seq, n_e
 
 def in_block(edit, i, name, array):  # -> edit's array for block i's step `name`, named as trace names it
     return edit(f"blocks.{i}.{name}", array)
+
+
+BLOCK_STEPS = ("ln_1", "attn.q", "attn.k", "attn.v", "attn.scores", "attn.weights", "attn.z", "attn.out", "mid",
+               "ln_2", "mlp.pre", "mlp.hidden", "mlp.out", "out")  # block_trace's names, in the order it makes them
+HEAD_STEPS = ("attn.q", "attn.k", "attn.v", "attn.scores", "attn.weights", "attn.z")  # [..., n_head, n_seq, ...]
 
 
 def block_trace(x, ln_1, attn, ln_2, mlp, n_head, edit=unedited):  # [..., n_seq, n_embd] -> {name: array}, block's

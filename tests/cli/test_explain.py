@@ -454,6 +454,21 @@ def test_without_matplotlib_plot_names_the_install_command_and_the_rest_works(mo
     assert result.returncode == 0 and "4. The prediction" in result.stdout
 
 
+def test_installed_without_its_clone_plot_names_an_install_that_works_there(models_dir, tmp_path, monkeypatch):
+    # from a wheel, `pip install -e ".[plot]"` names a folder that is not there: matplotlib itself is the install
+    site = tmp_path / "site-packages"
+    shutil.copytree(REPO / "gpt2_numpy", site / "gpt2_numpy", ignore=shutil.ignore_patterns("__pycache__"))
+    env = {**os.environ, "PYTHONPATH": str(site), "GPT2_NUMPY_BASE_URL": "http://127.0.0.1:9"}
+    result = subprocess.run([sys.executable, "-c", HIDE_MATPLOTLIB, PROMPT, "--plot", str(tmp_path / "a.png"),
+                             "--models-dir", str(models_dir)], capture_output=True, text=True, env=env, cwd=tmp_path,
+                            timeout=120)
+    assert_one_error_line(result, "--plot needs matplotlib, an optional extra: pip install matplotlib")
+    # in the clone, from another folder: the extra of the clone, by its path
+    assert plot.plot_install() in ('pip install -e ".[plot]"', f'pip install -e "{REPO}[plot]"')
+    monkeypatch.chdir(tmp_path)
+    assert plot.plot_install() == f'pip install -e "{REPO}[plot]"'
+
+
 # --- Issue 20: plots of any prompt, any valid name, and folders this user may not use ---
 
 

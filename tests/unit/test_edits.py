@@ -3,17 +3,19 @@ functions and against math, and the three techniques on the command line against
 (scripts/fixtures/make_intervene_reference.py: random GPT-2 folders of their own, loaded by TransformerLens's
 TransformerBridge); the tables, the picture and every bad input."""
 import json
+import re
 
 import numpy as np
 import pytest
 
 from gpt2_numpy.commands import explain as explain_cli
-from gpt2_numpy.interpret.ablation import next_token_loss
+from gpt2_numpy.interpret.ablation import ablation, ablation_edits, next_token_loss, reference_means, reference_windows
 from gpt2_numpy.interpret.attribution import attribution
 from gpt2_numpy.interpret import patching as patching_module
 from gpt2_numpy.interpret.edits import Edit, resid_pre, run_with_edits
 from gpt2_numpy.interpret.patching import patching
-from gpt2_numpy.interpret.tracing import trace
+from gpt2_numpy.interpret.present import patching_table
+from gpt2_numpy.interpret.tracing import run_names, trace
 from gpt2_numpy.model import gpt2, layer_norm, softmax
 from gpt2_numpy.params import random_params
 from tests.conftest import FIXTURES, assert_one_error_line, official_path, run_explain, tiny_models_dir
@@ -94,6 +96,108 @@ def test_an_edit_of_no_array_or_of_another_shape_is_refused(model):
         run_with_edits(ids, params, 3, [Edit("blocks.9.attn.z", np.zeros_like)])
     with pytest.raises(ValueError, match="shape"):
         run_with_edits(ids, params, 3, [Edit("blocks.0.attn.z", lambda z: z[:, :-1], head=0)])
+
+
+def test_edits_are_checked_before_anything_runs(model):
+    # a run that fails on its last edit's name after computing everything costs a long prompt's whole pass
+    params, ids = model
+    calls = []
+
+    def spy(z):
+        calls.append(z.shape)
+        return z
+
+    for edits, fragment in (([Edit("blocks.0.attn.z", spy), Edit("blocks.7.out", spy)], "blocks.7.out"),
+                            ([Edit("blocks.0.attn.z", spy), Edit("blocks.1.attn.z", spy, head=3)], "head 3"),
+                            ([Edit("blocks.0.attn.z", spy), Edit("blocks.1.attn.z", spy, head=-1)], "head -1"),
+                            ([Edit("blocks.0.attn.z", spy), Edit("blocks.1.attn.z", spy, head=True)], "head True"),
+                            ([Edit("blocks.0.attn.z", spy), Edit("blocks.1.mid", spy, head=0)], "has no heads")):
+        with pytest.raises(ValueError, match=fragment):
+            run_with_edits(ids, params, 3, edits)
+        assert calls == []
+    with pytest.raises(ValueError, match="blocks.0.out"):  # made before the run's start
+        run_with_edits(trace(ids, params, 3)["blocks.0.out"], params, 3, [Edit("blocks.0.out", spy)], start_at_layer=1)
+    with pytest.raises(ValueError, match="ln_2"):
+        run_with_edits(ids, params, 3, [], names=["ln_2"])
+    for start in (-1, 3, True, 1.0):
+        with pytest.raises(ValueError, match="a run starts at block 0 to 2"):
+            run_with_edits(trace(ids, params, 3)["blocks.0.out"], params, 3, [], start_at_layer=start)
+    with pytest.raises(ValueError, match="takes the residual stream entering it"):
+        run_with_edits(ids, params, 3, [], start_at_layer=1)  # token ids where the stream should be
+
+
+def test_the_names_of_a_run_are_trace_s_in_its_order(model):
+    params, ids = model
+    assert run_names(2) == list(trace(ids, params, 3))
+    assert run_names(2, start_at_layer=1) == [name for name in trace(ids, params, 3) if not name.startswith(
+        ("embed", "blocks.0."))]
+
+
+def test_a_run_started_at_a_layer_is_the_rest_of_the_whole_run(model):
+    # TransformerLens's start_at_layer: the stream entering block 1 goes on as the whole run would
+    params, ids = model
+    names = trace(ids, params, 3)
+    rest = run_with_edits(names["blocks.0.out"], params, 3, [], start_at_layer=1)
+    assert list(rest) == run_names(2, start_at_layer=1)
+    assert all(np.array_equal(rest[name], names[name]) for name in rest)
+    # names: only those kept, and the run stops after the last of them (no logits: an edit of them never runs)
+    never = Edit("logits", lambda logits: pytest.fail("the run went on past ln_f"))
+    kept = run_with_edits(ids, params, 3, [never], names=["ln_f", "blocks.1.attn.z"])
+    assert sorted(kept) == ["blocks.1.attn.z", "ln_f"] and np.array_equal(kept["ln_f"], names["ln_f"])
+
+
+def test_a_head_edit_of_a_batch_of_runs_edits_each_run_s_head(model):
+    # the head axis is third from the end: a leading batch axis must not be taken for it
+    params, ids = model
+    other = np.random.default_rng(7).integers(0, HPARAMS["n_vocab"], len(ids))
+    streams = np.stack([trace(prompt, params, 3)["blocks.0.out"] for prompt in (ids, other)])
+    edit = [Edit("blocks.1.attn.z", np.zeros_like, head=1)]
+    batched = run_with_edits(streams, params, 3, edit, start_at_layer=1)["logits"]
+    for run, prompt in zip(batched, (ids, other)):
+        np.testing.assert_allclose(run, run_with_edits(prompt, params, 3, edit)["logits"], atol=1e-5)
+
+
+def test_the_library_refuses_indices_numpy_would_wrap(model):
+    # -1 was the last token or head; n_vocab or n_head a bare IndexError
+    params, ids = model
+    for answers in ((-1, 5), (5, HPARAMS["n_vocab"]), (2.0, 5)):
+        with pytest.raises(ValueError, match="answer token id .* is out of range"):
+            attribution(ids, params, 3, answers)
+        with pytest.raises(ValueError, match="answer token id .* is out of range"):
+            patching(ids, ids[::-1], params, 3, answers)
+    for heads, fragment in (([(0, -1)], "ablated head -1"), ([(-1, 0)], "ablated layer -1"),
+                            ([(2, 0)], "ablated layer 2"), ([(0, 3)], "ablated head 3")):
+        with pytest.raises(ValueError, match=fragment):
+            ablation(ids, params, 3, heads, "zero")
+    with pytest.raises(ValueError, match="as long"):
+        patching(ids, ids[:-1], params, 3, (3, 7))
+
+
+def test_a_mean_ablation_lets_no_position_see_a_later_token(model):
+    # the mean over the prompt's own positions moved earlier positions' logits when the last token changed
+    params, ids = model
+    reference = reference_windows(np.random.default_rng(8).integers(0, HPARAMS["n_vocab"], 200), len(ids))
+    heads = [(0, 1), (1, 2)]
+    changed = ids.copy()
+    changed[-1] = (changed[-1] + 1) % HPARAMS["n_vocab"]
+    logits = [run_with_edits(prompt, params, 3, ablation_edits(heads, "mean", reference_means(
+        reference, params, 3, heads, len(ids), "mean")))["logits"] for prompt in (ids, changed)]
+    np.testing.assert_allclose(logits[0][:-1], logits[1][:-1], atol=1e-6)
+    assert not np.allclose(logits[0][-1], logits[1][-1])
+    # and the mean is the reference's, position by position: the first window alone gives its own z
+    alone = reference_means(reference[:1], params, 3, heads, len(ids), "mean")
+    assert np.array_equal(alone[1], trace(reference[0], params, 3)["blocks.1.attn.z"])
+
+
+def test_a_mean_ablation_needs_a_reference_as_long_as_the_prompt(model):
+    params, ids = model
+    with pytest.raises(ValueError, match="reference token ids"):
+        ablation(ids, params, 3, [(0, 0)], "mean")
+    with pytest.raises(ValueError, match="shorter than the prompt's 17"):
+        ablation(ids, params, 3, [(0, 0)], "mean", reference=np.zeros((4, 16), int))
+    with pytest.raises(ValueError, match="fewer than the prompt's 17"):
+        reference_windows(np.arange(16), 17)
+    assert reference_windows(np.arange(40), 17).tolist() == [list(range(17)), list(range(17, 34))]
 
 
 # --- The three techniques, from the math ---
@@ -180,13 +284,18 @@ def test_the_loss_is_the_mean_next_token_cross_entropy(model):
 
 
 @pytest.mark.parametrize("name", CONFIGS)
-def test_ablation_matches_transformer_lens(name, capsys):
+def test_ablation_matches_transformer_lens(name, capsys, tmp_path):
+    # a mean ablation's mean: over windows of another text at each position, from TransformerLens's cache of them
     folder, texts, tl = reference(name)
+    (tmp_path / "reference.txt").write_text(texts["reference"], encoding="utf-8")
     for number, (how, heads) in enumerate(texts["ablations"]):
         ablate = [f"{layer}.{head}" for layer, head in heads]
-        out = explain_json(capsys, texts["clean"], "--model", folder, "--ablate", *ablate, "--ablation", how)
+        mean_over = ["--mean-over", tmp_path / "reference.txt"] if how == "mean" else []
+        out = explain_json(capsys, texts["clean"], "--model", folder, "--ablate", *ablate, "--ablation", how,
+                           *mean_over)
         assert out["prompt_ids"] == tl["clean_ids"].tolist()
         assert out["ablated"] == heads and out["ablation"] == how
+        assert out.get("mean_windows") == (int(tl["mean_windows"]) if how == "mean" else None)
         close(out["loss"]["before"], tl["loss_before"])
         close(out["loss"]["after"], tl[f"ablation{number}_loss"])
         for when, key in (("before", "top_{}_before"), ("after", f"ablation{number}_top_{{}}")):
@@ -250,14 +359,17 @@ def test_patch_plot_draws_a_png(tmp_path, capsys):
     assert "wrote" in capsys.readouterr().err
 
 
-def test_the_ablation_heading_says_what_was_done(capsys):
+def test_the_ablation_heading_says_what_was_done(capsys, tmp_path):
     common = [PROMPT, "--model", str(FOLDER), "--ablate"]
     assert explain_cli.run([*common, "2.3"]) == 0
     assert capsys.readouterr().out.splitlines()[0] == ("Ablation of head 2.3 (layer.head): its attn.z set to zero at "
                                                        "every position")
-    assert explain_cli.run([*common, "2.3", "0.1", "--ablation", "mean"]) == 0
+    (tmp_path / "text.txt").write_text(PROMPT * 3, encoding="utf-8")  # 3 windows of the prompt's 26 tokens
+    mean_over = ["--ablation", "mean", "--mean-over", str(tmp_path / "text.txt")]
+    assert explain_cli.run([*common, "2.3", "0.1", *mean_over]) == 0
     assert capsys.readouterr().out.splitlines()[0] == ("Ablation of heads 2.3, 0.1 (layer.head): each head's attn.z "
-                                                       "replaced by its mean over the prompt's positions")
+                                                       "replaced by its mean at each position over 3 windows of the "
+                                                       "reference text")
 
 
 @pytest.fixture(scope="module")
@@ -318,6 +430,72 @@ def test_a_layer_or_head_that_no_output_shows_is_refused(args, tmp_path):
     (["--ablation", "mean"], "--ablation belongs to --ablate"),
     (["--ablation", "half", "--ablate", "0.0"], "invalid choice: 'half'"),
     (["--ablate", "0.0", "--attribute", " the", " a", "--json"], "keep one of --ablate --attribute"),
+    # a --flag=value ends the answers as a bare flag does: it is not answer B
+    (["--attribute", " the", f"--model={FOLDER}"], "--attribute A B needs 2 words after it, got 1 before --model="),
+    (["--patch", CORRUPT, "--answer", " the", "--json=x"], "--answer A B needs 2 words after it, got 1 before --json="),
+    (["--ablate", "0.1", "--ablation", "mean"], "--ablation mean needs --mean-over FILE"),
+    (["--ablate", "0.1", "--mean-over", "README.md"], "--mean-over belongs to --ablation mean"),
+    (["--ablate", "0.1", "--ablation", "mean", "--mean-over", "{tmp}/none.txt"], "cannot read --mean-over"),
+    (["--ablate", "0.1", "--ablation", "mean", "--mean-over", "{tmp}/short.txt"],
+     "short.txt is 5 tokens, fewer than the prompt's 26"),
 ])
 def test_bad_input_is_one_error_line_with_exit_2(args, fragment, tmp_path):
+    (tmp_path / "short.txt").write_text("a cat", encoding="utf-8")
+    args = [arg.format(tmp=tmp_path) for arg in args]
     assert_one_error_line(run_explain(PROMPT, "--model", str(FOLDER), *args, models_dir=tmp_path), fragment)
+
+
+def test_a_one_token_prompt_s_loss_is_null_as_the_docs_say(capsys):
+    out = explain_json(capsys, "x", "--model", FOLDER, "--ablate", "0.1")
+    assert out["loss"] is None and len(out["next_token"]["after"]) == 5
+    assert json.loads(json.dumps(explain_json(capsys, "x y", "--model", FOLDER, "--ablate", "0.1")["loss"])).keys() == {
+        "before", "after"}
+
+
+def test_each_position_s_recovery_stands_under_its_own_header():
+    # a prompt of 15 tokens shows its last 12 positions: header, tokens and values from the same position
+    n_seq, n_layer = 15, 2
+    result = {"clean": 2.0, "corrupt": 0.0, "small_gap": False, "heads": np.zeros((n_layer, 3)),
+              "resid": np.array([[layer + position / 100 for position in range(n_seq)] for layer in range(n_layer)])}
+    table = patching_table(list(range(n_seq)), list(range(n_seq)), (0, 1), result, lambda token_id: f"t{token_id}")
+    lines = table.splitlines()
+    start = next(number for number, line in enumerate(lines) if line.startswith("The residual stream"))
+    header, clean = lines[start + 1].split(), lines[start + 2].split()
+    assert header == ["layer", *map(str, range(3, n_seq))] and clean == ["clean", *(f"t{p}" for p in range(3, n_seq))]
+    for layer in range(n_layer):
+        row = lines[start + 4 + layer].split()
+        assert row[0] == str(layer) and [float(value) for value in row[1:]] == [
+            round(layer + int(position) / 100, 3) for position in header[1:]]
+        assert cell_ends(lines[start + 4 + layer])[1:] == cell_ends(lines[start + 1])[1:]  # under the header
+
+
+def cell_ends(line):  # -> where each cell of a fixed-width line ends
+    return [match.end() for match in re.finditer(r"\S+", line)]
+
+
+def test_patching_cautions_when_clean_and_corrupt_barely_differ(model, monkeypatch):
+    # "clean 0.5145, corrupt 0.5148" printed recoveries of 2.49 and 1.41 with no caveat
+    base = {"heads": np.zeros((1, 2)), "resid": np.zeros((1, 2))}
+    for clean, corrupt, small in ((0.5145, 0.5148, True), (0.5, 0.45, True), (1.0, 0.0, False), (0.0, -0.1, False)):
+        result = {**base, "clean": clean, "corrupt": corrupt, "small_gap": small}
+        table = patching_table([0, 1], [0, 2], (0, 1), result, str)
+        assert ("caution: clean and corrupt differ by" in table) == small, table
+    params, ids = model
+    corrupt = np.random.default_rng(6).integers(0, HPARAMS["n_vocab"], len(ids))
+    result = patching(ids, corrupt, params, 3, (3, 7))
+    assert result["small_gap"] == (abs(result["clean"] - result["corrupt"]) < 0.1) == False  # noqa: E712
+    monkeypatch.setattr(patching_module, "MIN_GAP", abs(result["clean"] - result["corrupt"]) * 2)
+    assert patching(ids, corrupt, params, 3, (3, 7))["small_gap"]
+
+
+def test_the_command_line_cautions_in_the_table_and_beside_the_json(monkeypatch, capsys):
+    # the fixture's prompts differ by 0.69 nats: no caution, until the threshold is above that
+    common = [PROMPT, "--model", str(FOLDER), "--patch", CORRUPT, "--answer", " the", " a"]
+    for threshold, cautioned in ((0.1, False), (1.0, True)):
+        monkeypatch.setattr(patching_module, "MIN_GAP", threshold)
+        assert explain_cli.run(common) == 0
+        assert ("caution: clean and corrupt differ by 0.69" in capsys.readouterr().out) == cautioned
+        assert explain_cli.run([*common, "--json"]) == 0
+        captured = capsys.readouterr()
+        assert json.loads(captured.out)["small_gap"] == cautioned
+        assert ("caution: clean and corrupt differ by 0.69" in captured.err) == cautioned

@@ -8,9 +8,8 @@ import numpy as np
 import pytest
 
 from gpt2_numpy.errors import OutOfVocabulary
-from gpt2_numpy.interpret.heads import (
-    PATTERNS, head_scores, heads_json, heads_table, repeat_length, repeated_tokens, repetition_problem,
-)
+from gpt2_numpy.interpret.heads import PATTERNS, head_scores, repeat_length, repeated_tokens, repetition_problem
+from gpt2_numpy.interpret.present import heads_json, heads_table
 from gpt2_numpy.interpret.tracing import attention_weights, logit_lens
 from gpt2_numpy.params import random_params
 from gpt2_numpy.tokenizer import EOT, bytes_to_unicode
@@ -166,9 +165,9 @@ def test_the_context_caps_the_repeated_sequence(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("args, fragment", [
-    (["--json"], "--json belongs to --heads, --lens, --ablate, --attribute, --patch: add one of them, or drop --json"),
+    (["--json"], "--json belongs to --lens, --heads, --ablate, --attribute, --patch: add one of them, or drop --json"),
     (["--seed", "3"], "--seed belongs to --heads: add --heads, or drop --seed"),
-    (["--heads", "--json", "--lens"], "and nothing else: keep one of --heads --lens, or drop --json"),
+    (["--heads", "--json", "--lens"], "and nothing else: keep one of --lens --heads, or drop --json"),
     (["--lens", "--json", "--walkthrough"], "and nothing else: drop --walkthrough, or drop --json"),
     (["--heads", "--layer", "2"], "--layer 2 is out of range: this model has 2 layers"),
     (["--heads", "--seed", "-1"], "argument --seed: must be at least 0, got -1"),

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from gpt2_numpy.explain import logit_lens, trace
-from gpt2_numpy.interpret.heads import PATTERNS, head_scores, heads_json, repeat_length, repeated_tokens
+from gpt2_numpy.interpret.heads import PATTERNS, head_scores, repeat_length, repeated_tokens
+from gpt2_numpy.interpret.present import heads_json
 from gpt2_numpy.interpret.page import WEIGHT_SCALE, page_html
 from gpt2_numpy.params import random_params
 from tests.conftest import FIXTURES, assert_one_error_line, byte_model_dir, run_explain, tiny_models_dir

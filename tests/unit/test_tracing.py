@@ -9,7 +9,7 @@ import pytest
 
 from gpt2_numpy import model
 from gpt2_numpy.explain import logit_lens, trace
-from gpt2_numpy.interpret import lens as lens_module, token_label
+from gpt2_numpy.interpret import lens as lens_module, present, token_label
 from gpt2_numpy.interpret.stepwise import fit
 from gpt2_numpy.params import random_params
 from tests.conftest import FIXTURES, run_explain, tiny_models_dir
@@ -154,8 +154,8 @@ def table_rows(stdout):  # -> {row name: [cell text, ...]} of the printed table,
     for line in stdout.splitlines():
         if line.startswith("  ") and line[2:10].strip() not in ("", "--"):
             cells = line[10:]
-            rows[line[2:10].strip()] = [cells[i : i + lens_module.CELL].strip()
-                                        for i in range(0, len(cells), lens_module.CELL)]
+            rows[line[2:10].strip()] = [cells[i : i + present.LENS_CELL].strip()
+                                        for i in range(0, len(cells), present.LENS_CELL)]
     return rows
 
 
@@ -184,7 +184,7 @@ def test_lens_prints_a_row_per_layer_and_the_last_positions_of_a_long_prompt(mod
             top = int(np.argmax(lens[layer, column]))
             label, probability = cell.rsplit(" ", 1)
             hit = probability.endswith("*")
-            assert label == fit(token_label(tokenizer, top), lens_module.CELL - 7), (cell, top)
+            assert label == fit(token_label(tokenizer, top), present.LENS_CELL - 7), (cell, top)
             assert abs(float(probability.rstrip("*")) - np.exp(lens[layer, column, top])) <= 0.005 + 1e-6
             assert hit == (position + 1 < len(ids) and top == ids[position + 1]), cell
 
