@@ -1,0 +1,69 @@
+"""The SAE's math (gpt2_numpy/interpret/sae.py) against torch autograd and SAELens, through committed fixtures
+(scripts/fixtures/make_sae_reference.py), and its training on planted features."""
+import numpy as np
+import pytest
+
+from gpt2_numpy.interpret.sae import loss_and_grads
+from gpt2_numpy.interpret.sae_files import load_sae, new_sae, our_hook, save_sae
+from tests.conftest import FIXTURES
+
+SAE_FIXTURES = FIXTURES / "sae"
+GRAD_CASES = {"standard": ("standard", False), "topk": ("topk", False), "topk_aux": ("topk", True)}
+
+
+def relative_error(ours, reference):  # -> max |ours - reference| over max |reference|
+    return float(np.max(np.abs(ours - reference)) / np.max(np.abs(reference)))
+
+
+@pytest.mark.parametrize("case", GRAD_CASES)
+def test_loss_and_grads_equal_torch_autograd(case):
+    reference = np.load(SAE_FIXTURES / "grads.npz")
+    architecture, with_dead = GRAD_CASES[case]
+    params = {name: reference[f"params/{name}"] for name in ("W_enc", "b_enc", "W_dec", "b_dec")}
+    losses, grads = loss_and_grads(reference["x"], params, architecture, k=3, l1=0.3,
+                                   dead=reference["dead"] if with_dead else None)
+    expected = {key.split("/")[-1]: float(reference[key]) for key in reference if key.startswith(f"{case}/loss/")}
+    assert losses.keys() == expected.keys()
+    for name, value in expected.items():
+        assert losses[name] == pytest.approx(value, rel=1e-5)
+    for name, grad in grads.items():
+        assert relative_error(grad, reference[f"{case}/grad/{name}"]) < 1e-5, name
+
+
+ARCHITECTURES = ("standard", "topk", "jumprelu")
+
+
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+def test_a_folder_sae_lens_wrote_encodes_and_decodes_as_sae_lens(architecture):
+    reference = np.load(SAE_FIXTURES / "sae_lens_outputs.npz")
+    sae = load_sae(SAE_FIXTURES / f"sae_lens_{architecture}")
+    assert (sae.architecture, sae.d_in, sae.d_sae, sae.hook) == (architecture, 16, 48, "blocks.0.out")
+    f = sae.encode(reference["x"])
+    assert relative_error(f, reference[f"{architecture}/f"]) < 1e-5
+    assert relative_error(sae.decode(f), reference[f"{architecture}/x_hat"]) < 1e-5
+
+
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+def test_a_folder_written_here_is_the_one_sae_lens_loaded(architecture, tmp_path):
+    # the committed folder is one save_sae wrote and SAELens loaded (its outputs recorded): save_sae must write it
+    # again, byte for byte, and SAELens's encode and decode of it must equal ours
+    reference = np.load(SAE_FIXTURES / "ours_outputs.npz")
+    params = {key.split("/")[-1]: reference[key] for key in reference if key.startswith(f"{architecture}/params/")}
+    cfg = {"architecture": architecture, "k": 5 if architecture == "topk" else None}
+    save_sae(new_sae(cfg, params, "blocks.0.out", "gpt2-numpy-fixture"), tmp_path)
+    for name in ("cfg.json", "sae_weights.safetensors"):
+        assert (tmp_path / name).read_bytes() == (SAE_FIXTURES / f"ours_{architecture}" / name).read_bytes(), name
+    assert str(reference[f"{architecture}/hook_name"]) == "blocks.0.hook_resid_post"
+    sae = load_sae(tmp_path)
+    f = sae.encode(reference["x"])
+    assert relative_error(f, reference[f"{architecture}/f"]) < 1e-5
+    assert relative_error(sae.decode(f), reference[f"{architecture}/x_hat"]) < 1e-5
+
+
+@pytest.mark.parametrize("theirs, ours", [
+    ("blocks.0.hook_resid_pre", "embed"), ("blocks.3.hook_resid_pre", "blocks.2.out"),
+    ("blocks.3.hook_resid_mid", "blocks.3.mid"), ("blocks.3.hook_resid_post", "blocks.3.out"),
+    ("blocks.1.attn.hook_z", "blocks.1.attn.z"), ("blocks.2.hook_mlp_out", "blocks.2.mlp.out"),
+    ("blocks.2.mlp.out", "blocks.2.mlp.out"), ("blocks.2.hook_nonsense", None)])
+def test_transformer_lens_hook_names_map_to_trace_names(theirs, ours):
+    assert our_hook(theirs) == ours
