@@ -20,7 +20,7 @@ def test_loss_and_grads_equal_torch_autograd(case):
     reference = np.load(SAE_FIXTURES / "grads.npz")
     architecture, with_dead = GRAD_CASES[case]
     params = {name: reference[f"params/{name}"] for name in ("W_enc", "b_enc", "W_dec", "b_dec")}
-    losses, grads = loss_and_grads(reference["x"], params, architecture, k=3, l1=0.3,
+    losses, grads, _ = loss_and_grads(reference["x"], params, architecture, k=3, l1=0.3,
                                    dead=reference["dead"] if with_dead else None)
     expected = {key.split("/")[-1]: float(reference[key]) for key in reference if key.startswith(f"{case}/loss/")}
     assert losses.keys() == expected.keys()

@@ -101,9 +101,10 @@ def aux_activations(pre, dead, k_aux):  # [n, d_sae], bool [d_sae] -> [n, d_sae]
 
 
 def loss_and_grads(x, params, architecture, k=None, l1=0.0, dead=None, apply_b_dec_to_input=True):
-    """[n, d_in] -> (losses {"mse", "l1" or "aux"}: floats, grads {name: like params}): the training loss of a batch
-    (the sum of the losses) and its gradient with respect to each of W_enc, b_enc, W_dec, b_dec. dead: bool [d_sae],
-    the latents that have not fired for a while (topk's AuxK loss; None or none dead: no AuxK loss)."""
+    """[n, d_in] -> (losses {"mse", "l1" or "aux"}: floats, grads {name: like params}, stats): the training loss of a
+    batch (the sum of the losses) and its gradient with respect to each of W_enc, b_enc, W_dec, b_dec. dead: bool
+    [d_sae], the latents that have not fired for a while (topk's AuxK loss; None or none dead: no AuxK loss). stats:
+    what a training run reports, batch_stats's."""
     W_enc, b_enc, W_dec, b_dec = params["W_enc"], params["b_enc"], params["W_dec"], params["b_dec"]
     n = x.shape[0]
     x_in = x - b_dec * apply_b_dec_to_input  # [n, d_in]
@@ -130,11 +131,17 @@ def loss_and_grads(x, params, architecture, k=None, l1=0.0, dead=None, apply_b_d
         d_error = AUX_COEFFICIENT * scale * 2 * error / n
         d_W_dec = d_W_dec + aux.T @ d_error
         d_pre = d_pre + (d_error @ W_dec.T) * (aux != 0)  # aux = pre where kept, else 0
-    d_W_enc = x_in.T @ d_pre  # pre = x_in W_enc + b_enc
+    d_W_enc = (d_pre.T @ x_in).T  # pre = x_in W_enc + b_enc; as xᵀ d_pre, which OpenBLAS computes far slower
     d_b_enc = d_pre.sum(axis=0)
     if apply_b_dec_to_input:
         d_b_dec = d_b_dec - d_pre.sum(axis=0) @ W_enc.T  # x_in = x - b_dec
-    return losses, {"W_enc": d_W_enc, "b_enc": d_b_enc, "W_dec": d_W_dec, "b_dec": d_b_dec}
+    grads = {"W_enc": d_W_enc, "b_enc": d_b_enc, "W_dec": d_W_dec, "b_dec": d_b_dec}
+    return losses, grads, batch_stats(x, x_hat, (f > 0).sum(axis=-1), (f > 0).any(axis=0))
+
+
+def batch_stats(x, x_hat, active, fired):  # [n, d_in] x2, int [n], bool [d_sae] -> {"explained_variance", "l0",
+    # "fired"}: how well x̂ explains the batch, how many latents each row uses on average, which latents fired
+    return {"explained_variance": explained_variance(x_hat, x), "l0": float(np.mean(active)), "fired": fired}
 
 
 # --- The SAE, as a folder holds it ---

@@ -65,13 +65,15 @@ def is_trace_name(name):  # -> True for a name trace makes in some model
 
 
 def new_sae(cfg, params, hook, model_name=None):  # -> SAE with a complete cfg.json from the few fields that matter
-    # cfg: architecture and k at least; params: float32 arrays
+    # cfg: architecture and k at least; params: float32 arrays; hook: a trace name, or None for activations of unknown
+    # origin
     d_in, d_sae = params["W_enc"].shape
     full = {"d_in": d_in, "d_sae": d_sae, "dtype": "float32", "device": "cpu", "apply_b_dec_to_input": True,
             "normalize_activations": "none",
-            "reshape_activations": "hook_z" if hook.endswith(".attn.z") else "none",
-            "metadata": {"hook_name": tl_hook(hook), "model_name": model_name, "sae_lens_version": FORMAT_VERSION,
-                         "sae_lens_training_version": FORMAT_VERSION, "hook_head_index": None},
+            "reshape_activations": "hook_z" if hook and hook.endswith(".attn.z") else "none",
+            "metadata": {"hook_name": hook and tl_hook(hook), "model_name": model_name,
+                         "sae_lens_version": FORMAT_VERSION, "sae_lens_training_version": FORMAT_VERSION,
+                         "hook_head_index": None},
             "architecture": cfg["architecture"]}
     if cfg["architecture"] == "topk":
         full.update(k=int(cfg["k"]), rescale_acts_by_decoder_norm=False)
@@ -79,12 +81,13 @@ def new_sae(cfg, params, hook, model_name=None):  # -> SAE with a complete cfg.j
 
 
 
-def save_sae(sae, folder):  # -> None: folder holds cfg.json and sae_weights.safetensors, each written atomically
+def save_sae(sae, folder, metadata=None):  # -> None: folder holds cfg.json and sae_weights.safetensors, each written
+    # atomically; metadata ({str: str}): more of the safetensors header ({"step": "100"} for a training run's save)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     names = ("W_enc", "b_enc", "W_dec", "b_dec", *(("threshold",) if sae.architecture == "jumprelu" else ()))
     atomic_write(folder / WEIGHTS, lambda file: write_safetensors(file, {name: sae.params[name] for name in names},
-                                                                  {"format": "pt"}))
+                                                                  {"format": "pt", **(metadata or {})}))
     atomic_write(folder / CFG, lambda file: file.write(json.dumps(sae.cfg, indent=2).encode()))
 
 

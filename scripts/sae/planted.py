@@ -1,0 +1,74 @@
+"""The planted-features goal: 256 unit directions in 64 dimensions, each activation a sum of about 5 of them with
+random magnitudes; an SAE trained here must find them: a decoder row at cosine >= 0.9 for >= 95% of them (topk, 512
+latents, k = 6) or >= 80% (standard), within 2 minutes on 2 cores. tests/test_sae.py runs a small version.
+
+    python -m scripts.sae.planted --architecture topk
+    python -m scripts.sae.planted --architecture standard
+"""
+import argparse
+import time
+
+import numpy as np
+
+from gpt2_numpy.interpret.sae import decoder_norms
+from gpt2_numpy.interpret.sae_train import WARMUP, SaeSettings, init_params, train_step
+from gpt2_numpy.optim import adamw_state, learning_rate
+
+D_IN, N_FEATURES, ACTIVE = 64, 256, 5
+
+
+def planted_directions(seed):  # -> [N_FEATURES, D_IN] unit rows
+    directions = np.random.default_rng([seed, 7]).standard_normal((N_FEATURES, D_IN))
+    return (directions / np.linalg.norm(directions, axis=1, keepdims=True)).astype(np.float32)
+
+
+def planted_batch(directions, n, rng):  # -> [n, D_IN]: each row a sum of about ACTIVE directions, magnitudes 0.5-1.5
+    active = rng.random((n, len(directions)), dtype=np.float32) < ACTIVE / len(directions)
+    return (active * rng.uniform(0.5, 1.5, active.shape).astype(np.float32)) @ directions
+
+
+def matched(W_dec, directions, cosine=0.9):  # -> the share of directions that some decoder row matches
+    rows = W_dec / decoder_norms(W_dec)[:, None]
+    return float(np.mean((directions @ rows.T).max(axis=1) >= cosine))
+
+
+def train_planted(architecture, steps, batch_size, lr, d_sae=512, k=6, l1=0.0, seed=0, seconds=None):
+    # -> (matched share, steps taken, seconds): an SAE trained on fresh planted batches, stopped early once every
+    # direction is matched or after `seconds`
+    directions = planted_directions(seed)
+    rng = np.random.default_rng([seed, 8])
+    settings = SaeSettings(architecture=architecture, d_in=D_IN, d_sae=d_sae, k=k if architecture == "topk" else None,
+                           l1=l1, lr=lr, batch_size=batch_size, seed=seed, hook=None, source="planted",
+                           data_sha256="", seq_len=None, buffer=batch_size, steps=steps, save_every=steps)
+    params = init_params(settings, planted_batch(directions, batch_size, rng))
+    opt_state, since_fired = adamw_state(params), np.zeros(d_sae, np.int64)
+    start = time.perf_counter()
+    for step in range(steps):
+        x = planted_batch(directions, batch_size, rng)
+        lr_now = learning_rate(step, lr, WARMUP, steps, "constant")  # the schedule of sae train
+        _, stats = train_step(x, params, opt_state, lr_now, settings, since_fired >= 20 * batch_size)
+        since_fired += batch_size
+        since_fired[stats["fired"]] = 0
+        if seconds is not None and time.perf_counter() - start > seconds:
+            break
+    return matched(params["W_dec"], directions), step + 1, time.perf_counter() - start
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--architecture", choices=("topk", "standard"), default="topk")
+    parser.add_argument("--steps", type=int, default=3000)
+    parser.add_argument("--batch-size", type=int, default=1024)
+    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--l1", type=float, default=0.3)
+    parser.add_argument("--seconds", type=float, default=120)
+    args = parser.parse_args()
+    share, steps, seconds = train_planted(args.architecture, args.steps, args.batch_size, args.lr, l1=args.l1,
+                                         seconds=args.seconds)
+    goal = 0.95 if args.architecture == "topk" else 0.80
+    print(f"{args.architecture}: {share:.1%} of {N_FEATURES} planted directions matched at cosine >= 0.9 after {steps} "
+          f"steps of {args.batch_size} ({seconds:.0f} s); goal {goal:.0%}: {'met' if share >= goal else 'MISSED'}")
+
+
+if __name__ == "__main__":
+    main()
