@@ -4,7 +4,9 @@ import numpy as np
 import pytest
 
 from gpt2_numpy.interpret.sae import loss_and_grads
+from gpt2_numpy.interpret.sae_fast import top_k_grouped, topk_loss_and_grads
 from gpt2_numpy.interpret.sae_files import load_sae, new_sae, our_hook, save_sae
+from scripts.sae.planted import train_planted
 from tests.conftest import FIXTURES
 
 SAE_FIXTURES = FIXTURES / "sae"
@@ -67,3 +69,37 @@ def test_a_folder_written_here_is_the_one_sae_lens_loaded(architecture, tmp_path
     ("blocks.2.mlp.out", "blocks.2.mlp.out"), ("blocks.2.hook_nonsense", None)])
 def test_transformer_lens_hook_names_map_to_trace_names(theirs, ours):
     assert our_hook(theirs) == ours
+
+
+@pytest.mark.parametrize("with_dead", [False, True])
+def test_the_tuned_topk_step_equals_the_textbook(with_dead):
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((64, 16)).astype(np.float32)
+    params = {"W_enc": rng.standard_normal((16, 128)).astype(np.float32),
+              "b_enc": rng.standard_normal(128).astype(np.float32) * 0.1,
+              "W_dec": rng.standard_normal((128, 16)).astype(np.float32),
+              "b_dec": rng.standard_normal(16).astype(np.float32)}
+    dead = rng.random(128) < 0.3 if with_dead else None
+    losses, grads, stats = loss_and_grads(x, params, "topk", k=4, dead=dead)
+    fast_losses, fast_grads, fast_stats = topk_loss_and_grads(x, params, 4, dead)
+    assert fast_losses.keys() == losses.keys()
+    for name in losses:
+        assert fast_losses[name] == pytest.approx(losses[name], rel=1e-5)
+    for name in grads:
+        assert relative_error(fast_grads[name], grads[name]) < 1e-5, name
+    assert np.array_equal(fast_stats["fired"], stats["fired"]) and fast_stats["l0"] == stats["l0"]
+
+
+def test_the_grouped_top_k_finds_each_rows_k_largest():
+    x = np.random.default_rng(6).standard_normal((500, 256)).astype(np.float32)
+    expected = np.sort(np.argsort(-x, axis=-1)[:, :5], axis=-1)
+    assert np.array_equal(np.sort(top_k_grouped(x, 5), axis=-1), expected)
+
+
+@pytest.mark.parametrize("architecture, goal", [("topk", 0.95), ("standard", 0.8)])
+def test_an_sae_finds_planted_directions(architecture, goal):
+    # the goal's small version (scripts/sae/planted.py runs the full one): 64 directions in 32 dimensions, about 2
+    # active per activation
+    share, _, _ = train_planted(architecture, steps=300, batch_size=256, lr=1e-2, d_sae=128, k=3, l1=0.3,
+                                n_features=64, d_in=32, active=2)
+    assert share >= goal

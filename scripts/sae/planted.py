@@ -17,13 +17,14 @@ from gpt2_numpy.optim import adamw_state, learning_rate
 D_IN, N_FEATURES, ACTIVE = 64, 256, 5
 
 
-def planted_directions(seed):  # -> [N_FEATURES, D_IN] unit rows
-    directions = np.random.default_rng([seed, 7]).standard_normal((N_FEATURES, D_IN))
+def planted_directions(seed, n_features=N_FEATURES, d_in=D_IN):  # -> [n_features, d_in] unit rows
+    directions = np.random.default_rng([seed, 7]).standard_normal((n_features, d_in))
     return (directions / np.linalg.norm(directions, axis=1, keepdims=True)).astype(np.float32)
 
 
-def planted_batch(directions, n, rng):  # -> [n, D_IN]: each row a sum of about ACTIVE directions, magnitudes 0.5-1.5
-    active = rng.random((n, len(directions)), dtype=np.float32) < ACTIVE / len(directions)
+def planted_batch(directions, n, rng, active=ACTIVE):  # -> [n, d_in]: each row a sum of about `active` directions,
+    # magnitudes 0.5 to 1.5
+    active = rng.random((n, len(directions)), dtype=np.float32) < active / len(directions)
     return (active * rng.uniform(0.5, 1.5, active.shape).astype(np.float32)) @ directions
 
 
@@ -32,19 +33,19 @@ def matched(W_dec, directions, cosine=0.9):  # -> the share of directions that s
     return float(np.mean((directions @ rows.T).max(axis=1) >= cosine))
 
 
-def train_planted(architecture, steps, batch_size, lr, d_sae=512, k=6, l1=0.0, seed=0, seconds=None):
-    # -> (matched share, steps taken, seconds): an SAE trained on fresh planted batches, stopped early once every
-    # direction is matched or after `seconds`
-    directions = planted_directions(seed)
+def train_planted(architecture, steps, batch_size, lr, d_sae=512, k=6, l1=0.0, seed=0, seconds=None,
+                  n_features=N_FEATURES, d_in=D_IN, active=ACTIVE):
+    # -> (matched share, steps taken, seconds): an SAE trained on fresh planted batches for `steps`, or `seconds`
+    directions = planted_directions(seed, n_features, d_in)
     rng = np.random.default_rng([seed, 8])
-    settings = SaeSettings(architecture=architecture, d_in=D_IN, d_sae=d_sae, k=k if architecture == "topk" else None,
+    settings = SaeSettings(architecture=architecture, d_in=d_in, d_sae=d_sae, k=k if architecture == "topk" else None,
                            l1=l1, lr=lr, batch_size=batch_size, seed=seed, hook=None, source="planted",
                            data_sha256="", seq_len=None, buffer=batch_size, steps=steps, save_every=steps)
-    params = init_params(settings, planted_batch(directions, batch_size, rng))
+    params = init_params(settings, planted_batch(directions, batch_size, rng, active))
     opt_state, since_fired = adamw_state(params), np.zeros(d_sae, np.int64)
     start = time.perf_counter()
     for step in range(steps):
-        x = planted_batch(directions, batch_size, rng)
+        x = planted_batch(directions, batch_size, rng, active)
         lr_now = learning_rate(step, lr, WARMUP, steps, "constant")  # the schedule of sae train
         _, stats = train_step(x, params, opt_state, lr_now, settings, since_fired >= 20 * batch_size)
         since_fired += batch_size
