@@ -10,7 +10,8 @@ from scripts.sae.planted import train_planted
 from tests.conftest import FIXTURES
 
 SAE_FIXTURES = FIXTURES / "sae"
-GRAD_CASES = {"standard": ("standard", False), "topk": ("topk", False), "topk_aux": ("topk", True)}
+GRAD_CASES = {"standard": ("standard", None), "topk": ("topk", None), "topk_aux": ("topk", "dead"),
+              "topk_few_dead": ("topk", "few_dead")}
 
 
 def relative_error(ours, reference):  # -> max |ours - reference| over max |reference|
@@ -20,10 +21,10 @@ def relative_error(ours, reference):  # -> max |ours - reference| over max |refe
 @pytest.mark.parametrize("case", GRAD_CASES)
 def test_loss_and_grads_equal_torch_autograd(case):
     reference = np.load(SAE_FIXTURES / "grads.npz")
-    architecture, with_dead = GRAD_CASES[case]
+    architecture, dead = GRAD_CASES[case]
     params = {name: reference[f"params/{name}"] for name in ("W_enc", "b_enc", "W_dec", "b_dec")}
     losses, grads, _ = loss_and_grads(reference["x"], params, architecture, k=3, l1=0.3,
-                                   dead=reference["dead"] if with_dead else None)
+                                   dead=None if dead is None else reference[dead])
     expected = {key.split("/")[-1]: float(reference[key]) for key in reference if key.startswith(f"{case}/loss/")}
     assert losses.keys() == expected.keys()
     for name, value in expected.items():
@@ -76,7 +77,7 @@ def test_the_tuned_topk_step_equals_the_textbook(with_dead):
     rng = np.random.default_rng(5)
     x = rng.standard_normal((64, 16)).astype(np.float32)
     params = {"W_enc": rng.standard_normal((16, 128)).astype(np.float32),
-              "b_enc": rng.standard_normal(128).astype(np.float32) * 0.1,
+              "b_enc": rng.standard_normal(128).astype(np.float32) - 10,  # some of the k largest are negative
               "W_dec": rng.standard_normal((128, 16)).astype(np.float32),
               "b_dec": rng.standard_normal(16).astype(np.float32)}
     dead = rng.random(128) < 0.3 if with_dead else None

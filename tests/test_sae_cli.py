@@ -55,6 +55,7 @@ def test_a_resumed_run_ends_where_an_uninterrupted_one_does(activations, tmp_pat
     assert log_rows(whole) == log_rows(halves) and len(log_rows(whole)) == 6
     sae = load_sae(whole)
     assert (sae.architecture, sae.d_in, sae.d_sae, sae.k, sae.hook) == ("topk", 8, 16, 2, None)
+    assert np.allclose(np.linalg.norm(sae.params["W_dec"], axis=1), 1, atol=1e-5)  # topk's unit-norm rows
 
 
 def test_a_run_never_writes_over_a_folder_that_is_not_its_own(activations, tmp_path):
