@@ -33,7 +33,7 @@ from tqdm import tqdm
 from gpt2_numpy import keep_freed_memory
 from gpt2_numpy.formats.checkpoint import load_params
 from gpt2_numpy.params import random_params
-from scripts.bench import batch, bpe, breakdown, forward, goals, memory, score, tokenizer, train
+from scripts.bench import batch, bpe, breakdown, forward, goals, memory, sae, score, tokenizer, train
 from scripts.bench.engines import INSTALL_HF, HuggingFace, Ours
 from gpt2_numpy import cores
 from scripts.bench.harness import (BEGIN, END, HF, HPARAMS_124M, REPO, blas_name, blas_threads, fail, read_page,
@@ -56,6 +56,7 @@ PARTS = {  # --only's names, in the order they run -> (run) -> rows (the breakdo
     "BPE training": lambda run: bpe.bpe_rows(run.repeats, run.corpus),
     "breakdown": lambda run: breakdown.breakdown_lines(run.engines),
     "training": lambda run: train.train_rows(run.repeats, compare_torch=bool(run.hf_dir), theirs=HF)[0],
+    "sae": lambda run: sae.sae_rows(run.repeats, theirs=HF),  # SAELens's trainer where sae-lens is installed
 }
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
