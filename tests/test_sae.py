@@ -1,13 +1,17 @@
 """The SAE's math (gpt2_numpy/interpret/sae.py) against torch autograd and SAELens, through committed fixtures
 (scripts/fixtures/make_sae_reference.py), and its training on planted features."""
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
 from gpt2_numpy.interpret.sae import loss_and_grads
+from gpt2_numpy.interpret.sae_activations import hook_rows, rows_back
 from gpt2_numpy.interpret.sae_fast import top_k_grouped, topk_loss_and_grads
 from gpt2_numpy.interpret.sae_files import load_sae, new_sae, our_hook, save_sae
 from scripts.sae.planted import train_planted
-from tests.conftest import FIXTURES
+from tests.conftest import FIXTURES, REPO
 
 SAE_FIXTURES = FIXTURES / "sae"
 GRAD_CASES = {"standard": ("standard", None), "topk": ("topk", None), "topk_aux": ("topk", "dead"),
@@ -104,3 +108,23 @@ def test_an_sae_finds_planted_directions(architecture, goal):
     share, _, _ = train_planted(architecture, steps=300, batch_size=256, lr=1e-2, d_sae=128, k=3, l1=0.3,
                                 n_features=64, d_in=32, active=2)
     assert share >= goal
+
+
+def test_a_per_head_activation_is_read_as_sae_lens_reads_hook_z():
+    # TransformerLens's hook_z is [pos, head, d_head], which SAELens flattens to (head d_head); ours is [head, pos, ...]
+    z = np.arange(2 * 3 * 4, dtype=np.float32).reshape(2, 3, 4)  # [n_head, n_seq, d_head]
+    rows = hook_rows(z, "blocks.0.attn.z")
+    assert rows.shape == (3, 8)
+    assert all(rows[s, h * 4 + j] == z[h, s, j] for h in range(2) for s in range(3) for j in range(4))
+    assert np.array_equal(rows_back(rows, z, "blocks.0.attn.z"), z)
+    assert np.array_equal(hook_rows(z[0], "blocks.0.out"), z[0])
+
+
+def test_the_package_exports_load_sae_and_imports_no_torch():
+    code = ("import sys, gpt2_numpy; from gpt2_numpy.commands import sae; "
+            f"s = gpt2_numpy.load_sae({str(SAE_FIXTURES / 'sae_lens_topk')!r}); s.encode(s.params['b_dec']); "
+            "print(sorted(name for name in ('torch', 'sae_lens', 'tensorflow', 'transformer_lens') "
+            "if name in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
