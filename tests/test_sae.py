@@ -7,9 +7,11 @@ import numpy as np
 import pytest
 
 from gpt2_numpy.interpret.sae import loss_and_grads
-from gpt2_numpy.interpret.sae_activations import hook_rows, rows_back
+from gpt2_numpy.interpret.sae_activations import hook_rows, model_rows, rows_back
 from gpt2_numpy.interpret.sae_fast import top_k_grouped, topk_loss_and_grads
 from gpt2_numpy.interpret.sae_files import load_sae, new_sae, our_hook, save_sae
+from gpt2_numpy.interpret.tracing import trace
+from gpt2_numpy.params import random_params
 from scripts.sae.planted import train_planted
 from tests.conftest import FIXTURES, REPO
 
@@ -128,3 +130,10 @@ def test_the_package_exports_load_sae_and_imports_no_torch():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("hook", ["embed", "blocks.0.attn.z", "blocks.1.mid", "blocks.1.out", "ln_f"])
+def test_the_activations_read_for_training_are_traces(hook):
+    hparams = {"n_vocab": 50, "n_ctx": 16, "n_embd": 8, "n_head": 2, "n_layer": 2}
+    params, ids = random_params(hparams, 1), np.arange(10) % 50
+    assert np.array_equal(model_rows(ids, params, 2, hook), hook_rows(trace(ids, params, 2)[hook], hook))

@@ -12,6 +12,7 @@ import importlib.util
 import math
 import sys
 from contextlib import ExitStack
+from typing import Callable, NamedTuple, Optional
 
 import numpy as np
 
@@ -125,7 +126,20 @@ def file_digest(path):  # -> sha256 of a file's bytes, read in pieces
     return digest.hexdigest()
 
 
-def activation_source(args):  # -> (window(i), n_windows, d_in, hook, model name, source, digest, seq_len)
+class Source(NamedTuple):
+    """Where a run's activations come from."""
+    window: Callable  # window(i) -> [m, d_in]: the activations of window i
+    n_windows: int
+    n_rows: int  # activations in all the windows
+    d_in: int
+    hook: Optional[str]  # the trace name; None for an .npy file given without --hook
+    model_name: Optional[str]
+    name: str  # the .npy file or the model, as the run records it
+    digest: str  # sha256 of the file, or of the text's tokens
+    seq_len: Optional[int]
+
+
+def activation_source(args):  # -> Source of the flags given
     if args.activations is not None:
         extra = [flag for flag, value in (("--model", args.model), ("--data", args.data)) if value is not None]
         if extra:
@@ -137,7 +151,8 @@ def activation_source(args):  # -> (window(i), n_windows, d_in, hook, model name
         if args.hook is not None and hook is None:
             raise UsageError(f"--hook {args.hook!r} names no activation of GPT-2: give a trace name (blocks.0.out, "
                              "...) or TransformerLens's (blocks.1.hook_resid_pre, ...), or drop --hook")
-        return window, n_windows, array.shape[1], hook, None, str(args.activations), file_digest(args.activations), None
+        return Source(window, n_windows, len(array), array.shape[1], hook, None, str(args.activations),
+                      file_digest(args.activations), None)
     missing = [flag for flag, value in (("--model", args.model), ("--hook", args.hook), ("--data", args.data))
                if value is None]
     if missing:
@@ -156,7 +171,8 @@ def activation_source(args):  # -> (window(i), n_windows, d_in, hook, model name
         return model_rows(tokens[i * seq_len:(i + 1) * seq_len], model.params, n_head, hook)
 
     digest = hashlib.sha256(tokens.tobytes()).hexdigest()
-    return window, n_windows, window(0).shape[1], hook, str(args.model), str(args.model), digest, seq_len
+    return Source(window, n_windows, n_windows * seq_len, window(0).shape[1], hook, str(args.model), str(args.model),
+                  digest, seq_len)
 
 
 # --- sae train ---
@@ -169,30 +185,32 @@ def train(argv):  # -> exit status
         ours = check_out(out, args.resume)
         if ours:
             lock.enter_context(claimed(out, args.resume, SAE_ORDER))
-        window, n_windows, d_in, hook, model_name, source, digest, seq_len = activation_source(args)
+        source = activation_source(args)
         if args.resume:
             sae, state, saved = load_sae_run(out)
-            settings = resumed_settings(args, saved, digest, hook)
+            settings = resumed_settings(args, saved, source.digest, source.hook)
         else:
-            settings, sae, state = new_settings(args, d_in, hook, source, digest, seq_len), None, None
-        stream = Stream(window, n_windows, settings.batch_size, settings.buffer, settings.seed)
+            settings, sae, state = new_settings(args, source), None, None
+        stream = Stream(source.window, source.n_windows, settings.batch_size, settings.buffer, settings.seed)
         if sae is None:
             first = stream.next()  # the first batch, for b_dec's init; the stream starts again for the run
             params = init_params(settings, first)
-            stream = Stream(window, n_windows, settings.batch_size, settings.buffer, settings.seed)
-            sae = sae_of(params, settings, model_name)
+            stream = Stream(source.window, source.n_windows, settings.batch_size, settings.buffer, settings.seed)
+            sae = sae_of(params, settings, source.model_name)
         if not ours:
             lock.enter_context(claimed(out, False, SAE_ORDER))  # only now, the input known to be good, is out made
-        log(f"training a {settings.architecture} SAE of {settings.d_sae:,} latents on {hook} "
-            f"({settings.d_in} numbers per activation) from {source}")
+        log(f"training a {settings.architecture} SAE of {settings.d_sae:,} latents on {source.hook or 'activations'} "
+            f"({settings.d_in} numbers each) from {source.name}")
         with settled_if_cut(out, SAE_ORDER):
-            return train_sae(out, settings, stream, sae, state, model_name)
+            return train_sae(out, settings, stream, sae, state, source.model_name)
 
 
-def new_settings(args, d_in, hook, source, digest, seq_len):  # -> SaeSettings of a new run, checked
+def new_settings(args, source):  # -> SaeSettings of a new run, checked
     values = {name: getattr(args, name) if getattr(args, name, None) is not None else DEFAULTS.get(name)
-              for name in ("architecture", "k", "l1", "lr", "batch_size", "seed", "buffer")}
-    d_sae = args.d_sae or 8 * d_in
+              for name in ("architecture", "k", "l1", "lr", "batch_size", "seed")}
+    # the buffer holds each activation once at most, unless a batch needs more: a short text's activations all fit
+    values["buffer"] = args.buffer or max(min(DEFAULTS["buffer"], source.n_rows), 2 * values["batch_size"])
+    d_sae = args.d_sae or 8 * source.d_in
     if values["architecture"] == "topk" and values["k"] > d_sae:
         raise UsageError(f"--k {values['k']} is more than --d-sae {d_sae}: choose a k of at most the latents")
     wrong = [flag for flag, name, architecture in (("--k", "k", "standard"), ("--l1", "l1", "topk"))
@@ -204,8 +222,9 @@ def new_settings(args, d_in, hook, source, digest, seq_len):  # -> SaeSettings o
         values["k"] = None
     else:
         values["l1"] = 0.0
-    return SaeSettings(**values, d_in=d_in, d_sae=d_sae, hook=hook, source=source, data_sha256=digest,
-                       seq_len=seq_len, steps=args.steps, save_every=args.save_every)
+    return SaeSettings(**values, d_in=source.d_in, d_sae=d_sae, hook=source.hook, source=source.name,
+                       data_sha256=source.digest, seq_len=source.seq_len, steps=args.steps,
+                       save_every=args.save_every)
 
 
 def resumed_settings(args, saved, digest, hook):  # -> the saved run's SaeSettings with this run's steps, save_every

@@ -13,7 +13,7 @@ import numpy as np
 
 from gpt2_numpy.errors import UsageError
 from gpt2_numpy.interpret.edits import Edit
-from gpt2_numpy.interpret.tracing import trace
+from gpt2_numpy.interpret.tracing import block_traces, embedding, trace
 
 PER_HEAD_STEPS = ("attn.q", "attn.k", "attn.v", "attn.z", "attn.scores", "attn.weights")
 
@@ -57,14 +57,16 @@ def check_hook(hook, n_layer):  # -> None; UsageError naming the valid names whe
                          f"ln_f and logits (in order: {shown})")
 
 
-def blocks_needed(params, hook):  # -> params with only the blocks hook's activation depends on: trace stops there
-    if not hook.startswith("blocks."):
-        return params
-    return {**params, "blocks": params["blocks"][: int(hook.split(".")[1]) + 1]}
-
-
 def model_rows(ids, params, n_head, hook):  # int [n_seq] -> [n_seq, d_in]: hook's activation on one window of tokens
-    return hook_rows(trace(ids, blocks_needed(params, hook), n_head)[hook], hook)
+    # trace's walk, stopped at the hook's block: the blocks after it and the [n_seq, n_vocab] logits are not needed
+    x = embedding(ids, params["wte"], params["wpe"])
+    if hook == "embed":
+        return x
+    if not hook.startswith("blocks."):
+        return hook_rows(trace(ids, params, n_head)[hook], hook)
+    layer, step = hook.split(".", 2)[1:]
+    *_, steps = block_traces(x, params["blocks"][: int(layer) + 1], n_head)
+    return hook_rows(steps[step], hook)
 
 
 class Stream:
