@@ -144,3 +144,27 @@ def test_damaged_or_unsupported_folders_get_one_line(model, tmp_path, change, fr
     cfg = json.loads((tmp_path / "cfg.json").read_text())
     (tmp_path / "cfg.json").write_text("{" if change is None else json.dumps({**cfg, **change}))
     assert_one_error_line(run_sae("eval", "--sae", tmp_path, "--model", folder, "--data", text), fragment)
+
+
+def test_damaged_weights_get_one_line(model, tmp_path):
+    folder, text = model
+    save_sae(exact_sae(8, "blocks.0.out"), tmp_path)
+    weights = tmp_path / "sae_weights.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-10])  # cut short, as an interrupted copy leaves it
+    assert_one_error_line(run_sae("eval", "--sae", tmp_path, "--model", folder, "--data", text), "sae_weights")
+
+
+def test_an_sae_on_a_per_head_activation_splices_back_in_place(model, tmp_path):
+    folder, text = model
+    save_sae(exact_sae(8, "blocks.1.attn.z"), tmp_path / "z")  # 2 heads of 4 numbers, side by side
+    result = run_sae("eval", "--sae", tmp_path / "z", "--model", folder, "--data", text, "--seq-len", 16, "--json")
+    assert result.returncode == 0, result.stderr
+    numbers = json.loads(result.stdout)
+    assert numbers["L_sae"] == pytest.approx(numbers["L_clean"], abs=1e-5)
+    assert numbers["L_zero"] != pytest.approx(numbers["L_clean"], abs=1e-3)
+
+
+def test_the_subcommands_are_listed_and_a_missing_one_is_named():
+    listing = run_sae("--help")
+    assert listing.returncode == 0 and "train" in listing.stdout and "eval" in listing.stdout
+    assert_one_error_line(run_sae("fit"), "unknown subcommand 'fit'")
