@@ -27,6 +27,7 @@ from gpt2_numpy.interpret.sae import decoder_norms, loss_and_grads
 from gpt2_numpy.interpret.sae_fast import topk_loss_and_grads
 from gpt2_numpy.interpret.sae_files import CFG, WEIGHTS, load_sae, new_sae, save_sae
 from gpt2_numpy.optim import adamw_state, adamw_step, learning_rate
+from gpt2_numpy.params import flatten
 from gpt2_numpy.runs import STAGING, STATE, diverged, move_in, open_log, restore_moments
 from gpt2_numpy.save import atomic_write, fsync_folder
 from gpt2_numpy.training import ctrl_c_stops
@@ -93,9 +94,7 @@ def save_sae_run(out, sae, opt_state, stream, since_fired, step, seconds, settin
     staging = out / STAGING
     staging.mkdir()
     save_sae(sae, staging, {"step": str(step)})
-    arrays = {f"opt/{name}": np.asarray(value) for name, value in
-              [("step", opt_state["step"]), *((f"{moment}/{key}", opt_state[moment][key])
-                                              for moment in ("m", "v") for key in opt_state[moment])]}
+    arrays = {f"opt/{'/'.join(map(str, key))}": np.asarray(leaf) for key, leaf in flatten(opt_state)}  # as save_run
     arrays.update(stream.state(), step=np.array(step), seconds=np.array(seconds), since_fired=since_fired,
                   settings=np.array(json.dumps(settings._asdict())))
     atomic_write(staging / STATE, lambda file: np.savez(file, **arrays))
