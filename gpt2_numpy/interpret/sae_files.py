@@ -131,8 +131,9 @@ def read_cfg(path):  # -> cfg.json's object, checked: an architecture of ours, s
     for name, allowed in SUPPORTED.items():
         value = cfg.get(name, metadata.get(name))
         if value not in allowed:
+            accepted = " or ".join(json.dumps(each) for each in allowed if each is not None) or "null"
             raise UsageError(f"{path}: {name} {shown(json.dumps(value))} is not supported (this SAE's math would "
-                             f"differ here): only {' or '.join(json.dumps(each) for each in allowed if each)} loads")
+                             f"differ here): only {accepted} loads")
     return cfg
 
 
