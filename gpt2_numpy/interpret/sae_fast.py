@@ -4,7 +4,7 @@ tests/test_sae.py holds the two equal; sae.py is the one to read.
 """
 import numpy as np
 
-from gpt2_numpy.interpret.sae import AUX_COEFFICIENT, aux_activations, aux_k, batch_stats, mse, top_k_indices
+from gpt2_numpy.interpret.sae import AUX_COEFFICIENT, aux_k, batch_stats, mse, top_k_indices
 
 GROUP = 8  # latents per group in top_k_grouped
 
@@ -47,14 +47,18 @@ def topk_loss_and_grads(x, params, k, dead=None):  # -> (losses, grads, stats), 
     # than [d_sae, n] by [n, d_in]
     d_W_dec = scattered(values, latents, d_sae).T @ d_x_hat
     d_pre = scattered(d_values, latents, d_sae)
-    if dead is not None and dead.any():
-        k_aux, scale = aux_k(x.shape[-1], int(dead.sum()))
-        aux = aux_activations(pre, dead, k_aux)
-        error = aux @ W_dec - (x - x_hat)
+    if dead is not None and dead.any():  # the AuxK loss, from each row's k_aux dead latents in the same way
+        dead_ids = np.flatnonzero(dead)
+        k_aux, scale = aux_k(x.shape[-1], len(dead_ids))
+        dead_pre = pre[:, dead_ids]  # [n, n_dead]: the sort runs on the dead latents alone
+        picked = top_k_indices(dead_pre, k_aux)
+        aux_latents, aux_values = dead_ids[picked], np.take_along_axis(dead_pre, picked, axis=-1)  # [n, k_aux]
+        aux_rows = W_dec[aux_latents]  # [n, k_aux, d_in]
+        error = (aux_values[:, None, :] @ aux_rows)[:, 0] - (x - x_hat)
         losses["aux"] = AUX_COEFFICIENT * scale * float(np.mean(np.sum(error**2, axis=-1)))
         d_error = error * np.float32(AUX_COEFFICIENT * scale * 2 / n)
-        d_W_dec += aux.T @ d_error
-        d_pre += (d_error @ W_dec.T) * (aux != 0)
+        d_W_dec += scattered(aux_values, aux_latents, d_sae).T @ d_error
+        d_pre += scattered((aux_rows @ d_error[:, :, None])[..., 0], aux_latents, d_sae)
     d_W_enc = (d_pre.T @ x_in).T
     d_b_enc = d_pre.sum(axis=0)
     grads = {"W_enc": np.ascontiguousarray(d_W_enc), "b_enc": d_b_enc, "W_dec": d_W_dec,
