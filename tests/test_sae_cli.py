@@ -3,12 +3,15 @@ the run folder (SAELens's files, log.csv, exact resume, no overwriting), the los
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
+from gpt2_numpy.commands import sae as sae_command
+from gpt2_numpy.errors import Gpt2NumpyError, UsageError
 from gpt2_numpy.interpret.sae_files import load_sae, new_sae, save_sae
 from gpt2_numpy.params import random_params
 from tests.conftest import REPO, assert_one_error_line, byte_model_dir
@@ -72,14 +75,18 @@ def test_a_run_never_writes_over_a_folder_that_is_not_its_own(activations, tmp_p
 @pytest.mark.parametrize("array, fragment", [
     (np.zeros((10, 8), np.int32), "int32"), (np.zeros(10, np.float32), "[10]"), (None, "not an .npy array"),
     (np.full((10, 8), np.nan, np.float32), "NaN")])
-def test_bad_activations_get_one_line_and_no_folder(array, fragment, tmp_path):
+def test_bad_activations_are_refused_and_no_folder_is_made(array, fragment, tmp_path):
     path = tmp_path / "acts.npy"
     if array is None:
         path.write_text("not numpy")
     else:
         np.save(path, array)
-    assert_one_error_line(run_sae("train", "--activations", path, "--out", tmp_path / "out", *TRAIN), fragment)
+    with pytest.raises(UsageError, match=re.escape(fragment)):  # in this process: run_cli's line is checked below
+        sae_command.run(["train", "--activations", str(path), "--out", str(tmp_path / "out"), *TRAIN])
     assert not (tmp_path / "out").exists()
+    if array is None:
+        assert_one_error_line(run_sae("train", "--activations", path, "--out", tmp_path / "out", *TRAIN), fragment)
+        assert not (tmp_path / "out").exists()
 
 
 def exact_sae(d_in, hook):  # -> a standard SAE whose reconstruction is its input: relu(x) - relu(-x) = x
@@ -136,14 +143,14 @@ def test_bad_hooks_and_widths_get_one_line(model, tmp_path):
     ({"architecture": "gated"}, "architecture gated is not supported"),
     ({"d_sae": 17}, "W_enc has shape [8, 16], but cfg.json's d_in 8 and d_sae 17 make it [8, 17]"),
     ({"k": 0}, "k is 0"), (None, "is not JSON")])
-def test_damaged_or_unsupported_folders_get_one_line(model, tmp_path, change, fragment):
-    folder, text = model
+def test_damaged_or_unsupported_folders_are_refused_by_name(tmp_path, change, fragment):
     sae = exact_sae(8, "blocks.0.out")
     sae.cfg.update(architecture="topk", k=2)
     save_sae(sae, tmp_path)
     cfg = json.loads((tmp_path / "cfg.json").read_text())
     (tmp_path / "cfg.json").write_text("{" if change is None else json.dumps({**cfg, **change}))
-    assert_one_error_line(run_sae("eval", "--sae", tmp_path, "--model", folder, "--data", text), fragment)
+    with pytest.raises(Gpt2NumpyError, match=re.escape(fragment)):
+        load_sae(tmp_path)
 
 
 def test_damaged_weights_get_one_line(model, tmp_path):
