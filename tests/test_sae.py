@@ -42,11 +42,11 @@ def test_loss_and_grads_equal_torch_autograd(case):
 ARCHITECTURES = ("standard", "topk", "jumprelu")
 
 
-@pytest.mark.parametrize("architecture", ARCHITECTURES)
+@pytest.mark.parametrize("architecture", [*ARCHITECTURES, "topk_rescaled"])  # rescale_acts_by_decoder_norm too
 def test_a_folder_sae_lens_wrote_encodes_and_decodes_as_sae_lens(architecture):
     reference = np.load(SAE_FIXTURES / "sae_lens_outputs.npz")
     sae = load_sae(SAE_FIXTURES / f"sae_lens_{architecture}")
-    assert (sae.architecture, sae.d_in, sae.d_sae, sae.hook) == (architecture, 16, 48, "blocks.0.out")
+    assert (sae.architecture, sae.d_in, sae.d_sae, sae.hook) == (architecture.split("_")[0], 16, 48, "blocks.0.out")
     f = sae.encode(reference["x"])
     assert relative_error(f, reference[f"{architecture}/f"]) < 1e-5
     assert relative_error(sae.decode(f), reference[f"{architecture}/x_hat"]) < 1e-5

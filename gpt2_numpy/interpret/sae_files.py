@@ -19,7 +19,7 @@ import numpy as np
 from gpt2_numpy.errors import CheckpointError, Gpt2NumpyError, UsageError
 from gpt2_numpy.formats import parse_json, shown
 from gpt2_numpy.formats.safetensors import read_safetensors, to_float32, write_safetensors
-from gpt2_numpy.interpret.sae import ARCHITECTURES, SAE
+from gpt2_numpy.interpret.sae import ARCHITECTURES, SAE, decoder_norms
 from gpt2_numpy.save import atomic_write
 
 CFG, WEIGHTS = "cfg.json", "sae_weights.safetensors"
@@ -33,7 +33,7 @@ OUR_BLOCK_NAMES = {ours: theirs for theirs, ours in TL_BLOCK_NAMES.items()}
 PER_HEAD = ("attn.q", "attn.k", "attn.v", "attn.z")  # [n_head, n_seq, d_head] in trace; flattened for an SAE
 # cfg options whose other values change the math: refused, since this code would compute something else
 SUPPORTED = {"normalize_activations": (None, "none"), "reshape_activations": (None, "none", "hook_z"),
-             "rescale_acts_by_decoder_norm": (None, False), "hook_head_index": (None,)}
+             "rescale_acts_by_decoder_norm": (None, False, True), "hook_head_index": (None,)}
 
 
 def our_hook(name):  # -> the trace name of TransformerLens's hook name (or of one of ours, as it is); None if neither
@@ -98,7 +98,22 @@ def load_sae(folder):  # -> SAE, every file checked; CheckpointError (one line) 
                          "SAE.save_model or gpt2-numpy sae train writes")
     cfg = read_cfg(folder / CFG)
     params = read_weights(folder / WEIGHTS, cfg)
+    if cfg.get("rescale_acts_by_decoder_norm"):
+        cfg, params = folded(cfg, params)
     return SAE(cfg, params, cfg_hook(folder / CFG, cfg))
+
+
+def folded(cfg, params):  # -> (cfg, params) of a topk SAE that rescales by its decoder's norms, with them folded in
+    # SAELens's rescale_acts_by_decoder_norm multiplies the pre-activations by ‖W_dec[j]‖ and divides f by it again
+    # before decoding: the same function as the plain SAE with W_enc's columns and b_enc scaled by the norms and W_dec's
+    # rows divided by them (SAELens's own _fold_norm_topk), which the math here computes
+    norms = decoder_norms(params["W_dec"])
+    if not (norms > 0).all():
+        raise CheckpointError("a decoder row is zero, so rescale_acts_by_decoder_norm divides by zero: use another "
+                              "SAE")
+    params = {**params, "W_enc": params["W_enc"] * norms, "b_enc": params["b_enc"] * norms,
+              "W_dec": params["W_dec"] / norms[:, None]}
+    return {**cfg, "rescale_acts_by_decoder_norm": False}, params
 
 
 def damaged(path, problem):  # -> CheckpointError for an SAE file that cannot be used as it is
