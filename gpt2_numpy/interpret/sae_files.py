@@ -166,9 +166,7 @@ def cfg_hook(path, cfg):  # -> the trace name the SAE reads, from TransformerLen
 
 def read_weights(path, cfg):  # -> {name: float32 array}, shaped as cfg says, finite
     try:
-        tensors = read_safetensors(path)
-    except CheckpointError:
-        raise
+        tensors = read_safetensors(path)  # CheckpointError names what is wrong with a damaged file
     except OSError as error:
         raise damaged(path, f"cannot be read ({error.strerror or error})") from None
     d_in, d_sae = cfg["d_in"], cfg["d_sae"]
