@@ -107,8 +107,9 @@ def read_activations(path):  # -> float [n, d_in] memory-mapped, checked; UsageE
         array = np.load(path, mmap_mode="r", allow_pickle=False)
     except OSError as error:
         raise UsageError(f"cannot read --activations {path}: {error.strerror or error}") from None
-    except ValueError as error:
-        raise UsageError(f"--activations {path} is not an .npy array ({error}): save one with numpy.save") from None
+    except ValueError:  # not the .npy format, or an array of Python objects (which is never loaded: pickles run code)
+        raise UsageError(f"--activations {path} is not an .npy array of numbers: save one of shape [n, d_in] with "
+                         "numpy.save") from None
     if not isinstance(array, np.ndarray) or array.ndim != 2 or array.dtype.kind != "f" or 0 in array.shape:
         what = f"an array of {array.dtype} {list(array.shape)}" if isinstance(array, np.ndarray) else "not an array"
         raise UsageError(f"--activations {path} is {what}: it must hold floats of shape [n, d_in], n and d_in >= 1")
