@@ -4,6 +4,7 @@ tests/test_sae.py holds the two equal; sae.py is the one to read.
 """
 import numpy as np
 
+from gpt2_numpy import cores
 from gpt2_numpy.interpret.sae import AUX_COEFFICIENT, aux_k, batch_stats, mse, top_k_indices
 
 GROUP = 8  # latents per group in top_k_grouped
@@ -65,3 +66,29 @@ def topk_loss_and_grads(x, params, k, dead=None):  # -> (losses, grads, stats), 
              "b_dec": d_x_hat.sum(axis=0) - d_b_enc @ W_enc.T}
     fired = np.bincount(latents[values > 0], minlength=d_sae) > 0
     return losses, grads, batch_stats(x, x_hat, (values > 0).sum(axis=-1), fired)
+
+
+ROWS = 512  # a batch is worked in pieces of this many rows, whatever the team, so the sums are the same on any team
+
+
+def team_loss_and_grads(x, params, k, dead=None):  # -> (losses, grads, stats), as topk_loss_and_grads(x, ...)
+    # the batch's rows in pieces of ROWS, shared among the cores (cores.split), each piece's losses and gradients
+    # weighted by its share of the batch and added up in order. Run within cores.all_cores(): OpenBLAS on one thread,
+    # as its own threads spend more time handing over products this small than multiplying
+    n = len(x)
+    starts = range(0, n, ROWS)
+    pieces = [None] * len(starts)
+
+    def some_pieces(share):
+        for at in range(len(starts))[share]:
+            pieces[at] = topk_loss_and_grads(x[starts[at]: starts[at] + ROWS], params, k, dead)
+
+    cores.split(some_pieces, len(starts), item_size=ROWS * params["W_enc"].size)
+    weights = [min(ROWS, n - start) / n for start in starts]  # the mean over the batch is the pieces' weighted sum
+    losses = {name: sum(w * piece[0][name] for w, piece in zip(weights, pieces)) for name in pieces[0][0]}
+    grads = {name: sum(np.float32(w) * piece[1][name] for w, piece in zip(weights, pieces)) for name in params
+             if name in pieces[0][1]}
+    fired = np.logical_or.reduce([piece[2]["fired"] for piece in pieces])
+    stats = {"explained_variance": float(1 - n * losses["mse"] / np.sum((x - x.mean(axis=0)) ** 2)),
+             "l0": sum(w * piece[2]["l0"] for w, piece in zip(weights, pieces)), "fired": fired}
+    return losses, grads, stats

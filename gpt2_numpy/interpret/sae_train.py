@@ -24,7 +24,8 @@ from gpt2_numpy.errors import Interrupted, UsageError
 from gpt2_numpy.formats import parse_json
 from gpt2_numpy.formats.safetensors import read_metadata
 from gpt2_numpy.interpret.sae import decoder_norms, loss_and_grads
-from gpt2_numpy.interpret.sae_fast import topk_loss_and_grads
+from gpt2_numpy.cores import all_cores
+from gpt2_numpy.interpret.sae_fast import team_loss_and_grads
 from gpt2_numpy.interpret.sae_files import CFG, WEIGHTS, load_sae, new_sae, save_sae
 from gpt2_numpy.optim import adamw_state, adamw_step, learning_rate
 from gpt2_numpy.params import flatten
@@ -74,14 +75,17 @@ def init_params(settings, first_rows):  # -> float32 params of a new SAE; first_
 
 
 def train_step(x, params, opt_state, lr, settings, dead):  # -> (losses, stats); params, opt_state updated in place
-    if settings.architecture == "topk":  # the same step, from each row's k latents (sae_fast.py)
-        losses, grads, stats = topk_loss_and_grads(x, params, settings.k, dead)
-    else:
-        losses, grads, stats = loss_and_grads(x, params, settings.architecture, settings.k, settings.l1, dead)
-    if all(math.isfinite(value) for value in losses.values()):
-        adamw_step(params, grads, opt_state, lr, weight_decay=0.0)  # as SAELens's Adam: no decay toward zero
-        if settings.architecture == "topk":
-            params["W_dec"] /= decoder_norms(params["W_dec"])[:, None]  # the unit-norm constraint (module docstring)
+    # one cores.all_cores() for the whole step, as training.train_step has: OpenBLAS on one thread, the pieces of the
+    # step shared among the cores
+    with all_cores():
+        if settings.architecture == "topk":  # the same step, from each row's k latents (sae_fast.py)
+            losses, grads, stats = team_loss_and_grads(x, params, settings.k, dead)
+        else:
+            losses, grads, stats = loss_and_grads(x, params, settings.architecture, settings.k, settings.l1, dead)
+        if all(math.isfinite(value) for value in losses.values()):
+            adamw_step(params, grads, opt_state, lr, weight_decay=0.0)  # as SAELens's Adam: no decay toward zero
+            if settings.architecture == "topk":  # the unit-norm constraint (module docstring)
+                params["W_dec"] /= decoder_norms(params["W_dec"])[:, None]
     return losses, stats
 
 
