@@ -2,8 +2,9 @@
 random magnitudes; an SAE trained here must find them: a decoder row at cosine >= 0.9 for >= 95% of them (topk, 512
 latents, k = 6) or >= 80% (standard), within 2 minutes on 2 cores. tests/test_sae.py runs a small version.
 
-    python -m scripts.sae.planted --architecture topk
+    python -m scripts.sae.planted --architecture topk       # stops once the goal is met, and says when
     python -m scripts.sae.planted --architecture standard
+    python -m scripts.sae.planted --architecture topk --all-steps   # all 3,000 steps (or 2 minutes)
 """
 import argparse
 import time
@@ -34,8 +35,9 @@ def matched(W_dec, directions, cosine=0.9):  # -> the share of directions that s
 
 
 def train_planted(architecture, steps, batch_size, lr, d_sae=512, k=6, l1=0.0, seed=0, seconds=None,
-                  n_features=N_FEATURES, d_in=D_IN, active=ACTIVE):
-    # -> (matched share, steps taken, seconds): an SAE trained on fresh planted batches for `steps`, or `seconds`
+                  n_features=N_FEATURES, d_in=D_IN, active=ACTIVE, stop_at=None):
+    # -> (matched share, steps taken, seconds): an SAE trained on fresh planted batches for `steps`, or `seconds`, or
+    # until it matches stop_at of the directions (looked at every 50 steps)
     directions = planted_directions(seed, n_features, d_in)
     rng = np.random.default_rng([seed, 8])
     settings = SaeSettings(architecture=architecture, d_in=d_in, d_sae=d_sae, k=k if architecture == "topk" else None,
@@ -52,6 +54,8 @@ def train_planted(architecture, steps, batch_size, lr, d_sae=512, k=6, l1=0.0, s
         since_fired[stats["fired"]] = 0
         if seconds is not None and time.perf_counter() - start > seconds:
             break
+        if stop_at is not None and step % 50 == 49 and matched(params["W_dec"], directions) >= stop_at:
+            break
     return matched(params["W_dec"], directions), step + 1, time.perf_counter() - start
 
 
@@ -62,11 +66,12 @@ def main():
     parser.add_argument("--batch-size", type=int, default=1024)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--l1", type=float, default=0.3)
-    parser.add_argument("--seconds", type=float, default=120)
+    parser.add_argument("--seconds", type=float, default=120, help="stop after this long (120)")
+    parser.add_argument("--all-steps", action="store_true", help="run every step, not only until the goal is met")
     args = parser.parse_args()
-    share, steps, seconds = train_planted(args.architecture, args.steps, args.batch_size, args.lr, l1=args.l1,
-                                         seconds=args.seconds)
     goal = 0.95 if args.architecture == "topk" else 0.80
+    share, steps, seconds = train_planted(args.architecture, args.steps, args.batch_size, args.lr, l1=args.l1,
+                                         seconds=args.seconds, stop_at=None if args.all_steps else goal)
     print(f"{args.architecture}: {share:.1%} of {N_FEATURES} planted directions matched at cosine >= 0.9 after {steps} "
           f"steps of {args.batch_size} ({seconds:.0f} s); goal {goal:.0%}: {'met' if share >= goal else 'MISSED'}")
 
