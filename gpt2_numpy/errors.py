@@ -11,7 +11,7 @@ class Gpt2NumpyError(Exception):
 
     def __init__(self, message, files=()):
         super().__init__(message)
-        # the files a failed check compared, the one at fault first when all are equally trusted (verification.blame)
+        # the files a failed check compared, the one at fault first when all are equally trusted (loading.blame)
         self.files = tuple(files)
 
 

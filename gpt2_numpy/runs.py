@@ -109,14 +109,16 @@ def save_run(run, params, opt_state, batches, step, seconds):  # -> None: run.ou
     move_in(staging, out, SAVE_ORDER)
 
 
-def settle(out):  # -> None: a save cut off midway (a full disk, a second Ctrl-C, a kill) made whole, or dropped
+def settle(out, order=SAVE_ORDER):  # -> None: a save cut off midway (a full disk, a second Ctrl-C, a kill) made whole,
+    # or dropped; order: the save's files, the weights (whose header names the step) first, the state last (an SAE
+    # run's are interpret/sae_train.py's)
     staging = out / STAGING
     if not staging.exists():
         return
     if (staging / STATE).is_file():
         staged = staged_step(staging / STATE)
-        if staged is not None and saved_step(out) == staged:  # its weights are in place: the save happened, the rest
-            move_in(staging, out, SAVE_ORDER)  # of it moves in
+        if staged is not None and saved_step(out, order[0]) == staged:  # its weights are in place: the save
+            move_in(staging, out, order)  # happened, the rest of it moves in
             return
     shutil.rmtree(staging)  # never began to move in (or was never whole): the save in place stays
 
@@ -130,27 +132,30 @@ def staged_step(path):  # -> the step a staged train_state.npz records (str); No
         return None
 
 
-def saved_step(out):  # -> the step of the save in out (str), as its weights' header names it; None before the first
-    return read_metadata(out / MODEL).get("step") if (out / MODEL).is_file() else None
+def saved_step(out, weights=MODEL):  # -> the step of the save in out (str), as its weights' header names it; None
+    # before the first
+    return read_metadata(out / weights).get("step") if (out / weights).is_file() else None
 
 
-def kept(out):  # -> (the step of out's last save, None if there is none; the words that say which save out keeps)
+def kept(out, order=SAVE_ORDER):  # -> (the step of out's last save, None if there is none; the words that say which
+    # save out keeps)
     try:
-        saved = saved_step(out)
+        saved = saved_step(out, order[0])
     except (OSError, Gpt2NumpyError):  # out cannot be read either
         return None, f"{out} stays as it was"
     return saved, "nothing was saved" if saved is None else f"the last save (step {saved}) is kept"
 
 
-def cannot_write(out, error):  # -> TrainingFailed for an OSError writing out: what to do, and which save stays
-    saved, keeps = kept(out)
+def cannot_write(out, error, order=SAVE_ORDER):  # -> TrainingFailed for an OSError writing out: what to do, and which
+    # save stays
+    saved, keeps = kept(out, order)
     then = "then continue with the same command and --resume" if saved else "or choose another --out"
     return TrainingFailed(f"cannot write to {out} ({error.strerror or error}): {disk_fix(error)}, {then}; {keeps}")
 
 
-def diverged(out, step, what):  # -> TrainingFailed for a run whose numbers are no longer finite at step
-    return TrainingFailed(f"step {step}: {what}: training diverged; {kept(out)[1]}; start again in another --out with "
-                          "a lower --lr or a longer --warmup")
+def diverged(out, step, what, order=SAVE_ORDER):  # -> TrainingFailed for a run whose numbers are no longer finite
+    return TrainingFailed(f"step {step}: {what}: training diverged; {kept(out, order)[1]}; start again in another "
+                          "--out with a lower --lr" + (" or a longer --warmup" if order == SAVE_ORDER else ""))
 
 
 def check_out(out, resume):  # -> True when out holds a run of ours, to be claimed (and judged there) before anything
@@ -177,19 +182,20 @@ def check_out(out, resume):  # -> True when out holds a run of ours, to be claim
 
 
 @contextmanager
-def claimed(out, resume):  # -> None while this process holds out's lock, out settled (see settle) and checked again
+def claimed(out, resume, order=SAVE_ORDER):  # -> None while this process holds out's lock, out settled (see settle)
+    # and checked again
     try:
         out.mkdir(parents=True, exist_ok=True)
         lock = (out / LOCK).open("a")  # the file stays after the run, as the download lock does (see loading.locked)
     except OSError as error:
-        raise cannot_write(out, error) from None
+        raise cannot_write(out, error, order) from None
     with lock:
         if not take_lock(lock, out, "training", wait=False):
             raise UsageError(f"another training run holds {out} (it has locked {LOCK}): wait for it to end, or choose "
                              "another --out")
         try:
-            with settled_if_cut(out):
-                settle(out)
+            with settled_if_cut(out, order):
+                settle(out, order)
             if check_out(out, resume) and not resume:  # looked at again, settled: another run may have saved here
                 raise UsageError(f"--out {out} already holds a training run: add --resume to continue it, or choose "
                                  "another folder")
@@ -199,17 +205,18 @@ def claimed(out, resume):  # -> None while this process holds out's lock, out se
 
 
 @contextmanager
-def settled_if_cut(out):  # -> context in which a save may be cut off: a disk error or a second Ctrl-C stops the run
+def settled_if_cut(out, order=SAVE_ORDER):  # -> context in which a save may be cut off: a disk error or a second
+    # Ctrl-C stops the run
     # with one line, out settled as the next run would find it; out's lock must be held
     try:
         yield
     except OSError as error:  # --out's disk: stderr cannot be the cause, as the progress bar and log() fail quietly
         with suppress(OSError):
-            settle(out)  # drops a save cut off while written (freeing its space), or moves in one cut off moving in
-        raise cannot_write(out, error) from None
+            settle(out, order)  # drops a save cut off while written (freeing its space), or moves in one cut off
+        raise cannot_write(out, error, order) from None  # moving in
     except KeyboardInterrupt:  # a second Ctrl-C
-        settle(out)
-        saved, keeps = kept(out)
+        settle(out, order)
+        saved, keeps = kept(out, order)
         raise Interrupted(f"stopped at once; {keeps}" + ("; continue with the same command and --resume" if saved
                                                          else "")) from None
 
@@ -302,8 +309,8 @@ def restore_moments(template, state):  # -> optimizer state shaped like template
     return fill(template, ())
 
 
-def read_log(path):  # -> the rows of a log (log.csv, heads.csv), none if it is missing; UsageError for a row open_log
-    # could not write back
+def read_log(path, fields=None):  # -> the rows of a log (log.csv, heads.csv), none if it is missing; UsageError for a
+    # row open_log could not write back; fields: its columns (LOGS's, by its name, by default)
     if not path.is_file():
         return []
     try:
@@ -315,7 +322,7 @@ def read_log(path):  # -> the rows of a log (log.csv, heads.csv), none if it is 
             # saves a step only once its row is written, so the row goes and --resume writes it again
             text = text[:-len(last)]
         reader, rows = csv.DictReader(io.StringIO(text, newline=""), restval=None), []
-        unknown = [name for name in reader.fieldnames or () if name not in LOGS[path.name]]
+        unknown = [name for name in reader.fieldnames or () if name not in (fields or LOGS[path.name])]
         if unknown:
             raise UsageError(f"--resume: the header of {path} has the column {unknown[0]!r}, which a run does not "
                              "write: remove that column (or delete the file: the run resumes, its earlier rows are "
@@ -337,10 +344,10 @@ def read_log(path):  # -> the rows of a log (log.csv, heads.csv), none if it is 
     return rows
 
 
-def open_log(out, step, name=LOG):  # -> file, csv writer appending to out/name (a log of LOGS), which keeps only
-    # the rows up to step
-    path, fields = out / name, LOGS[name]
-    rows = [row for row in read_log(path) if int(row["step"]) <= step] if step else []
+def open_log(out, step, name=LOG, fields=None):  # -> file, csv writer appending to out/name (a log of LOGS, or one of
+    # these fields), which keeps only the rows up to step
+    path, fields = out / name, fields or LOGS[name]
+    rows = [row for row in read_log(path, fields) if int(row["step"]) <= step] if step else []
     text = io.StringIO()
     writer = csv.DictWriter(text, fields)
     writer.writeheader()

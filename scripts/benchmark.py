@@ -39,7 +39,7 @@ from gpt2_numpy import keep_freed_memory
 from gpt2_numpy.formats.checkpoint import load_params
 from gpt2_numpy.params import random_params
 from gpt2_numpy.console import plural
-from scripts.bench import batch, bpe, breakdown, busy, counts, forward, goals, memory, score, tokenizer, train
+from scripts.bench import batch, bpe, breakdown, busy, counts, forward, goals, memory, sae, score, tokenizer, train
 from scripts.bench.engines import INSTALL_HF, HuggingFace, Ours
 from gpt2_numpy import cores
 from scripts.bench.harness import (BEGIN, END, HF, HPARAMS_124M, REPO, blas_name, blas_threads, fail, read_page,
@@ -63,6 +63,7 @@ PARTS = {  # --only's names, in the order they run -> (run) -> rows (the breakdo
     "breakdown": lambda run: breakdown.breakdown_lines(run.engines),
     "training": lambda run: train.train_rows(run.repeats, compare_torch=bool(run.hf_dir), theirs=HF)[0],
     "default count": lambda run: counts.default_rows(run.params, run.engines[0].n_head, run.repeats),
+    "sae": lambda run: sae.sae_rows(run.repeats, theirs=HF),  # SAELens's trainer where sae-lens is installed
 }
 
 
