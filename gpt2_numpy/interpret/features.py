@@ -23,6 +23,7 @@ which the feature page (features_page.py) draws.
 """
 import numpy as np
 
+from gpt2_numpy.interpret.ablation import prediction
 from gpt2_numpy.interpret.edits import Edit, run_with_edits
 from gpt2_numpy.interpret.tracing import trace
 
@@ -168,3 +169,12 @@ def busiest_latents(windows, params, n_head, sae, count):  # -> the `count` late
     order = np.argsort(-fired, kind="stable")
     return [int(latent) for latent in order[:count] if fired[latent] > 0]
 
+
+
+def latent_edit_effect(ids, params, n_head, sae, ablate=(), steers=()):  # -> {"before": prediction, "after": ...}
+    """The loss and the next tokens on token ids `ids` (ablation.prediction's), as the model runs and with the
+    latents `ablate` taken out and `steers` [(latent, scale)] added at sae.hook. ValueError for a latent out of range;
+    NonFiniteError when the model computes NaN or infinity."""
+    edits = [ablation_edit(sae, ablate)] * bool(ablate) + [steering_edit(sae, steers)] * bool(steers)
+    before, after = edited_logits(ids, params, n_head, edits)
+    return {"before": prediction(before, ids), "after": prediction(after, ids)}

@@ -1,4 +1,4 @@
-"""`sae features --html`: one offline page of an SAE's latents on a text, features.html with the data put inline as JSON.
+"""`sae features --html`: one offline page of an SAE's latents on a text: features.html, its data inline as JSON.
 
 Per latent: its strongest contexts (features.scan) with each token shaded by the latent's activation there, a
 histogram of its activations above 0, and the tokens its decoder row promotes and suppresses most
