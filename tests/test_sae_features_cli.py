@@ -158,3 +158,20 @@ def test_explain_sae_ablate_and_steer_print_the_loss_and_next_tokens_after(folde
 def test_explain_refuses_a_latent_out_of_range_and_an_edit_without_an_sae(folders, kwargs, fragment):
     with pytest.raises(UsageError, match=re.escape(fragment)):
         explain(folders, **kwargs)
+
+
+def test_the_demo_s_labelled_windows_mark_each_copy_of_each_pair():
+    from scripts.demo.sae_induction import FIRST, SECOND, labelled_windows
+
+    windows, labels = labelled_windows(50, 32, seed=3)
+    assert windows.shape == labels.shape == (50, 32)
+    for window, marks in zip(windows, labels):
+        window.tobytes().decode("utf-8")  # whole characters: a byte-level model's tokenizer takes it as it is
+        runs = [(mark, window[i:j].tobytes()) for mark, i, j in runs_of(marks) if mark in (FIRST, SECOND)]
+        assert [mark for mark, _ in runs] == [FIRST, SECOND] * (len(runs) // 2) and runs
+        assert all(first == second for (_, first), (_, second) in zip(runs[::2], runs[1::2]))
+
+
+def runs_of(marks):  # -> [(mark, start, stop)] of the runs of equal marks
+    edges = [0, *np.flatnonzero(np.diff(marks)) + 1, len(marks)]
+    return [(marks[i], i, j) for i, j in zip(edges[:-1], edges[1:])]

@@ -16,7 +16,8 @@ MODEL: the folder induction.sh wrote (its texts/train.txt is what the SAE trains
    control, the latent that fires most often among the rest. The chosen latent: the candidate whose loss rise on
    second copies exceeds its rise on first copies most (not every selective latent is one the model uses).
 5. `gpt2-numpy sae features` writes OUT/features.html for the chosen latent, three other candidates and the control.
-Prints the numbers and writes them to OUT/numbers.json.
+Prints the numbers and writes them to OUT/numbers.json; --screenshot PNG also draws the page's first latent (with
+selenium and Debian's chromium chromium-driver, as scripts/demo/screenshot_page.py).
 """
 import argparse
 import json
@@ -38,8 +39,8 @@ NEITHER, FIRST, SECOND = 0, 1, 2
 
 
 def labelled_windows(n_windows, n_ctx, seed):  # -> (bytes [n_windows, n_ctx] uint8, labels [n_windows, n_ctx])
-    """Windows of whole pairs (sequence, gap, sequence), as induction_text draws them, each window filled up with
-    random characters after its last whole pair; every byte labelled FIRST, SECOND or NEITHER."""
+    """Windows of whole pairs (sequence, gap, sequence), as induction_text draws them, at least one each, each window
+    filled up with random characters after its last whole pair; every byte labelled FIRST, SECOND or NEITHER."""
     rng = np.random.default_rng(seed)
     windows, labels = [], []
     while len(windows) < n_windows:
@@ -48,8 +49,10 @@ def labelled_windows(n_windows, n_ctx, seed):  # -> (bytes [n_windows, n_ctx] ui
             sequence = random_chars(rng, rng.integers(LENGTHS[0], LENGTHS[1] + 1)).encode()
             gap = random_chars(rng, rng.integers(GAPS[0], GAPS[1] + 1)).encode()
             pair = sequence + gap + sequence
-            if len(data) + len(pair) > n_ctx:
+            if len(data) + len(pair) > n_ctx and data:
                 break
+            if len(data) + len(pair) > n_ctx:  # a pair too long for a window of its own: drawn again
+                continue
             data += pair
             marks += [FIRST] * len(sequence) + [NEITHER] * len(gap) + [SECOND] * len(sequence)
         filler = random_chars(rng, n_ctx).encode()[: n_ctx - len(data)]
@@ -78,6 +81,26 @@ def copy_losses(windows, labels, params, n_head, edits):  # -> {"first", "second
     return {"first": float(losses[targets == FIRST].mean()), "second": float(losses[targets == SECOND].mean())}
 
 
+def screenshot(page, png, size="1100,620"):  # -> None; the page opened offline in headless Chromium, saved as PNG
+    import shutil
+
+    from selenium import webdriver
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    options = Options()
+    for argument in ["--headless=new", "--no-sandbox", "--disable-gpu", f"--window-size={size}",
+                     "--proxy-server=127.0.0.1:9"]:  # nothing gets out: the page must need nothing
+        options.add_argument(argument)
+    options.binary_location = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver = webdriver.Chrome(options=options, service=Service(shutil.which("chromedriver")))
+    try:
+        driver.get(Path(page).resolve().as_uri())
+        driver.save_screenshot(str(png))
+    finally:
+        driver.quit()
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("model", type=Path)
@@ -89,6 +112,7 @@ def main():
     parser.add_argument("--windows", type=int, default=512, help="labelled windows to measure on")
     parser.add_argument("--candidates", type=int, default=8,
                         help="the latents most selective for second copies, each taken out in turn")
+    parser.add_argument("--screenshot", type=Path, metavar="PNG", help="also draw the page's first latent here")
     parser.add_argument("--train-windows", type=int, default=8192, help="windows of train.txt to train the SAE on")
     args = parser.parse_args()
     if args.out.exists():
@@ -140,6 +164,8 @@ def main():
     cli("sae", "features", "--sae", sae_dir, "--model", args.model, "--data", text_path, "--seq-len", n_ctx,
         "--html", args.out / "features.html", "--latents", latent, *[c for c in candidates if c != latent][:3], control,
         "--contexts", 8)
+    if args.screenshot:
+        screenshot(args.out / "features.html", args.screenshot)
     print(f"{numbers['eval']['tokens']:,} tokens: loss recovered {numbers['eval']['loss_recovered']:.3f} (L_clean "
           f"{numbers['eval']['L_clean']:.3f}, L_sae {numbers['eval']['L_sae']:.3f}, L_zero "
           f"{numbers['eval']['L_zero']:.3f}); explained variance {numbers['eval']['explained_variance']:.3f}, "
