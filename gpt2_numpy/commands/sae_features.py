@@ -63,7 +63,7 @@ def run(args):  # -> exit status
     latents = args.latents or busiest_latents(windows, params, n_head, sae, args.count)
     if not latents:
         raise UsageError(f"no latent of --sae {args.sae} fires anywhere in --data {args.data}: nothing to show")
-    title = f"{plural(len(latents), 'latent')} of {args.sae} on {args.data.name}"
+    title = f"{plural(len(latents), 'latent')} of the SAE {args.sae.name} on {args.data.name}"
     page = features_html(features_data(windows, params, n_head, sae, latents, lambda t: token_text(model, t),
                                        title, args.contexts))
     write_atomically(args.html, lambda file: file.write(page.encode("utf-8")), "the page")
