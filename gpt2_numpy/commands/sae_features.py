@@ -139,7 +139,13 @@ def add_explain_arguments(parser):  # -> None; explain's SAE flags
 
 def explain_run(args, model):  # -> the text explain prints for --sae (a table, or with args.json one JSON line)
     """model: what explain has loaded, with .params, .hparams, .ids (the prompt's token ids), .label(token_id) (a
-    table's quoted label) and .text_of(token_id) (a token's text, for JSON), as explain's Request has them."""
+    table's quoted label) and .text_of(token_id) (a token's text, for JSON), as explain's Request has them. Its three
+    steps, for explain's table of modes: explain_compute (the work and every check), explain_table, explain_json."""
+    result = explain_compute(args, model)
+    return json.dumps(explain_json(model, result)) + "\n" if args.json else explain_table(model, result)
+
+
+def explain_compute(args, model):  # -> {"sae", "top"} or {"sae", "ablate", "steers", "effect"}; UsageError first
     if args.sae is None:
         flag = "--sae-ablate" if args.sae_ablate else "--steer"
         raise UsageError(f"{flag} edits an SAE's latents: add --sae DIR")
@@ -149,12 +155,22 @@ def explain_run(args, model):  # -> the text explain prints for --sae (a table, 
     checked([latent for latent, _ in steers], sae, "--steer")
     n_head = model.hparams["n_head"]
     if not (ablate or steers):
-        top = strongest_latents(latent_activations(model.ids, model.params, n_head, sae), STRONGEST)
-        return (json.dumps(strongest_json(model.ids, sae, top, model.text_of)) + "\n" if args.json
-                else strongest_table(model.ids, sae, top, model.label))
-    result = latent_edit_effect(model.ids, model.params, n_head, sae, ablate, steers)
-    return (json.dumps(edit_json(model.ids, sae, ablate, steers, result, model.text_of)) + "\n" if args.json
-            else edit_table(sae, ablate, steers, result, model.label))
+        return {"sae": sae, "top": strongest_latents(latent_activations(model.ids, model.params, n_head, sae),
+                                                     STRONGEST)}
+    return {"sae": sae, "ablate": ablate, "steers": steers,
+            "effect": latent_edit_effect(model.ids, model.params, n_head, sae, ablate, steers)}
+
+
+def explain_table(model, result):  # -> the text explain --sae prints for explain_compute's result
+    if "top" in result:
+        return strongest_table(model.ids, result["sae"], result["top"], model.label)
+    return edit_table(result["sae"], result["ablate"], result["steers"], result["effect"], model.label)
+
+
+def explain_json(model, result):  # -> the JSON-ready object explain --sae --json prints
+    if "top" in result:
+        return strongest_json(model.ids, result["sae"], result["top"], model.text_of)
+    return edit_json(model.ids, result["sae"], result["ablate"], result["steers"], result["effect"], model.text_of)
 
 
 def strongest_json(ids, sae, top, text):  # -> the object explain --sae --json prints
