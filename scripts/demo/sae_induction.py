@@ -63,10 +63,16 @@ def labelled_windows(n_windows, n_ctx, seed):  # -> (bytes [n_windows, n_ctx] ui
     return np.array(windows), np.array(labels)
 
 
+def fail(message):  # -> never returns: one error line, status 2
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
 def cli(*args):  # -> stdout of `python -m gpt2_numpy ARGS`; stops the demo when the command fails
     result = subprocess.run([sys.executable, "-m", "gpt2_numpy", *map(str, args)], stdout=subprocess.PIPE, text=True)
     if result.returncode:
-        sys.exit(f"error: gpt2-numpy {' '.join(map(str, args))} failed with status {result.returncode}")
+        print(f"error: gpt2-numpy {' '.join(map(str, args))} failed with status {result.returncode}", file=sys.stderr)
+        sys.exit(result.returncode)
     return result.stdout
 
 
@@ -115,8 +121,10 @@ def main():
     parser.add_argument("--screenshot", type=Path, metavar="PNG", help="also draw the page's first latent here")
     parser.add_argument("--train-windows", type=int, default=8192, help="windows of train.txt to train the SAE on")
     args = parser.parse_args()
+    if not (args.model / "texts/train.txt").is_file():
+        fail(f"{args.model} holds no texts/train.txt: pass the folder scripts/demo/induction.sh wrote")
     if args.out.exists():
-        sys.exit(f"error: {args.out} exists: pass an OUT that does not exist yet")
+        fail(f"{args.out} exists: pass an OUT that does not exist yet")
     args.out.mkdir(parents=True)
     sae_dir = args.out / "sae"
     hparams, params, tokenizer = load_model(args.model)
