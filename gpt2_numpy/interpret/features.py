@@ -25,7 +25,7 @@ import numpy as np
 
 from gpt2_numpy.interpret.ablation import prediction
 from gpt2_numpy.interpret.edits import Edit, run_with_edits
-from gpt2_numpy.interpret.tracing import trace
+from gpt2_numpy.interpret.tracing import block_traces, embedding, trace
 
 RESIDUAL_STEPS = ("mid", "out", "attn.out", "mlp.out")  # a block's arrays in the residual stream's space
 HISTOGRAM_BINS = 20
@@ -58,8 +58,19 @@ def at_hook(function, hook):  # -> edit function: function([..., n_seq, d_in]) a
     return edit
 
 
+def hook_activation(ids, params, n_head, hook):  # int [n_seq] -> trace's array named hook, computed up to there
+    # the blocks after the hook, and GPT-2's 50,257 logits per token, would cost more than everything a page needs
+    if hook == "embed":
+        return embedding(ids, params["wte"], params["wpe"])
+    if not hook.startswith("blocks."):
+        return trace(ids, params, n_head)[hook]
+    layer, step = int(hook.split(".")[1]), hook.split(".", 2)[2]
+    *_, last = block_traces(embedding(ids, params["wte"], params["wpe"]), params["blocks"][: layer + 1], n_head)
+    return last[step]  # the hook's block's arrays: the blocks run up to it, and no further
+
+
 def latent_activations(ids, params, n_head, sae):  # int [n_seq] -> [n_seq, d_sae]: the SAE's latents at its hook
-    return sae.encode(sae_input(trace(ids, params, n_head)[sae.hook], sae.hook))
+    return sae.encode(sae_input(hook_activation(ids, params, n_head, sae.hook), sae.hook))
 
 
 def strongest_latents(f, top):  # [n_seq, d_sae] -> (ids int [n_seq, top], activations [n_seq, top]), strongest first
