@@ -1,0 +1,45 @@
+"""`sae features --html`: one offline page of an SAE's latents on a text: features.html, its data inline as JSON.
+
+Per latent: its strongest contexts (features.scan) with each token shaded by the latent's activation there, a
+histogram of its activations above 0, and the tokens its decoder row promotes and suppresses most
+(features.logit_effects). The text is the user's, so the page treats it as data: the JSON escapes "<" (a token
+"</script>" cannot end the script that holds it), and the script sets every text with textContent, never as HTML.
+"""
+import json
+from importlib import resources
+
+from gpt2_numpy.interpret.features import context_span, logit_effects, scan
+
+DATA_SLOT = "/*DATA*/null"  # the template's placeholder for the JSON data: valid JavaScript before it is filled
+TOP_TOKENS = 10  # promoted and suppressed tokens shown per latent
+
+
+def features_html(data):  # -> the page's text: features.html with data (features_data's) inline
+    template = resources.files("gpt2_numpy.interpret").joinpath("features.html").read_text(encoding="utf-8")
+    # "<" as \u003c: a context's "</script>" must not end the script that holds the data
+    return template.replace(DATA_SLOT, json.dumps(data, ensure_ascii=False).replace("<", "\\u003c"), 1)
+
+
+def features_data(windows, params, n_head, sae, latents, text, title, n_contexts=10, progress=None):
+    """The page's data for `latents` of `sae` over token ids [n_windows, n_seq]; text(token_id) -> a token's text."""
+    found = scan(windows, params, n_head, sae, latents, n_contexts, progress=progress)
+    promoted, suppressed = logit_effects(sae, params, latents, TOP_TOKENS)
+    column = {latent: i for i, latent in enumerate(latents)}
+    shown = []
+    for latent, up, down in zip(latents, promoted, suppressed):
+        seen = found["latents"][latent]
+        counts, edges = seen["histogram"]
+        contexts = []
+        for value, window, position in seen["contexts"]:
+            start, stop = context_span(position, windows.shape[1])
+            contexts.append({"value": value, "peak": position - start,
+                             "tokens": [text(int(t)) for t in windows[window, start:stop]],
+                             "acts": found["activations"][window, start:stop, column[latent]].tolist()})
+        shown.append({"id": int(latent), "fired": seen["fired"], "max": contexts[0]["value"] if contexts else 0.0,
+                      "contexts": contexts, "histogram": {"counts": counts.tolist(), "edges": edges.tolist()},
+                      "promoted": [[text(t), effect] for t, effect in up],
+                      "suppressed": [[text(t), effect] for t, effect in down]})
+    summary = (f"{len(latents)} latents of an SAE at {sae.hook} ({sae.d_in} -> {sae.d_sae}), over {found['positions']} "
+               f"positions ({len(windows)} windows of {windows.shape[1]} tokens). Direct effect: W_dec[f], centred and "
+               "scaled by ln_f's gain, @ wte.T.")
+    return {"title": title, "summary": summary, "positions": found["positions"], "latents": shown}
