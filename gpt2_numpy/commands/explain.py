@@ -25,6 +25,7 @@ from gpt2_numpy.commands.common import (
     ArgumentParser, add_model_args, model_from_args, model_size, open_stdout, path_argument, read_data, read_prompt,
     run_model_cli, whole_number, write_stdout,
 )
+from gpt2_numpy.commands.sae_features import add_explain_arguments, explain_compute, explain_json, explain_table
 from gpt2_numpy.console import log, plural, progress_bar
 from gpt2_numpy.errors import NothingToRecover, UsageError
 from gpt2_numpy.loading import is_ready, prompt_ids
@@ -150,6 +151,7 @@ def parse_args(argv):  # -> argparse.Namespace, checked
     parser.add_argument("--html", type=path_argument, metavar="FILE",
                         help="write one self-contained page (.html) to explore every head's attention, the head "
                         "scores and the logit lens in a browser, offline")
+    add_explain_arguments(parser)
     add_model_args(parser)
     args = parser.parse_args(mark_texts(sys.argv[1:] if argv is None else argv, parser._option_string_actions))
     if args.seed is not None and not args.heads:
@@ -166,6 +168,8 @@ def parse_args(argv):  # -> argparse.Namespace, checked
     if args.mean_over is not None and args.ablation != "mean":
         raise UsageError("--mean-over belongs to --ablation mean: add --ablate L.H --ablation mean, or drop "
                          "--mean-over")
+    if (args.sae_ablate or args.steer) and args.sae is None:
+        raise UsageError(f"{'--sae-ablate' if args.sae_ablate else '--steer'} edits an SAE's latents: add --sae DIR")
     if args.patch is not None and args.answer is None:
         raise UsageError("--patch needs --answer A B: the two one-token answers whose logit difference it measures")
     if args.answer is not None and args.patch is None:
@@ -344,6 +348,10 @@ def patched(request):  # -> patching's result; UsageError when the prompts leave
     return result
 
 
+def sae_latents(request):  # -> --sae's result: each position's strongest latents, or the edits' effect
+    return explain_compute(request.args, request)
+
+
 def lens_text(request, layers):
     return lens_table(request.ids, layers, request.label)
 
@@ -393,6 +401,7 @@ MODES = {  # name (its flag, --NAME) -> Mode, in the order they print; each but 
     "ablate": Mode(ablated, ablation_text, ablation_data),
     "attribute": Mode(attributed, attribution_text, attribution_data),
     "patch": Mode(patched, patching_text, patching_data),
+    "sae": Mode(sae_latents, explain_table, explain_json),
 }
 OUTPUTS = tuple(name for name, mode in MODES.items() if mode.json)  # each prints a table, or with --json one object
 

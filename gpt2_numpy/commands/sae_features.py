@@ -22,6 +22,8 @@ from gpt2_numpy.errors import UsageError
 from gpt2_numpy.interpret.features import busiest_latents, check_latents, latent_activations, latent_edit_effect
 from gpt2_numpy.interpret.features import strongest_latents
 from gpt2_numpy.interpret.features_page import features_data, features_html
+from gpt2_numpy.interpret.sae_activations import check_hook, model_rows
+from gpt2_numpy.interpret.sae_files import check_fits, load_sae
 from gpt2_numpy.interpret.files import check_output_file, write_atomically
 from gpt2_numpy.interpret.stepwise import fit
 from gpt2_numpy.tokenizer import check_in_vocabulary
@@ -91,9 +93,6 @@ def token_text(model, token_id):  # -> a token's text; a piece of a character sh
 
 
 def loaded_sae(folder, params, hparams):  # -> the SAE in folder, fit for the model; UsageError (one line) otherwise
-    from gpt2_numpy.interpret.sae_activations import check_hook, model_rows  # the SAE core's, as sae eval checks it
-    from gpt2_numpy.interpret.sae_files import check_fits, load_sae
-
     sae = load_sae(folder)
     if sae.hook is None:
         raise UsageError(f"--sae {folder}'s cfg.json names no hook: add metadata.hook_name (a trace name, or "

@@ -12,8 +12,8 @@ from gpt2_numpy.interpret.features import context_span, logit_effects
 from gpt2_numpy.interpret.features_page import TOP_TOKENS, features_data, features_html
 from gpt2_numpy.interpret.tracing import trace
 from gpt2_numpy.params import random_params
-from tests.sae_standin import random_sae
-from tests.test_explain_page import browser  # noqa: F401  (the fixture: headless Chromium, offline)
+from tests.sae_helpers import random_sae
+from tests.unit.test_page import browser  # noqa: F401  (the fixture: headless Chromium, offline)
 
 HPARAMS = {"n_vocab": 40, "n_ctx": 16, "n_embd": 16, "n_head": 4, "n_layer": 2}
 # texts a page that pasted them in as HTML would run, or that would end the script holding the data

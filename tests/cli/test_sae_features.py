@@ -18,10 +18,10 @@ from gpt2_numpy.interpret.tracing import log_softmax, trace
 from gpt2_numpy.model import softmax
 from gpt2_numpy.params import random_params
 from tests.conftest import REPO, assert_one_error_line, byte_model_dir
-from tests.sae_standin import random_sae
+from tests.sae_helpers import random_sae
 
-sae_files = pytest.importorskip("gpt2_numpy.interpret.sae_files", reason="the SAE core (branch sae) is not merged")
-from gpt2_numpy.commands.sae_features import explain_run  # noqa: E402  (after the core's check)
+from gpt2_numpy.commands.sae_features import explain_run
+from gpt2_numpy.interpret import sae_files
 
 HPARAMS = {"n_vocab": 257, "n_ctx": 16, "n_embd": 16, "n_head": 4, "n_layer": 2}
 TEXT = "the cat sat on the mat, the cat sat on the hat; " * 8

@@ -18,7 +18,7 @@ from gpt2_numpy.interpret.features import (
 from gpt2_numpy.interpret.tracing import trace
 from gpt2_numpy.model import block, layer_norm, merge_heads, split_heads
 from gpt2_numpy.params import random_params
-from tests.sae_standin import random_sae
+from tests.sae_helpers import random_sae
 
 HPARAMS = {"n_vocab": 40, "n_ctx": 16, "n_embd": 16, "n_head": 4, "n_layer": 2}
 IDS = [3, 17, 5, 9, 3, 17, 5, 22, 30, 1, 0, 12]
