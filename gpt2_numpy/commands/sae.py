@@ -28,7 +28,7 @@ from gpt2_numpy.interpret.sae_activations import (
     Stream, array_windows, check_hook, hook_rows, model_rows, splice, zeroed,
 )
 from gpt2_numpy.interpret.sae_files import check_fits, load_sae, our_hook
-from gpt2_numpy.interpret.sae_train import (
+from gpt2_numpy.sae_training import (
     KEPT, SAE_ORDER, SaeSettings, init_params, load_sae_run, sae_of, train_sae,
 )
 from gpt2_numpy.interpret.tracing import log_softmax

@@ -24,6 +24,7 @@ from gpt2_numpy.interpret.features import strongest_latents
 from gpt2_numpy.interpret.features_page import features_data, features_html
 from gpt2_numpy.interpret.sae_activations import check_hook, model_rows
 from gpt2_numpy.interpret.sae_files import check_fits, load_sae
+from gpt2_numpy.interpret.present import before_after_json, before_after_table
 from gpt2_numpy.interpret.files import check_output_file, write_atomically
 from gpt2_numpy.interpret.stepwise import fit
 from gpt2_numpy.tokenizer import check_in_vocabulary
@@ -195,22 +196,8 @@ def edit_names(ablate, steers):  # -> "latents 3, 7 taken out; latent 12 steered
 
 def edit_json(ids, sae, ablate, steers, result, text):  # -> the object --sae-ablate / --steer --json prints
     return {"prompt_ids": [int(t) for t in ids], "hook": sae.hook, "ablated": [int(f) for f in ablate],
-            "steered": [[int(f), float(scale)] for f, scale in steers],
-            "loss": {when: None if math.isnan(result[when][0]) else result[when][0] for when in ("before", "after")},
-            "next_token": {when: [{"id": int(token_id), "token": text(token_id), "prob": float(prob)}
-                                  for token_id, prob in zip(*result[when][1:])] for when in ("before", "after")}}
+            "steered": [[int(f), float(scale)] for f, scale in steers], **before_after_json(result, text)}
 
 
 def edit_table(sae, ablate, steers, result, label):  # -> the text --sae-ablate / --steer prints, as --ablate's
-    (loss_before, top_before, probs_before), (loss_after, top_after, probs_after) = result["before"], result["after"]
-    lines = [f"SAE at {sae.hook}: {edit_names(ablate, steers)}", ""]
-    if math.isnan(loss_before):
-        lines.append("mean next-token loss: none (a prompt of one token has no next token inside it)")
-    else:
-        lines.append(f"mean next-token loss over the prompt: {loss_before:.4f} before, {loss_after:.4f} after "
-                     f"({loss_after - loss_before:+.4f})")
-    lines += ["", f"{'':4}{'before':>28}{'after':>28}"]
-    for rank, row in enumerate(zip(top_before, probs_before, top_after, probs_after), start=1):
-        lines.append(f"{rank:4}" + "".join(f"{fit(label(token_id), 19):>20} {prob:7.4f}"
-                                           for token_id, prob in zip(row[::2], row[1::2])))
-    return "\n".join(lines) + "\n"
+    return before_after_table(f"SAE at {sae.hook}: {edit_names(ablate, steers)}", result, label)

@@ -74,17 +74,3 @@ def head_outputs(z, w):  # [n_head, d_head], [n_embd, n_embd] -> [n_head, n_embd
 def through_ln_f(part, g, sigma):  # [n_embd] -> float64 [n_embd]: a part of the stream as ln_f scales it, no bias
     part = part.astype(np.float64)
     return g * (part - part.mean()) / sigma
-
-
-def attribution_json(ids, answers, logit_diff, terms):  # -> the JSON-ready object --attribute --json prints
-    return {"prompt_ids": [int(token_id) for token_id in ids], "answer_ids": [int(answer) for answer in answers],
-            "logit_diff": logit_diff, "terms": [{"name": name, "value": value} for name, value in terms]}
-
-
-def attribution_table(answers, logit_diff, terms, label):  # -> the text --attribute prints; label(token_id) a token
-    a, b = (label(answer) for answer in answers)
-    lines = [f"Direct logit attribution: logit({a}) - logit({b}) = {logit_diff:.4f} at the last position,",
-             "split into what each part wrote into the residual stream (through ln_f), largest first", ""]
-    lines += [f"  {name:<24}{value:>10.4f}" for name, value in sorted(terms, key=lambda term: -abs(term[1]))]
-    lines += [f"  {'':<24}{'-' * 10}", f"  {'sum':<24}{sum(value for _, value in terms):>10.4f}"]
-    return "\n".join(lines) + "\n"

@@ -96,20 +96,29 @@ def score_cells(values):  # -> the scores as fixed-width columns; "-" for a scor
 def ablation_json(ids, heads, how, result, text, windows=None):  # -> the object --ablate --json prints
     """windows: the reference's window count, for a mean ablation. "loss" is null for a one-token prompt, which has
     no next token inside it."""
-    loss = None if math.isnan(result["before"][0]) else {when: result[when][0] for when in ("before", "after")}
     return {"prompt_ids": ids_json(ids), "ablated": [[layer, head] for layer, head in heads], "ablation": how,
-            **({"mean_windows": windows} if how == "mean" else {}), "loss": loss,
-            "next_token": {when: [{"id": int(token_id), "token": text(token_id), "prob": float(prob)}
-                                  for token_id, prob in zip(*result[when][1:])] for when in ("before", "after")}}
+            **({"mean_windows": windows} if how == "mean" else {}), **before_after_json(result, text)}
+
+
+def before_after_json(result, text):  # -> {"loss", "next_token"} of an edited run's {"before", "after"}
+    # "loss" is null for a one-token prompt, which has no next token inside it
+    loss = None if math.isnan(result["before"][0]) else {when: result[when][0] for when in ("before", "after")}
+    return {"loss": loss, "next_token": {when: [{"id": int(token_id), "token": text(token_id), "prob": float(prob)}
+                                                for token_id, prob in zip(*result[when][1:])]
+                                         for when in ("before", "after")}}
 
 
 def ablation_table(ids, heads, how, result, label, windows=None):  # -> the text --ablate prints
-    (loss_before, top_before, probs_before), (loss_after, top_after, probs_after) = result["before"], result["after"]
     names = ", ".join(f"{layer}.{head}" for layer, head in heads)
     whose = "head {}: its" if len(heads) == 1 else "heads {}: each head's"
     done = ("set to zero at every position" if how == "zero" else
             f"replaced by its mean at each position over {plural(windows, 'window')} of the reference text")
-    lines = [f"Ablation of {whose.format(names + ' (layer.head)')} attn.z {done}", ""]
+    return before_after_table(f"Ablation of {whose.format(names + ' (layer.head)')} attn.z {done}", result, label)
+
+
+def before_after_table(title, result, label):  # -> title, the loss and the likeliest next tokens, before and after
+    (loss_before, top_before, probs_before), (loss_after, top_after, probs_after) = result["before"], result["after"]
+    lines = [title, ""]
     if math.isnan(loss_before):
         lines.append("mean next-token loss: none (a prompt of one token has no next token inside it)")
     else:

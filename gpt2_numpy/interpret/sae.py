@@ -8,7 +8,7 @@ d_sae directions, its latents:
 
 with act one of SAELens's three architectures: "standard" (ReLU), "topk" (the k largest pre-activations kept, ReLU'd;
 Gao et al. 2024, "Scaling and evaluating sparse autoencoders") and "jumprelu" (ReLU, zero at or below a per-latent
-threshold). standard and topk are trained here (interpret/sae_train.py); a jumprelu SAE loads, encodes and decodes.
+threshold). standard and topk are trained here (sae_training.py); a jumprelu SAE loads, encodes and decodes.
 
 Training minimises the mean squared error of x̂, plus
     standard: l1 · Σ_j f_j ‖W_dec[j]‖, the L1 penalty weighted by each decoder row's norm (Anthropic's April 2024
