@@ -15,6 +15,8 @@ Every mutant must be caught. The test files that catch each part (the word befor
     explain                     tests/unit/test_tracing.py
     "explain page"              tests/unit/test_page.py
     threads                     tests/unit/test_cores_threads.py
+    sae                         tests/unit/test_sae.py tests/cli/test_sae_commands.py tests/unit/test_features.py
+                                tests/cli/test_sae_features.py
 
 for example `python -m scripts.dev.mutants --only download tests/unit/test_fetch.py tests/unit/test_loading.py
 tests/unit/test_locks.py`. A test earns its place by failing
@@ -79,6 +81,26 @@ MUTANTS = [  # (what, file, text, replacement)
     ("cores: a forked child restores the count only for a counted pass", "gpt2_numpy/cores.py",
      '(passes["running"] > own or passes_lock.locked())', 'passes["running"] > own'),
     # their tests are in tests/unit/test_fetch.py, test_loading.py and test_locks.py, not among the default TEST_FILEs
+    # the SAE's: tests/unit/test_sae.py tests/cli/test_sae_commands.py tests/unit/test_features.py
+    # tests/cli/test_sae_features.py, not among the default TEST_FILEs
+    ("sae: the input not centred by b_dec", "gpt2_numpy/interpret/sae.py",
+     "return (x - b_dec * apply_b_dec_to_input) @ W_enc + b_enc", "return x @ W_enc + b_enc"),
+    ("sae: jumprelu fires at its threshold too", "gpt2_numpy/interpret/sae.py", "(pre > threshold)",
+     "(pre >= threshold - 1e-3)"),
+    ("sae: the L1 penalty not weighted by the decoder norms", "gpt2_numpy/interpret/sae.py",
+     "np.abs(f) * decoder_norms(W_dec)", "np.abs(f)"),
+    ("sae: AuxK's scale never below 1", "gpt2_numpy/interpret/sae.py", "min(n_dead / (d_in // 2), 1.0)", "1.0"),
+    ("sae: resid_pre of layer L read as layer L's out", "gpt2_numpy/interpret/sae_files.py",
+     'return "embed" if layer == 0 else f"blocks.{layer - 1}.out"', 'return f"blocks.{layer}.out"'),
+    ("sae: a latent that fired still counted as idle", "gpt2_numpy/sae_training.py",
+     '            since_fired[stats["fired"]] = 0\n', ""),
+    ("sae: loss recovered over L_clean, not L_zero - L_clean", "gpt2_numpy/commands/sae.py",
+     '(losses["zero"] - losses["sae"]) / (losses["zero"] - losses["clean"])',
+     '(losses["zero"] - losses["sae"]) / losses["clean"]'),
+    ("sae: an ablated latent's share added, not taken out", "gpt2_numpy/interpret/features.py",
+     'return x - f @ sae.params["W_dec"][latents]', 'return x + f @ sae.params["W_dec"][latents]'),
+    ("sae: steering ignores its scale", "gpt2_numpy/interpret/features.py",
+     'sum(scale * sae.params["W_dec"][latent] for', 'sum(sae.params["W_dec"][latent] for'),
     ("download: the SHA-256 compared on its first 32 digits", "gpt2_numpy/fetch.py", "if actual == digest:",
      "if actual[:32] == digest[:32]:"),
     ('download: a weak X-Linked-Etag (W/"...") leaves the file unchecked', "gpt2_numpy/fetch.py",

@@ -61,6 +61,17 @@ def test_a_resumed_run_ends_where_an_uninterrupted_one_does(activations, tmp_pat
     assert np.allclose(np.linalg.norm(sae.params["W_dec"], axis=1), 1, atol=1e-5)  # topk's unit-norm rows
 
 
+def test_each_latents_count_since_it_fired_restarts_when_it_fires(activations, tmp_path):
+    # topk fires k latents in every row, so those of the last batch stand at 0 and none has waited longer than the run
+    out = tmp_path / "run"
+    assert run_sae("train", "--activations", activations, "--out", out, "--steps", 3, *TRAIN).returncode == 0
+    batch, k = int(TRAIN[TRAIN.index("--batch-size") + 1]), int(TRAIN[TRAIN.index("--k") + 1])
+    with np.load(out / "train_state.npz") as state:
+        since_fired = state["since_fired"]
+    assert np.sum(since_fired == 0) >= k
+    assert since_fired.max() <= 3 * batch
+
+
 def test_a_run_never_writes_over_a_folder_that_is_not_its_own(activations, tmp_path):
     (tmp_path / "notes.txt").write_text("mine")
     result = run_sae("train", "--activations", activations, "--out", tmp_path, "--steps", 1, *TRAIN)
