@@ -15,8 +15,8 @@ Every mutant must be caught. The test files that catch each part (the word befor
     explain                     tests/unit/test_tracing.py
     "explain page"              tests/unit/test_page.py
     threads                     tests/unit/test_cores_threads.py
-    sae                         tests/unit/test_sae.py tests/cli/test_sae_commands.py tests/unit/test_features.py
-                                tests/cli/test_sae_features.py
+    sae                         tests/unit/test_sae.py tests/cli/test_sae_commands.py
+    sae                         tests/unit/test_features.py tests/cli/test_sae_features.py
 
 for example `python -m scripts.dev.mutants --only download tests/unit/test_fetch.py tests/unit/test_loading.py
 tests/unit/test_locks.py`. A test earns its place by failing
