@@ -41,8 +41,7 @@ from time import monotonic
 import numpy as np
 
 # NumPy's wheels bundle scipy-openblas, whose symbols carry a prefix and, for its 64-bit integers, a suffix
-OPENBLAS_NAMES = [(prefix + "set_num_threads" + suffix, prefix + "get_num_threads" + suffix)
-                  for prefix in ("scipy_openblas_", "openblas_") for suffix in ("64_", "_64", "")]
+OPENBLAS_AFFIXES = [(prefix, suffix) for prefix in ("scipy_openblas_", "openblas_") for suffix in ("64_", "_64", "")]
 
 THREADS_VARIABLE = "GPT2_NUMPY_THREADS"
 BLAS_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")  # OpenBLAS reads them in this order
@@ -69,16 +68,35 @@ pool_lock = threading.Lock()
 
 @functools.cache
 def openblas():  # -> (set_num_threads, get_num_threads) of the OpenBLAS NumPy loaded, or None
+    found = openblas_library()
+    if found is None:
+        return None
+    library, prefix, suffix = found
+    set_num_threads = getattr(library, prefix + "set_num_threads" + suffix)
+    set_num_threads.restype = None
+    return set_num_threads, getattr(library, prefix + "get_num_threads" + suffix)
+
+
+@functools.cache
+def openblas_core():  # -> the name of the kernels OpenBLAS chose for this CPU ("Haswell", "SkylakeX", ...), or None
+    found = openblas_library()
+    get_corename = found and getattr(found[0], found[1] + "get_corename" + found[2], None)
+    if not get_corename:
+        return None
+    get_corename.restype = ctypes.c_char_p
+    return get_corename().decode()
+
+
+@functools.cache
+def openblas_library():  # -> (the OpenBLAS NumPy loaded, its symbols' prefix and suffix), or None
     for path in sorted(loaded_openblas() or bundled_openblas(), key=lambda path: ("numpy" not in path, path)):
         try:  # NumPy's own before SciPy's or others
             library = ctypes.CDLL(path)  # already loaded: this only finds it
         except OSError:
             continue
-        for set_name, get_name in OPENBLAS_NAMES:
-            if hasattr(library, set_name) and hasattr(library, get_name):
-                set_num_threads = getattr(library, set_name)
-                set_num_threads.restype = None
-                return set_num_threads, getattr(library, get_name)
+        for prefix, suffix in OPENBLAS_AFFIXES:
+            if all(hasattr(library, prefix + name + suffix) for name in ("set_num_threads", "get_num_threads")):
+                return library, prefix, suffix
     return None
 
 

@@ -25,8 +25,8 @@ ALL = slice(None)  # every position
 QUERY_BLOCK = 128  # queries per block of causal attention: a block's scores stay in L3 cache, and it skips the future
 EINSUM_PATH = ["einsum_path", (0, 1)]  # contract operand 0 with operand 1: the only order two operands have
 PLAIN_EINSUM_MACS = 1 << 18  # up to this many multiply-adds, einsum's own loop beats its matmul route (einsum())
-FEW_ROWS = 32  # lm_head multiplies 2 to FEW_ROWS rows by pieces of the vocabulary, where that is faster (lm_head())
-VOCAB_CHUNK = 2048  # tokens per piece: 2048 x 768 floats (6 MB) of wte
+FEW_ROWS = 32  # 2 to FEW_ROWS rows (a batch's decode step) multiply a weight piece by piece (few_rows_product())
+FEW_ROWS_PIECE = 128  # output columns per piece, per thread of OpenBLAS's: at 2 threads, 256 columns of c_fc.w, 768 KB
 ALL_CORES_FROM = 512  # positions from which a pass shares its heads, columns and rows among the cores (cores.py):
 # shorter passes gain nothing, as OpenBLAS's workers, still spinning from a product before, cost more than it saves
 
@@ -110,6 +110,9 @@ def linear(x, w, b):  # [..., n_in] -> [..., n_out]
     # one product for all leading axes: matmul on a [n_rows, n_seq, n_in] stack would run one product per row, each
     # streaming all of w, and a batch decode step would cost as much as n_rows single ones
     rows = x.reshape(-1, x.shape[-1])
+    if 1 < len(rows) <= FEW_ROWS and w.T.flags.c_contiguous:  # a batch's decode step, w stored column-major
+        return np.add(few_rows_product(rows, w.T), b, out=np.empty((len(rows), len(b)), rows.dtype)).reshape(
+            *x.shape[:-1], len(b))  # the bias added in the pass that makes the transposed result C-ordered
     # x w + b by output columns, the bias added in place: no second [n_seq, n_out] array. Within cores.all_cores(),
     # OpenBLAS runs one thread and the columns are shared among the cores: each thread reads its part of w and all of
     # the smaller x (by rows, each would read all of w)
@@ -118,10 +121,12 @@ def linear(x, w, b):  # [..., n_in] -> [..., n_out]
 
 def inference_layout(params):  # -> params of the same values, each block's mlp.c_proj.w stored column-major
     # A decode step multiplies one row (a batch step a few) by every weight. For the one weight taller than wide,
-    # mlp.c_proj.w [4*n_embd, n_embd], OpenBLAS's product runs faster on a column-major copy (the same [n_in, n_out]
-    # array, wᵀ's rows in memory: each output is one dot product over contiguous floats; docs/making-it-fast.md). The
-    # other weights gain nothing, and prefill's many-row products run as fast in either order. Every function here, in
-    # model.py and in training takes either order: only the speed differs
+    # mlp.c_proj.w [4*n_embd, n_embd], OpenBLAS's one-row product runs faster on a column-major copy (the same [n_in,
+    # n_out] array, wᵀ's rows in memory: each output is one dot product over contiguous floats; docs/making-it-fast.md),
+    # and a batch step's few rows multiply it by few_rows_product(). The other weights stay as they are: with OpenBLAS's
+    # AVX-512 kernels their few-row products would run faster column-major too, but the copies would hold every block
+    # weight twice in memory. Prefill's many-row products run as fast in either order. Every function here, in model.py
+    # and in training takes either order: only the speed differs
     def laid_out(block):
         c_proj = block["mlp"]["c_proj"]
         return {**block, "mlp": {**block["mlp"], "c_proj": {**c_proj, "w": np.asfortranarray(c_proj["w"])}}}
@@ -267,16 +272,20 @@ def lm_head(x, wte):  # [..., n_seq, n_embd] -> [..., n_seq, n_vocab]
 
 
 def vocabulary_product(rows, wte):  # [n, n_embd] -> [n, n_vocab]: rows @ wte.T
-    if not 1 < len(rows) <= FEW_ROWS:
-        return rows @ wte.T
-    # A few rows (a batch's decode step) by all of wte.T run far from the memory floor, as OpenBLAS packs the
-    # operands first; by pieces of VOCAB_CHUNK tokens, whose packed copy is still in cache when it is used, they run
-    # faster (the benchmark's lm-head row). One row (no packing) and many rows gain nothing
-    out = np.empty((len(rows), len(wte)), rows.dtype)
-    for start in range(0, len(wte), VOCAB_CHUNK):
-        chunk = slice(start, start + VOCAB_CHUNK)
-        np.matmul(rows, wte[chunk].T, out=out[:, chunk])
-    return out
+    if 1 < len(rows) <= FEW_ROWS:
+        return np.ascontiguousarray(few_rows_product(rows, wte))
+    return rows @ wte.T
+
+
+def few_rows_product(rows, w_t):  # [n, n_in], [n_out, n_in] C-ordered -> [n, n_out] (a transposed view): rows @ w_tᵀ
+    # A few rows times a large weight run far from the memory floor, as OpenBLAS packs both operands first and uses
+    # each packed float of the weight n times only. As (w_t rowsᵀ)ᵀ the weight is the product's long side, and by
+    # pieces of output columns, each piece's packed copy is still in cache when it is used (bounds.py --few-rows)
+    out_t = np.empty((len(w_t), len(rows)), np.result_type(rows, w_t))
+    step = FEW_ROWS_PIECE * cores.threads()  # OpenBLAS shares each piece among its threads
+    for start in range(0, len(w_t), step):
+        np.matmul(w_t[start : start + step], rows.T, out=out_t[start : start + step])
+    return out_t.T
 
 
 def gpt2(inputs, wte, wpe, blocks, ln_f, n_head, last_only=False):  # [..., n_seq] -> [..., n, n_vocab]

@@ -63,9 +63,10 @@ def blas_threads():  # the threads NumPy's BLAS uses: OpenBLAS's own count, else
     return os.cpu_count()
 
 
-def blas_name():
+def blas_name():  # -> "scipy-openblas 0.3.31 (SkylakeX kernels)": its kernels decide which few-row product is faster
     blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
-    return f"{blas.get('name')} {blas.get('version', '')}".strip()
+    kernels = f" ({cores.openblas_core()} kernels)" if cores.openblas_core() else ""
+    return f"{blas.get('name')} {blas.get('version', '')}".strip() + kernels
 
 
 # Peak memory of a whole process: parts run a script in a fresh process per case, with this function in it. VmHWM, not

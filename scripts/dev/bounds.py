@@ -2,6 +2,7 @@
 
     python -m scripts.dev.bounds [--threads 1 2]
     python -m scripts.dev.bounds --line [--busy 1]
+    python -m scripts.dev.bounds --few-rows [--threads 1 2]
 
 - decode: one step reads every weight of the 124M model once (124 M floats, 498 MB); the rate at which `wte @ x`
   reads the 154 MB token embedding gives the fewest seconds a step can take, and so the most tokens a second;
@@ -22,6 +23,11 @@ the arrays are seeded random float32.
 tokens after a 1-token prompt and run a pass of 128 positions, on OpenBLAS's 2 threads (set_threads(2)) and on one, in
 turns, 5 times each (medians); every pass of a model narrower than NARROW runs on one thread whatever the count, so
 the line is lifted (NARROW = 1) while it measures. --busy N does it beside N CPU-bound processes.
+
+--few-rows times, at each count of --threads, a batch of 8's products alone in each form they could take: x @ w with
+every weight row-major, the same column-major, (wᵀ xᵀ)ᵀ in pieces (fast.few_rows_product), and the lm head as
+x @ wteᵀ and in pieces (medians of 5). Which wins depends on OpenBLAS's kernels (printed); OPENBLAS_CORETYPE=Haswell
+gives an AVX-512 machine the AVX2 kernels that AMD's Zen runs too.
 """
 import argparse
 import time
@@ -63,6 +69,31 @@ def bounds_lines(count, rng, params):  # -> the printed lines for `count` thread
             f"{products[1]:.3f} s, into wte {products[2]:.3f} s, together {sum(products):.3f} s; one pass over the "
             f"logits (np.exp) {exp_pass:.3f} s",
             f"  a batch of 8's decode step, its products alone (every weight, 8 rows): {batch_products * 1e3:.1f} ms"]
+
+
+def few_rows_lines(counts):  # -> the printed lines of --few-rows: a batch of 8's products in each form
+    rng = np.random.default_rng(0)
+    params = random_params(HPARAMS_124M, seed=0)
+    weights = [layer["w"] for block in params["blocks"] for layer in (block["attn"]["c_attn"], block["attn"]["c_proj"],
+                                                                     block["mlp"]["c_fc"], block["mlp"]["c_proj"])]
+    column_major = [np.asfortranarray(w) for w in weights]
+    inputs = {n: rng.standard_normal((8, n), dtype=np.float32) for n in {len(w) for w in weights}}
+    rows, wte = inputs[HPARAMS_124M["n_embd"]], params["wte"]
+    forms = {  # every weight in turn, as a step reads them: 340 MB, streamed from memory
+        "x @ w, w row-major": lambda: [inputs[len(w)] @ w for w in weights],
+        "x @ w, w column-major": lambda: [inputs[len(w)] @ w for w in column_major],
+        "(wᵀ xᵀ)ᵀ in pieces (fast.few_rows_product), w column-major":
+            lambda: [fast.few_rows_product(inputs[len(w)], w.T) for w in column_major],
+        "the lm head, x @ wteᵀ": lambda: rows @ wte.T,
+        "the lm head, (wte xᵀ)ᵀ in pieces (fast.few_rows_product)": lambda: fast.few_rows_product(rows, wte),
+    }
+    lines = [f"a batch of 8's decode step, its products alone (every weight of the 124M shape, 8 rows), OpenBLAS's "
+             f"kernels {cores.openblas_core()}, ms:"]
+    for count in counts:
+        cores.set_threads(count)
+        lines += [f"{plural(count, 'thread')}:"] + [f"  {name}: {median_seconds(form, 5) * 1e3:.1f}"
+                                                   for name, form in forms.items()]
+    return lines
 
 
 def batch_step_products(rows, wide, params):  # rows [8, n_embd], wide [8, 4 n_embd]: each weight's input in a step
@@ -141,6 +172,8 @@ def main():
                         help="thread counts to measure at (1 2)")
     parser.add_argument("--line", action="store_true", help="measure where cores.NARROW stands, and nothing else")
     parser.add_argument("--busy", type=int, default=0, metavar="N", help="with --line: beside N CPU-bound processes")
+    parser.add_argument("--few-rows", action="store_true",
+                        help="time a batch of 8's products in each form (fast.few_rows_product), and nothing else")
     args = parser.parse_args()
     if args.line:
         busy.note_if_busy()
@@ -149,6 +182,9 @@ def main():
         return
     if any(count < 1 for count in args.threads):
         fail(f"--threads {' '.join(map(str, args.threads))}: each count must be a whole number >= 1")
+    if args.few_rows:
+        print("\n".join(few_rows_lines(args.threads)), flush=True)
+        return
     rng = np.random.default_rng(0)
     params = fast.inference_layout(random_params(HPARAMS_124M, seed=0))
     for count in args.threads:

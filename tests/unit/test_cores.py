@@ -1,5 +1,6 @@
 """cores.py: a long pass shares its pieces among threads, OpenBLAS on one thread meanwhile, and equals one core; the
 default count follows the free cores; forks, pools and the counts set_threads refuses."""
+import ctypes
 import os
 import signal
 import subprocess
@@ -30,6 +31,18 @@ def two_cores(monkeypatch):  # -> OpenBLAS's (set_num_threads, get_num_threads),
     yield blas
     cores.settings.update(settings)
     blas[0](before)
+
+
+def test_openblas_core_is_the_kernel_name_in_openblas_own_configuration():
+    # the benchmark's header names the kernels: the name must be the one OpenBLAS's config string gives, read apart
+    found = cores.openblas_library()
+    if found is None:  # CI's machine has NumPy's own OpenBLAS
+        missing("no OpenBLAS found in this process")
+    library, prefix, suffix = found
+    get_config = getattr(library, prefix + "get_config" + suffix)
+    get_config.restype = ctypes.c_char_p
+    core = cores.openblas_core()
+    assert core and core in get_config().decode().split()  # e.g. "OpenBLAS 0.3.31 ... DYNAMIC_ARCH ... SkylakeX ..."
 
 
 def pieces_run(n_items, team_size, monkeypatch):  # -> [(piece, thread id)] of one split() in a team of team_size

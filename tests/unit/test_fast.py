@@ -159,13 +159,26 @@ def test_every_intermediate_stays_float32(tiny, monkeypatch):
 
 @pytest.mark.parametrize("n_rows", [1, 2, 5, 32, 33])  # one row, the few rows multiplied by pieces, and more
 def test_lm_head_of_a_batch_step_is_x_times_wte_transposed(monkeypatch, n_rows):
-    monkeypatch.setattr(model, "VOCAB_CHUNK", 7)  # 23 tokens: three pieces of 7 and one of 2
+    monkeypatch.setattr(model, "FEW_ROWS_PIECE", 3)  # 23 tokens: pieces of 3 per thread, and a shorter last one
     rng = np.random.default_rng(0)
     wte = rng.standard_normal((23, 16), dtype=np.float32)
     x = rng.standard_normal((n_rows, 1, 16), dtype=np.float32)  # a batch's decode step: [n_rows, 1, n_embd]
     logits = model.lm_head(x, wte)
     assert logits.shape == (n_rows, 1, 23) and logits.dtype == np.float32
     np.testing.assert_allclose(logits, x.astype(np.float64) @ wte.T.astype(np.float64), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("n_rows", [1, 2, 5, 32, 33])
+@pytest.mark.parametrize("order", ["C", "F"])  # row-major, and column-major as inference_layout may store it
+def test_linear_of_a_batch_step_is_x_w_plus_b_in_either_order(monkeypatch, n_rows, order):
+    monkeypatch.setattr(model, "FEW_ROWS_PIECE", 3)  # 23 outputs: pieces of 3 per thread, and a shorter last one
+    rng = np.random.default_rng(0)
+    w = np.asarray(rng.standard_normal((16, 23), dtype=np.float32), order=order)
+    b = rng.standard_normal(23, dtype=np.float32)
+    x = rng.standard_normal((n_rows, 1, 16), dtype=np.float32)  # a batch's decode step: [n_rows, 1, n_in]
+    out = model.linear(x, w, b)
+    assert out.shape == (n_rows, 1, 23) and out.dtype == np.float32 and out.flags.c_contiguous
+    np.testing.assert_allclose(out, x.astype(np.float64) @ w.astype(np.float64) + b, rtol=1e-5, atol=1e-5)
 
 
 def test_softmax_rows_sum_to_one_and_ignore_shifts():
@@ -429,3 +442,8 @@ def test_inference_layout_keeps_every_value_and_equals_textbook_when_decoding():
     cached = feed_in_chunks(laid_out, hparams["n_head"], ids, [5] + [1] * (len(ids) - 5))
     assert_tuned_equals_textbook(cached, expected)
     assert_tuned_equals_textbook(gpt2(ids, **laid_out, n_head=hparams["n_head"]), expected)
+    batch, n_head = np.stack([ids[:12], ids[3:15], ids[6:18]]), hparams["n_head"]  # a batch's steps: few-row products
+    cache = new_cache(laid_out["wpe"], laid_out["blocks"], n_head, pad=np.zeros(len(batch), int))
+    steps = [gpt2_cached(batch[:, :4], cache, **laid_out, n_head=n_head)[0]]
+    steps += [gpt2_cached(batch[:, i : i + 1], cache, **laid_out, n_head=n_head)[0] for i in range(4, 12)]
+    assert_tuned_equals_textbook(np.concatenate(steps, axis=1), textbook.gpt2(batch, **params, n_head=n_head))
