@@ -185,6 +185,11 @@ def threads():  # -> the cores a pass may use now: the count given, else the fre
     return count
 
 
+def blas_threads():  # -> the threads OpenBLAS runs a product on now: one within a pass, else threads()
+    blas = openblas()
+    return blas[1]() if blas else 1
+
+
 def given_threads():  # -> the count given (set_threads, $GPT2_NUMPY_THREADS, the BLAS's variables), or None
     if not settings["read"]:  # the first pass reads the variables; ValueError for a bad $GPT2_NUMPY_THREADS
         variable = os.environ.get(THREADS_VARIABLE)

@@ -26,7 +26,7 @@ QUERY_BLOCK = 128  # queries per block of causal attention: a block's scores sta
 EINSUM_PATH = ["einsum_path", (0, 1)]  # contract operand 0 with operand 1: the only order two operands have
 PLAIN_EINSUM_MACS = 1 << 18  # up to this many multiply-adds, einsum's own loop beats its matmul route (einsum())
 FEW_ROWS = 32  # 2 to FEW_ROWS rows (a batch's decode step) multiply a weight piece by piece (few_rows_product())
-FEW_ROWS_PIECE = 128  # output columns per piece, per thread of OpenBLAS's: at 2 threads, 256 columns of c_fc.w, 768 KB
+FEW_ROWS_PIECE = 128  # output columns per piece, per thread of OpenBLAS's: at 2 threads, 256 tokens of wte, 768 KB
 ALL_CORES_FROM = 512  # positions from which a pass shares its heads, columns and rows among the cores (cores.py):
 # shorter passes gain nothing, as OpenBLAS's workers, still spinning from a product before, cost more than it saves
 
@@ -110,9 +110,10 @@ def linear(x, w, b):  # [..., n_in] -> [..., n_out]
     # one product for all leading axes: matmul on a [n_rows, n_seq, n_in] stack would run one product per row, each
     # streaming all of w, and a batch decode step would cost as much as n_rows single ones
     rows = x.reshape(-1, x.shape[-1])
-    if 1 < len(rows) <= FEW_ROWS and w.T.flags.c_contiguous:  # a batch's decode step, w stored column-major
-        return np.add(few_rows_product(rows, w.T), b, out=np.empty((len(rows), len(b)), rows.dtype)).reshape(
-            *x.shape[:-1], len(b))  # the bias added in the pass that makes the transposed result C-ordered
+    if 1 < len(rows) <= FEW_ROWS and w.T.flags.c_contiguous and cores.team_size() == 1:  # a batch's decode step, w
+        # stored column-major; the bias added in the pass that makes the transposed result C-ordered
+        out = np.empty((len(rows), w.shape[-1]), np.result_type(rows, w, b))
+        return np.add(few_rows_product(rows, w.T), b, out=out).reshape(*x.shape[:-1], w.shape[-1])
     # x w + b by output columns, the bias added in place: no second [n_seq, n_out] array. Within cores.all_cores(),
     # OpenBLAS runs one thread and the columns are shared among the cores: each thread reads its part of w and all of
     # the smaller x (by rows, each would read all of w)
@@ -282,7 +283,7 @@ def few_rows_product(rows, w_t):  # [n, n_in], [n_out, n_in] C-ordered -> [n, n_
     # each packed float of the weight n times only. As (w_t rowsᵀ)ᵀ the weight is the product's long side, and by
     # pieces of output columns, each piece's packed copy is still in cache when it is used (bounds.py --few-rows)
     out_t = np.empty((len(w_t), len(rows)), np.result_type(rows, w_t))
-    step = FEW_ROWS_PIECE * cores.threads()  # OpenBLAS shares each piece among its threads
+    step = FEW_ROWS_PIECE * cores.blas_threads()  # OpenBLAS shares each piece among its threads
     for start in range(0, len(w_t), step):
         np.matmul(w_t[start : start + step], rows.T, out=out_t[start : start + step])
     return out_t.T

@@ -159,7 +159,8 @@ def test_every_intermediate_stays_float32(tiny, monkeypatch):
 
 @pytest.mark.parametrize("n_rows", [1, 2, 5, 32, 33])  # one row, the few rows multiplied by pieces, and more
 def test_lm_head_of_a_batch_step_is_x_times_wte_transposed(monkeypatch, n_rows):
-    monkeypatch.setattr(model, "FEW_ROWS_PIECE", 3)  # 23 tokens: pieces of 3 per thread, and a shorter last one
+    monkeypatch.setattr(model, "FEW_ROWS_PIECE", 3)  # 23 tokens: pieces of 3, and a shorter last one
+    monkeypatch.setattr(cores, "blas_threads", lambda: 1)  # whatever the machine's cores
     rng = np.random.default_rng(0)
     wte = rng.standard_normal((23, 16), dtype=np.float32)
     x = rng.standard_normal((n_rows, 1, 16), dtype=np.float32)  # a batch's decode step: [n_rows, 1, n_embd]
@@ -171,7 +172,8 @@ def test_lm_head_of_a_batch_step_is_x_times_wte_transposed(monkeypatch, n_rows):
 @pytest.mark.parametrize("n_rows", [1, 2, 5, 32, 33])
 @pytest.mark.parametrize("order", ["C", "F"])  # row-major, and column-major as inference_layout may store it
 def test_linear_of_a_batch_step_is_x_w_plus_b_in_either_order(monkeypatch, n_rows, order):
-    monkeypatch.setattr(model, "FEW_ROWS_PIECE", 3)  # 23 outputs: pieces of 3 per thread, and a shorter last one
+    monkeypatch.setattr(model, "FEW_ROWS_PIECE", 3)  # 23 outputs: pieces of 3, and a shorter last one
+    monkeypatch.setattr(cores, "blas_threads", lambda: 1)  # whatever the machine's cores
     rng = np.random.default_rng(0)
     w = np.asarray(rng.standard_normal((16, 23), dtype=np.float32), order=order)
     b = rng.standard_normal(23, dtype=np.float32)
