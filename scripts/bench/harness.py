@@ -54,9 +54,8 @@ def median_seconds(run, repeats):  # -> median wall time of run() after one warm
 
 
 def blas_threads():  # the threads NumPy's BLAS uses: OpenBLAS's own count, else the variables it honours, or every core
-    blas = cores.openblas()
-    if blas:
-        return blas[1]()
+    if cores.openblas():
+        return cores.blas_threads()
     for variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
         if os.environ.get(variable):
             return int(os.environ[variable])
@@ -65,8 +64,8 @@ def blas_threads():  # the threads NumPy's BLAS uses: OpenBLAS's own count, else
 
 def blas_name():  # -> "scipy-openblas 0.3.31 (SkylakeX kernels)": its kernels decide which few-row product is faster
     blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
-    kernels = f" ({cores.openblas_core()} kernels)" if cores.openblas_core() else ""
-    return f"{blas.get('name')} {blas.get('version', '')}".strip() + kernels
+    core = cores.openblas_core()
+    return f"{blas.get('name')} {blas.get('version', '')}".strip() + (f" ({core} kernels)" if core else "")
 
 
 # Peak memory of a whole process: parts run a script in a fresh process per case, with this function in it. VmHWM, not

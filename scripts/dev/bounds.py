@@ -74,8 +74,7 @@ def bounds_lines(count, rng, params):  # -> the printed lines for `count` thread
 def few_rows_lines(counts):  # -> the printed lines of --few-rows: a batch of 8's products in each form
     rng = np.random.default_rng(0)
     params = random_params(HPARAMS_124M, seed=0)
-    weights = [layer["w"] for block in params["blocks"] for layer in (block["attn"]["c_attn"], block["attn"]["c_proj"],
-                                                                     block["mlp"]["c_fc"], block["mlp"]["c_proj"])]
+    weights = [layer["w"] for block in params["blocks"] for layer in linear_layers(block)]
     column_major = [np.asfortranarray(w) for w in weights]
     inputs = {n: rng.standard_normal((8, n), dtype=np.float32) for n in {len(w) for w in weights}}
     rows, wte = inputs[HPARAMS_124M["n_embd"]], params["wte"]
@@ -96,9 +95,13 @@ def few_rows_lines(counts):  # -> the printed lines of --few-rows: a batch of 8'
     return lines
 
 
+def linear_layers(block):  # -> a block's four linear layers, in the order a step runs them
+    return block["attn"]["c_attn"], block["attn"]["c_proj"], block["mlp"]["c_fc"], block["mlp"]["c_proj"]
+
+
 def batch_step_products(rows, wide, params):  # rows [8, n_embd], wide [8, 4 n_embd]: each weight's input in a step
     for block in params["blocks"]:
-        for layer in (block["attn"]["c_attn"], block["attn"]["c_proj"], block["mlp"]["c_fc"], block["mlp"]["c_proj"]):
+        for layer in linear_layers(block):
             fast.linear(wide if len(layer["w"]) > rows.shape[-1] else rows, **layer)
     fast.lm_head(rows, params["wte"])
 
