@@ -15,7 +15,7 @@ LAZY = {
     "gpt2_numpy.decode": ("generate_batch", "iter_generate"),
     "gpt2_numpy.likelihood": ("token_log_probs",),
     "gpt2_numpy.interpret": ("trace", "logit_lens", "attention_weights"),
-    "gpt2_numpy.interpret.sae_files": ("load_sae", "save_sae"),
+    "gpt2_numpy.sae": ("load_sae", "save_sae"),
     # also so that `python -m gpt2_numpy.tokenizer` runs that module fresh, as the program (runpy warns otherwise)
     "gpt2_numpy.tokenizer": ("EOT_ID", "load_tokenizer"),
 }

@@ -111,7 +111,7 @@ def save_run(run, params, opt_state, batches, step, seconds):  # -> None: run.ou
 
 def settle(out, order=SAVE_ORDER):  # -> None: a save cut off midway (a full disk, a second Ctrl-C, a kill) made whole,
     # or dropped; order: the save's files, the weights (whose header names the step) first, the state last (an SAE
-    # run's are sae_training.py's)
+    # run's are sae/training.py's)
     staging = out / STAGING
     if not staging.exists():
         return

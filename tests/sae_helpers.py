@@ -2,7 +2,7 @@
 cfg.json that sae_files.new_sae completes), random_sae draws seeded ones."""
 import numpy as np
 
-from gpt2_numpy.interpret.sae_files import new_sae
+from gpt2_numpy.sae.files import new_sae
 
 
 def make_sae(params, hook, architecture="standard", k=None):  # -> an SAE of these weights, reading hook

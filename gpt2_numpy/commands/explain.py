@@ -25,7 +25,7 @@ from gpt2_numpy.commands.common import (
     ArgumentParser, add_model_args, model_from_args, model_size, open_stdout, path_argument, read_data, read_prompt,
     run_model_cli, whole_number, write_stdout,
 )
-from gpt2_numpy.commands.sae_features import add_explain_arguments, explain_compute, explain_json, explain_table
+from gpt2_numpy.sae.present import add_explain_arguments, explain_compute, explain_json, explain_table
 from gpt2_numpy.console import log, plural, progress_bar
 from gpt2_numpy.errors import NothingToRecover, UsageError
 from gpt2_numpy.loading import is_ready, prompt_ids

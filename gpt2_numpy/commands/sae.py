@@ -23,12 +23,12 @@ from gpt2_numpy.commands.common import (
 from gpt2_numpy.console import log, plural
 from gpt2_numpy.errors import UsageError
 from gpt2_numpy.interpret.edits import run_with_edits
-from gpt2_numpy.interpret.sae import explained_variance
-from gpt2_numpy.interpret.sae_activations import (
+from gpt2_numpy.sae.model import explained_variance
+from gpt2_numpy.sae.activations import (
     Stream, array_windows, check_hook, hook_rows, model_rows, splice, zeroed,
 )
-from gpt2_numpy.interpret.sae_files import check_fits, load_sae, our_hook
-from gpt2_numpy.sae_training import (
+from gpt2_numpy.sae.files import check_fits, load_sae, our_hook
+from gpt2_numpy.sae.training import (
     KEPT, SAE_ORDER, SaeSettings, init_params, load_sae_run, sae_of, train_sae,
 )
 from gpt2_numpy.interpret.tracing import log_softmax
@@ -38,7 +38,7 @@ from gpt2_numpy.tokenizer import check_in_vocabulary
 SUBCOMMANDS = {"train": "train an SAE on one activation of a model, or on an .npy file of activations",
                "eval": "an SAE on held-out text: MSE, explained variance, L0, dead latents and the loss recovered",
                "features": "a page of the SAE's latents: top contexts, histograms, promoted tokens"}
-FEATURES = "gpt2_numpy.commands.sae_features"  # the features page's command, a module of its own
+FEATURES = "gpt2_numpy.sae.present"  # the features page's command, a module of its own
 DEFAULTS = {"architecture": "topk", "k": 32, "l1": 1.0, "lr": 4e-4, "batch_size": 4096, "seed": 0, "seq_len": 128,
             "buffer": 2**16}
 

@@ -1,10 +1,21 @@
-"""`python -m gpt2_numpy.sae` runs the sae command (gpt2_numpy/commands/sae.py); the SAE itself lives in
-gpt2_numpy/interpret/sae.py, its files in interpret/sae_files.py, and load_sae is kept importable from here."""
-from gpt2_numpy.interpret.sae_files import load_sae, save_sae
+"""Sparse autoencoders (SAEs) on GPT-2's activations, in NumPy, read and written as SAELens's folders.
 
-__all__ = ["load_sae", "save_sae"]
+    sae = load_sae("my-sae")                       # an SAE folder: SAELens's, or gpt2-numpy sae train's
+    f = sae.encode(x)                              # [..., d_in] -> [..., d_sae], mostly zeros
+    names = run_with_edits(ids, params, n_head, [splice(sae)])   # the model with the SAE in place of sae.hook
 
-if __name__ == "__main__":
-    from gpt2_numpy.commands.sae import main
+The rooms, as model.py beside fast.py: model.py (the textbook math: encode, decode, the losses and their gradients,
+the SAE class), fast.py (topk's tuned training step); files.py (SAELens's folders); activations.py (an activation as
+rows, the shuffling stream, where a run's activations come from, text into windows of tokens); training.py (the
+training loop and its run folder); evaluation.py (loss recovered and the rest, the SAE spliced into the model);
+features.py (latents on a model: which fire where, their logit effects, ablation and steering), page.py with
+features.html (the page of latents); present.py (the tables and JSON that the commands print). The command line is
+gpt2_numpy/commands/sae.py (`gpt2-numpy sae`, or `python -m gpt2_numpy.sae`) and explain's --sae flags.
+"""
+from gpt2_numpy.sae.activations import splice
+from gpt2_numpy.sae.features import latent_activations, logit_effects, strongest_latents
+from gpt2_numpy.sae.files import load_sae, new_sae, save_sae
+from gpt2_numpy.sae.model import SAE, decode, encode
 
-    main()
+__all__ = ["SAE", "decode", "encode", "latent_activations", "load_sae", "logit_effects", "new_sae", "save_sae",
+           "splice", "strongest_latents"]

@@ -5,7 +5,7 @@ tests/unit/test_sae.py holds the two equal; sae.py is the one to read.
 import numpy as np
 
 from gpt2_numpy import cores
-from gpt2_numpy.interpret.sae import AUX_COEFFICIENT, aux_k, batch_stats, mse, top_k_indices
+from gpt2_numpy.sae.model import AUX_COEFFICIENT, aux_k, batch_stats, mse, top_k_indices
 
 GROUP = 8  # latents per group in top_k_grouped
 

@@ -19,7 +19,7 @@ import numpy as np
 from gpt2_numpy.errors import CheckpointError, Gpt2NumpyError, UsageError
 from gpt2_numpy.formats import parse_json, shown
 from gpt2_numpy.formats.safetensors import read_safetensors, to_float32, write_safetensors
-from gpt2_numpy.interpret.sae import ARCHITECTURES, SAE, decoder_norms
+from gpt2_numpy.sae.model import ARCHITECTURES, SAE, decoder_norms
 from gpt2_numpy.disk import atomic_write
 
 CFG, WEIGHTS = "cfg.json", "sae_weights.safetensors"

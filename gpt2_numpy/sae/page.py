@@ -8,14 +8,14 @@ histogram of its activations above 0, and the tokens its decoder row promotes an
 import json
 from importlib import resources
 
-from gpt2_numpy.interpret.features import context_span, logit_effects, scan
+from gpt2_numpy.sae.features import context_span, logit_effects, scan
 
 DATA_SLOT = "/*DATA*/null"  # the template's placeholder for the JSON data: valid JavaScript before it is filled
 TOP_TOKENS = 10  # promoted and suppressed tokens shown per latent
 
 
 def features_html(data):  # -> the page's text: features.html with data (features_data's) inline
-    template = resources.files("gpt2_numpy.interpret").joinpath("features.html").read_text(encoding="utf-8")
+    template = resources.files("gpt2_numpy.sae").joinpath("features.html").read_text(encoding="utf-8")
     # "<" as \u003c: a context's "</script>" must not end the script that holds the data
     return template.replace(DATA_SLOT, json.dumps(data, ensure_ascii=False).replace("<", "\\u003c"), 1)
 

@@ -19,11 +19,11 @@ import numpy as np
 from gpt2_numpy.commands.common import add_model_args, model_from_args, path_argument, read_data, whole_number
 from gpt2_numpy.console import log, plural
 from gpt2_numpy.errors import UsageError
-from gpt2_numpy.interpret.features import busiest_latents, check_latents, latent_activations, latent_edit_effect
-from gpt2_numpy.interpret.features import strongest_latents
-from gpt2_numpy.interpret.features_page import features_data, features_html
-from gpt2_numpy.interpret.sae_activations import check_hook, model_rows
-from gpt2_numpy.interpret.sae_files import check_fits, load_sae
+from gpt2_numpy.sae.features import busiest_latents, check_latents, latent_activations, latent_edit_effect
+from gpt2_numpy.sae.features import strongest_latents
+from gpt2_numpy.sae.page import features_data, features_html
+from gpt2_numpy.sae.activations import check_hook, model_rows
+from gpt2_numpy.sae.files import check_fits, load_sae
 from gpt2_numpy.interpret.present import before_after_json, before_after_table
 from gpt2_numpy.interpret.files import check_output_file, write_atomically
 from gpt2_numpy.interpret.stepwise import fit

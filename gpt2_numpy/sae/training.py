@@ -23,10 +23,10 @@ from gpt2_numpy.console import log, progress_bar
 from gpt2_numpy.errors import Interrupted, UsageError
 from gpt2_numpy.formats import parse_json
 from gpt2_numpy.formats.safetensors import read_metadata
-from gpt2_numpy.interpret.sae import decoder_norms, loss_and_grads
+from gpt2_numpy.sae.model import decoder_norms, loss_and_grads
 from gpt2_numpy.cores import all_cores
-from gpt2_numpy.interpret.sae_fast import team_loss_and_grads
-from gpt2_numpy.interpret.sae_files import CFG, WEIGHTS, load_sae, new_sae, save_sae
+from gpt2_numpy.sae.fast import team_loss_and_grads
+from gpt2_numpy.sae.files import CFG, WEIGHTS, load_sae, new_sae, save_sae
 from gpt2_numpy.optim import adamw_state, adamw_step, learning_rate
 from gpt2_numpy.params import flatten
 from gpt2_numpy.disk import atomic_write, fsync_folder, move_in

@@ -15,7 +15,7 @@ import time
 import numpy as np
 
 from gpt2_numpy import keep_freed_memory
-from gpt2_numpy.sae_training import DEAD_AFTER, SaeSettings, init_params, train_step
+from gpt2_numpy.sae.training import DEAD_AFTER, SaeSettings, init_params, train_step
 from gpt2_numpy.optim import adamw_state
 from scripts.bench.harness import OURS, blas_threads, comparison_table, in_turns, row
 

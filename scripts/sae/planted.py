@@ -11,8 +11,8 @@ import time
 
 import numpy as np
 
-from gpt2_numpy.interpret.sae import decoder_norms
-from gpt2_numpy.sae_training import WARMUP, SaeSettings, init_params, train_step
+from gpt2_numpy.sae.model import decoder_norms
+from gpt2_numpy.sae.training import WARMUP, SaeSettings, init_params, train_step
 from gpt2_numpy.optim import adamw_state, learning_rate
 
 D_IN, N_FEATURES, ACTIVE = 64, 256, 5

@@ -12,7 +12,7 @@ import pytest
 
 from gpt2_numpy.commands import sae as sae_command
 from gpt2_numpy.errors import Gpt2NumpyError, UsageError
-from gpt2_numpy.interpret.sae_files import load_sae, new_sae, save_sae
+from gpt2_numpy.sae.files import load_sae, new_sae, save_sae
 from gpt2_numpy.params import random_params
 from tests.conftest import REPO, assert_one_error_line, byte_model_dir
 

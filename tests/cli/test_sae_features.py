@@ -20,8 +20,8 @@ from gpt2_numpy.params import random_params
 from tests.conftest import REPO, assert_one_error_line, byte_model_dir
 from tests.sae_helpers import random_sae
 
-from gpt2_numpy.commands.sae_features import explain_run
-from gpt2_numpy.interpret import sae_files
+from gpt2_numpy.sae.present import explain_run
+from gpt2_numpy.sae import files as sae_files
 
 HPARAMS = {"n_vocab": 257, "n_ctx": 16, "n_embd": 16, "n_head": 4, "n_layer": 2}
 TEXT = "the cat sat on the mat, the cat sat on the hat; " * 8

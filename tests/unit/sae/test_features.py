@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from gpt2_numpy.interpret.edits import run_with_edits
-from gpt2_numpy.interpret.features import (
+from gpt2_numpy.sae.features import (
     ablation_edit,
     busiest_latents,
     latent_activations,

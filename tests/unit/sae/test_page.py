@@ -8,8 +8,8 @@ import re
 import numpy as np
 import pytest
 
-from gpt2_numpy.interpret.features import context_span, logit_effects
-from gpt2_numpy.interpret.features_page import TOP_TOKENS, features_data, features_html
+from gpt2_numpy.sae.features import context_span, logit_effects
+from gpt2_numpy.sae.page import TOP_TOKENS, features_data, features_html
 from gpt2_numpy.interpret.tracing import trace
 from gpt2_numpy.params import random_params
 from tests.sae_helpers import random_sae
