@@ -27,7 +27,8 @@ from gpt2_numpy.sae.model import explained_variance
 from gpt2_numpy.sae.activations import (
     Stream, array_windows, check_hook, hook_rows, model_rows, splice, zeroed,
 )
-from gpt2_numpy.sae.files import check_fits, load_sae, our_hook
+from gpt2_numpy.sae.files import check_fits, load_sae
+from gpt2_numpy.interpret.names import our_hook
 from gpt2_numpy.sae.training import (
     KEPT, SAE_ORDER, SaeSettings, init_params, load_sae_run, sae_of, train_sae,
 )

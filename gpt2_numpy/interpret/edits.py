@@ -22,7 +22,8 @@ from typing import Callable, NamedTuple, Optional
 import numpy as np
 
 from gpt2_numpy.console import plural
-from gpt2_numpy.interpret.tracing import HEAD_STEPS, run_names, walk
+from gpt2_numpy.interpret.names import HEAD_STEPS, run_names, step_of
+from gpt2_numpy.interpret.tracing import walk
 
 
 class Edit(NamedTuple):
@@ -69,7 +70,7 @@ def check_start(inputs, start_at_layer, n_layer, n_embd):  # -> None; ValueError
 def check_edits(edits, made, n_head):  # -> None; ValueError for an edit of no array of the run, or of no head
     check_names([edit.name for edit in edits], made)
     for edit in edits:
-        if edit.head is not None and edit.name.split(".", 2)[-1] not in HEAD_STEPS:
+        if edit.head is not None and step_of(edit.name) not in HEAD_STEPS:
             raise ValueError(f"{edit.name} has no heads: head= edits a per-head array ({', '.join(HEAD_STEPS)})")
         if edit.head is not None:
             check_index(edit.head, n_head, f"{edit.name}: head", "head", " per layer")
@@ -80,7 +81,7 @@ def check_names(names, made):  # -> names; ValueError, naming them, for the name
     if unknown:
         start = "" if made[0] == "embed" else f" (this run starts at {made[0].rpartition('.')[0].rpartition('.')[0]})"
         raise ValueError(f"no activation is named {', '.join(unknown)}{start}: the names are trace's "
-                         "(interpret/tracing.py)")
+                         "(interpret/names.py)")
     return names
 
 

@@ -1,6 +1,6 @@
 """Every activation of one forward pass by name, and the logit lens: model.py's functions composed in the order
 model.gpt2 and model.block run them, so each array is the one the textbook model computes, never a second copy of its
-formulas. float32 throughout, as the model is. The names (docs/look-inside.md maps them to TransformerLens's hooks):
+formulas. float32 throughout, as the model is. The names (names.py holds them, and TransformerLens's for each):
 
     embed                                  [n_seq, n_embd]      wte[inputs] + wpe[positions], the residual stream
     blocks.{i}.ln_1                        [n_seq, n_embd]      layer_norm(x, **ln_1)
@@ -63,12 +63,6 @@ def walk(inputs, params, n_head, edit=unedited, start_at_layer=None):  # -> iter
     yield "logits", edit("logits", unembedding(normed, params["wte"]))
 
 
-def run_names(n_layer, start_at_layer=None):  # -> [name]: the arrays walk makes, in its order, without running it
-    first = 0 if start_at_layer is None else start_at_layer
-    blocks = [f"blocks.{i}.{step}" for i in range(first, n_layer) for step in BLOCK_STEPS]
-    return ["embed"] * (start_at_layer is None) + blocks + ["ln_f", "logits"]
-
-
 def block_traces(x, blocks, n_head, edit=unedited, first=0):  # [..., n_seq, n_embd] -> iterator of {name: array}
     # x enters block `first`, and the blocks from there run (walk's start_at_layer: a run that is another run up to
     # block `first`, as activation patching's are, need not repeat it)
@@ -81,11 +75,6 @@ def block_traces(x, blocks, n_head, edit=unedited, first=0):  # [..., n_seq, n_e
 
 def in_block(edit, i, name, array):  # -> edit's array for block i's step `name`, named as trace names it
     return edit(f"blocks.{i}.{name}", array)
-
-
-BLOCK_STEPS = ("ln_1", "attn.q", "attn.k", "attn.v", "attn.scores", "attn.weights", "attn.z", "attn.out", "mid",
-               "ln_2", "mlp.pre", "mlp.hidden", "mlp.out", "out")  # block_trace's names, in the order it makes them
-HEAD_STEPS = ("attn.q", "attn.k", "attn.v", "attn.scores", "attn.weights", "attn.z")  # [..., n_head, n_seq, ...]
 
 
 def block_trace(x, ln_1, attn, ln_2, mlp, n_head, edit=unedited):  # [..., n_seq, n_embd] -> {name: array}, block's

@@ -13,48 +13,36 @@ import numpy as np
 
 from gpt2_numpy.errors import UsageError
 from gpt2_numpy.interpret.edits import Edit
+from gpt2_numpy.interpret.names import hook_problem, is_per_head
 from gpt2_numpy.interpret.tracing import block_traces, embedding, trace
 
-PER_HEAD_STEPS = ("attn.q", "attn.k", "attn.v", "attn.z", "attn.scores", "attn.weights")
-
-
-def per_head(hook):  # -> True for a trace name of shape [n_head, n_seq, ...]
-    return hook.split(".", 2)[-1] in PER_HEAD_STEPS
-
-
 def hook_rows(array, hook):  # trace's array for hook -> [n_seq, d_in]: a row per position
-    return np.swapaxes(array, 0, 1).reshape(array.shape[1], -1) if per_head(hook) else array
+    return np.swapaxes(array, 0, 1).reshape(array.shape[1], -1) if is_per_head(hook) else array
 
 
 def rows_back(rows, like, hook):  # [n_seq, d_in] -> rows in the shape of trace's array `like` for hook
-    if not per_head(hook):
+    if not is_per_head(hook):
         return rows.reshape(like.shape)
     n_head, n_seq = like.shape[:2]
     return np.swapaxes(rows.reshape(n_seq, n_head, -1), 0, 1)
 
 
+def at_hook(function, hook):  # -> edit function: function([n_seq, d_in]) applied to the array at hook, as rows
+    return lambda array: rows_back(function(hook_rows(array, hook)), array, hook)
+
+
 def splice(sae):  # -> Edit putting sae's reconstruction in place of the activation sae.hook names
-    return Edit(sae.hook, lambda array: rows_back(sae.reconstruct(hook_rows(array, sae.hook)), array, sae.hook))
+    return Edit(sae.hook, at_hook(sae.reconstruct, sae.hook))
 
 
 def zeroed(hook):  # -> Edit putting zeros in place of the activation: the "no information" baseline of loss recovered
     return Edit(hook, np.zeros_like)
 
 
-def trace_names(n_layer):  # -> every name trace makes in a model of n_layer blocks, in order
-    steps = ("ln_1", "attn.q", "attn.k", "attn.v", "attn.scores", "attn.weights", "attn.z", "attn.out", "mid", "ln_2",
-             "mlp.pre", "mlp.hidden", "mlp.out", "out")
-    return ["embed", *(f"blocks.{i}.{step}" for i in range(n_layer) for step in steps), "ln_f", "logits"]
-
-
 def check_hook(hook, n_layer):  # -> None; UsageError naming the valid names when trace makes no activation `hook`
-    names = trace_names(n_layer)
-    if hook not in names:
-        shown = ", ".join(names[:3] + ["...", names[-1]]) if len(names) > 12 else ", ".join(names)
-        raise UsageError(f"--hook {hook!r} is not an activation of this {n_layer}-layer model: the names are embed, "
-                         f"blocks.L.STEP for L from 0 to {n_layer - 1} and STEP one of ln_1, attn.q, attn.k, attn.v, "
-                         f"attn.scores, attn.weights, attn.z, attn.out, mid, ln_2, mlp.pre, mlp.hidden, mlp.out, out; "
-                         f"ln_f and logits (in order: {shown})")
+    problem = hook_problem(hook, n_layer)
+    if problem:
+        raise UsageError(f"--hook {problem}")
 
 
 def model_rows(ids, params, n_head, hook):  # int [n_seq] -> [n_seq, d_in]: hook's activation on one window of tokens

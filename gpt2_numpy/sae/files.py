@@ -6,12 +6,11 @@
     sae_weights.safetensors   W_enc [d_in, d_sae], b_enc [d_sae], W_dec [d_sae, d_in], b_dec [d_in], and threshold
                               [d_sae] for jumprelu (or an older file's log_threshold)
 
-A TransformerLens hook name maps to the trace name (interpret/tracing.py) of the same activation, and back: a released
+A TransformerLens hook name maps to the trace name of the same activation, and back (interpret/names.py): a released
 GPT-2-small SAE (hook blocks.8.hook_resid_pre, say) reads our "blocks.7.out". Options whose math is not the one here
 (normalize_activations other than "none", say) are refused, naming the option and its value.
 """
 import json
-import re
 from pathlib import Path
 
 import numpy as np
@@ -19,49 +18,15 @@ import numpy as np
 from gpt2_numpy.errors import CheckpointError, Gpt2NumpyError, UsageError
 from gpt2_numpy.formats import parse_json, shown
 from gpt2_numpy.formats.safetensors import read_safetensors, to_float32, write_safetensors
+from gpt2_numpy.interpret.names import our_hook, tl_hook
 from gpt2_numpy.sae.model import ARCHITECTURES, SAE, decoder_norms
 from gpt2_numpy.disk import atomic_write
 
 CFG, WEIGHTS = "cfg.json", "sae_weights.safetensors"
 FORMAT_VERSION = "6.0.0"  # the SAELens release whose folder layout this writes; older layouts load as SAELens's do
-# TransformerLens's name within block L -> ours (trace's, within block L)
-TL_BLOCK_NAMES = {"hook_resid_mid": "mid", "hook_resid_post": "out", "attn.hook_z": "attn.z", "hook_mlp_out": "mlp.out",
-                  "hook_attn_out": "attn.out", "attn.hook_q": "attn.q", "attn.hook_k": "attn.k",
-                  "attn.hook_v": "attn.v", "mlp.hook_pre": "mlp.pre", "mlp.hook_post": "mlp.hidden",
-                  "ln1.hook_normalized": "ln_1", "ln2.hook_normalized": "ln_2"}
-OUR_BLOCK_NAMES = {ours: theirs for theirs, ours in TL_BLOCK_NAMES.items()}
-PER_HEAD = ("attn.q", "attn.k", "attn.v", "attn.z")  # [n_head, n_seq, d_head] in trace; flattened for an SAE
 # cfg options whose other values change the math: refused, since this code would compute something else
 SUPPORTED = {"normalize_activations": (None, "none"), "reshape_activations": (None, "none", "hook_z"),
              "rescale_acts_by_decoder_norm": (None, False, True), "hook_head_index": (None,)}
-
-
-def our_hook(name):  # -> the trace name of TransformerLens's hook name (or of one of ours, as it is); None if neither
-    match = re.fullmatch(r"blocks\.(\d+)\.(.+)", name)
-    if match and match[2] == "hook_resid_pre":
-        layer = int(match[1])
-        return "embed" if layer == 0 else f"blocks.{layer - 1}.out"
-    if match and match[2] in TL_BLOCK_NAMES:
-        return f"blocks.{match[1]}.{TL_BLOCK_NAMES[match[2]]}"
-    if name == "ln_final.hook_normalized":
-        return "ln_f"
-    return name if is_trace_name(name) else None
-
-
-def tl_hook(name):  # -> TransformerLens's name for a trace name, or the trace name when TransformerLens has none
-    match = re.fullmatch(r"blocks\.(\d+)\.(.+)", name)
-    if name == "embed":
-        return "blocks.0.hook_resid_pre"
-    if match and match[2] in OUR_BLOCK_NAMES:
-        return f"blocks.{match[1]}.{OUR_BLOCK_NAMES[match[2]]}"
-    return "ln_final.hook_normalized" if name == "ln_f" else name
-
-
-def is_trace_name(name):  # -> True for a name trace makes in some model
-    steps = ("ln_1", "mid", "ln_2", "out", "mlp.pre", "mlp.hidden", "mlp.out",
-             *(f"attn.{step}" for step in ("q", "k", "v", "scores", "weights", "z", "out")))
-    match = re.fullmatch(r"blocks\.\d+\.(.+)", name)
-    return name in ("embed", "ln_f", "logits") or bool(match and match[1] in steps)
 
 
 def new_sae(cfg, params, hook, model_name=None):  # -> SAE with a complete cfg.json from the few fields that matter

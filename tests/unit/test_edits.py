@@ -15,7 +15,8 @@ from gpt2_numpy.interpret import patching as patching_module
 from gpt2_numpy.interpret.edits import Edit, resid_pre, run_with_edits
 from gpt2_numpy.interpret.patching import patching
 from gpt2_numpy.interpret.present import patching_table
-from gpt2_numpy.interpret.tracing import run_names, trace
+from gpt2_numpy.interpret.names import run_names
+from gpt2_numpy.interpret.tracing import trace
 from gpt2_numpy.model import gpt2, layer_norm, softmax
 from gpt2_numpy.params import random_params
 from tests.conftest import FIXTURES, assert_one_error_line, official_path, run_explain, tiny_models_dir

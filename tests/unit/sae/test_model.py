@@ -10,7 +10,8 @@ from gpt2_numpy import cores
 from gpt2_numpy.sae.model import loss_and_grads
 from gpt2_numpy.sae.activations import hook_rows, model_rows, rows_back
 from gpt2_numpy.sae.fast import team_loss_and_grads, top_k_grouped, topk_loss_and_grads
-from gpt2_numpy.sae.files import load_sae, new_sae, our_hook, save_sae
+from gpt2_numpy.interpret.names import our_hook
+from gpt2_numpy.sae.files import load_sae, new_sae, save_sae
 from gpt2_numpy.interpret.tracing import trace
 from gpt2_numpy.params import random_params
 from scripts.sae.planted import train_planted
