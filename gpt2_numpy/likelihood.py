@@ -11,7 +11,7 @@ import numpy as np
 from gpt2_numpy.errors import NonFiniteError, UsageError
 from gpt2_numpy.checks import check_inputs
 from gpt2_numpy.fast import lm_head, log_softmax_at, transformer
-from gpt2_numpy.tokenizer import EOT, check_in_vocabulary
+from gpt2_numpy.tokenizer import EOT, checked_ids
 
 
 def token_log_probs(inputs, params, n_head, *, stride=None):  # int [n] -> float64 [n - 1]
@@ -92,15 +92,14 @@ def perplexity(nll):  # -> e^nll; inf where that exceeds the largest double (nll
 
 
 def text_ids(tokenizer, text, n_vocab, bos):  # -> ids to score, all < n_vocab: [<|endoftext|>, *text's ids] with bos
-    # "<|endoftext|>" written in the text is the document separator, as in generate and in GPT-2's training data
-    ids = ([tokenizer.eot_id] if bos else []) + tokenizer.encode(text, allowed_special="all")
+    if bos and tokenizer.eot_id >= n_vocab:
+        raise UsageError(f"this model's vocabulary of {n_vocab} tokens has no {EOT} (id {tokenizer.eot_id}) to put "
+                         "before the text: pass --no-bos to score the text from its second token")
+    ids = checked_ids(tokenizer, text, n_vocab, "the text", "use a model with GPT-2's full vocabulary, or a text of "
+                      "other words", first=[tokenizer.eot_id] * bos)
     if len(ids) < 2:
         what = "the text is empty" if not text else f"the text is a single token ({text!r}) and --no-bos leaves " \
             "nothing before it"
         raise UsageError(f"{what}: scoring needs a token to predict after some context; give a longer text"
                          + ("" if bos else f", or drop --no-bos to predict the first token after {EOT}"))
-    if bos and tokenizer.eot_id >= n_vocab:
-        raise UsageError(f"this model's vocabulary of {n_vocab} tokens has no {EOT} (id {tokenizer.eot_id}) to put "
-                         "before the text: pass --no-bos to score the text from its second token")
-    return check_in_vocabulary(tokenizer, ids, n_vocab, "the text",
-                               "use a model with GPT-2's full vocabulary, or a text of other words")
+    return ids

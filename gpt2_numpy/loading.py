@@ -31,7 +31,7 @@ from gpt2_numpy.fast import inference_layout
 from gpt2_numpy.formats import SETTINGS_LIMIT, parse_json, read_regular
 from gpt2_numpy.formats.checkpoint import load_params
 from gpt2_numpy.locks import only_the_lock, open_lock, release_lock
-from gpt2_numpy.tokenizer import Tokenizer, check_in_vocabulary, load_tokenizer
+from gpt2_numpy.tokenizer import Tokenizer, checked_ids, load_tokenizer
 
 DOWNLOADS = ".download"  # subfolder holding downloads until they are verified
 MARKER = ".verified.json"  # {file name: [size, mtime_ns, inode]} of a verified folder, taken before verifying
@@ -281,6 +281,5 @@ def failed_verification(error, model_dir, folder, blamed, deleted, compared, fet
 
 def prompt_ids(tokenizer, prompt, n_vocab, name="the prompt"):  # -> ids to feed the model, all < n_vocab
     # "<|endoftext|>" typed in a prompt is the document separator; an empty prompt starts from it, as GPT-2 was trained
-    ids = tokenizer.encode(prompt, allowed_special="all") or [tokenizer.eot_id]
-    return check_in_vocabulary(tokenizer, ids, n_vocab, name,
-                               "use a model with GPT-2's full vocabulary, or a prompt of other words")
+    return checked_ids(tokenizer, prompt, n_vocab, name, "use a model with GPT-2's full vocabulary, or a prompt of "
+                       "other words", first=[tokenizer.eot_id] * (prompt == ""))

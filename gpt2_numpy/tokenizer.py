@@ -20,6 +20,7 @@ from collections import defaultdict
 from itertools import chain
 from pathlib import Path
 
+import numpy as np
 import regex
 
 from gpt2_numpy.errors import OutOfVocabulary
@@ -242,6 +243,30 @@ def check_in_vocabulary(tokenizer, ids, n_vocab, what, fix):  # -> ids; OutOfVoc
         raise OutOfVocabulary(f"{what}'s token {token_id} ({tokenizer.decode([token_id])!r}, position {position}) is "
                          f"outside this model's vocabulary of {n_vocab} tokens: {fix}")
     return ids
+
+
+def checked_ids(tokenizer, text, n_vocab, what, fix, first=()):  # -> [*first, *the text's ids], each < n_vocab
+    # "<|endoftext|>" written in a text is the document separator, as in GPT-2's training data
+    return check_in_vocabulary(tokenizer, [*first, *tokenizer.encode(text, allowed_special="all")], n_vocab, what, fix)
+
+
+def token_windows(ids, seq_len, n_windows=None, targets=False):  # int [n] -> int [count, seq_len (+ 1)], a view
+    """The windows of seq_len ids that start every seq_len ids, the first n_windows of them at most; with targets,
+    each with the id after it too (its inputs' next-token targets), so that it overlaps the next window by one."""
+    ids, width = np.asarray(ids), seq_len + targets
+    count = max(0, (len(ids) - targets) // seq_len)
+    count = count if n_windows is None else min(count, n_windows)
+    if count == 0:
+        return ids[:0].reshape(0, width)
+    return np.lib.stride_tricks.sliding_window_view(ids[: count * seq_len + targets], width)[::seq_len]
+
+
+def text_windows(tokenizer, text, n_vocab, seq_len, n_windows=None, targets=False):  # -> (ids int64 [n], windows)
+    """A text's ids, each in the model's vocabulary (OutOfVocabulary otherwise), and its first windows of them
+    (token_windows's); no window when the text is shorter than one."""
+    ids = np.asarray(checked_ids(tokenizer, text, n_vocab, "the data", "use a text of the model's vocabulary"),
+                     dtype=np.int64)
+    return ids, token_windows(ids, seq_len, n_windows, targets)
 
 
 if __name__ == "__main__":  # the command imports this module (every command loads through it), so it cannot run here

@@ -23,7 +23,7 @@ from gpt2_numpy.interpret.heads import PATTERNS, head_scores, repeat_length, rep
 from gpt2_numpy.optim import adamw_state, adamw_step, clip_grads, learning_rate
 from gpt2_numpy.params import flatten
 from gpt2_numpy.runs import HEADS, diverged, open_log, restore_moments, save_run
-from gpt2_numpy.tokenizer import check_in_vocabulary
+from gpt2_numpy.tokenizer import checked_ids, token_windows
 
 
 
@@ -75,8 +75,8 @@ class Batches:
     resumed run sees the same batches as an uninterrupted one."""
 
     def __init__(self, tokens, seq_len, batch_size, seed):
-        self.tokens, self.seq_len, self.batch_size = tokens, seq_len, batch_size
-        self.n_windows = (len(tokens) - 1) // seq_len
+        self.windows, self.batch_size = token_windows(tokens, seq_len, targets=True), batch_size
+        self.n_windows = len(self.windows)
         self.rng = np.random.default_rng([seed, 1])  # a stream of its own: the init's draws do not shift it
         self.order, self.position = self.rng.permutation(self.n_windows), 0
 
@@ -87,8 +87,7 @@ class Batches:
                 self.order, self.position = self.rng.permutation(self.n_windows), 0
             picked.append(self.order[self.position])
             self.position += 1
-        starts = np.array(picked)[:, None] * self.seq_len
-        windows = self.tokens[starts + np.arange(self.seq_len + 1)]
+        windows = self.windows[np.array(picked)]
         return windows[:, :-1], windows[:, 1:]
 
     def state(self):  # -> {name: array} for train_state.npz
@@ -127,8 +126,7 @@ def data_tokens(text, tokenizer, n_vocab, val_fraction, seq_len, own_vocabulary)
         check_parts(train, val, seq_len, lambda name, part: f"its {name} part has {plural(len(part), 'token')} in "
                     "the run's own vocabulary", "a longer text")
         return train, val
-    ids = check_in_vocabulary(tokenizer, tokenizer.encode(text, allowed_special="all"), n_vocab, "the data",
-                              "train a model with GPT-2's full vocabulary")
+    ids = checked_ids(tokenizer, text, n_vocab, "the data", "train a model with GPT-2's full vocabulary")
     return split_tokens(ids, val_fraction, seq_len)
 
 
@@ -160,8 +158,7 @@ def fewest_tokens(val_fraction, seq_len):  # -> the fewest tokens whose two part
 
 def val_windows(val, seq_len, n_windows):  # -> int [n, seq_len + 1]: the first n windows of the held-out tokens
     # always the same windows, so evaluations along a run (and across runs on one text) compare like with like
-    n = min(n_windows, (len(val) - 1) // seq_len)
-    return val[np.arange(n)[:, None] * seq_len + np.arange(seq_len + 1)]
+    return token_windows(val, seq_len, n_windows, targets=True)
 
 
 # --- The loop ---

@@ -1,6 +1,7 @@
 """What the command lines share: the parser and its argument types, running a command (errors become one line on
 stderr and an exit status), stdout, the flags that choose a model and loading it (downloading it first if missing),
-and reading the prompt. No command imports another; they all import this."""
+reading the prompt, and the files a command writes (checked before the model loads, so a typo costs no load, and written
+whole or not at all). No command imports another; they all import this."""
 import argparse
 import contextlib
 import difflib
@@ -20,6 +21,7 @@ from gpt2_numpy import cores
 from gpt2_numpy.allocator import keep_freed_memory
 from gpt2_numpy.catalog import MODEL_SIZES, OFFICIAL_HPARAMS, SOURCES
 from gpt2_numpy.console import log, plural
+from gpt2_numpy.disk import atomic_write, disk_fix, write_problem
 from gpt2_numpy.errors import Gpt2NumpyError, Interrupted, OutOfMemory, OutputError, UsageError
 from gpt2_numpy.formats import read_text
 from gpt2_numpy.loading import load_model, where
@@ -314,3 +316,47 @@ def read_prompt(argument, what="the prompt"):  # -> the text of a command-line a
     except UnicodeEncodeError:
         raise UsageError(f"{what} is not valid UTF-8 text: pass it in UTF-8, or through stdin with '-'") from None
     return text
+
+
+# --- Files a command writes ---
+
+
+HTML_SUFFIXES = (".html", ".htm")  # explain --html's page and sae features --html's
+
+
+def check_output_file(path, flag, suffixes):  # -> None, or UsageError saying what is wrong with the file name
+    """UsageError when `path` is a folder, does not end in one of `suffixes`, or lies in a folder that does not exist
+    or that this user cannot write into."""
+    names = " or ".join(suffixes)
+    try:
+        if path.is_dir():
+            raise UsageError(f"{flag} {path} is a folder: name a {names} file")
+        if path.suffix.lower() not in suffixes:
+            raise UsageError(f"{flag} {path}: the file name must end in {names} (got "
+                             f"{repr(path.suffix) if path.suffix else 'no suffix'})")
+        folder = Path(os.path.realpath(path)).parent  # a symlink is written through to its file (atomic_write)
+        existing = next(above for above in (folder, *folder.parents) if above.exists())
+        if not existing.is_dir():
+            raise UsageError(f"{flag} {path}: {existing} is a file, not a folder; choose another file")
+        if not folder.is_dir():
+            raise UsageError(f"{flag} {path}: the folder {folder} does not exist; create it or choose another file")
+    except OSError as error:  # a folder on the way that this user may not enter
+        raise UsageError(f"{flag} {path}: cannot read the folder {path.parent} ({error.strerror}): fix its "
+                         "permissions or choose another file") from None
+    problem = write_problem(folder)
+    if problem:
+        raise UsageError(f"{flag} {path}: cannot write into the folder {folder} {problem} or choose another file")
+
+
+def save_figure(figure, path):  # -> None; path then holds a matplotlib figure's whole image, or is left as it was
+    suffix = path.suffix.lower()[1:]
+    metadata = {"Date": None} if suffix == "svg" else None  # an SVG without its date: the same prompt, the same file
+    write_atomically(path, lambda file: figure.savefig(file, format=suffix, metadata=metadata), "the plot")
+
+
+def write_atomically(path, write, what):  # write(binary file) -> None; disk.atomic_write, saying what failed
+    try:
+        atomic_write(path, write)
+    except OSError as error:
+        raise UsageError(f"cannot write {what} {path}: {error.strerror or error}: {disk_fix(error)} or choose "
+                         "another file") from None

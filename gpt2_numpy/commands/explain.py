@@ -16,16 +16,16 @@ entry of MODES."""
 import argparse
 import functools
 import json
+import math
 import os
 import sys
 from typing import Callable, NamedTuple, Optional
 
 from gpt2_numpy.catalog import OFFICIAL_HPARAMS
 from gpt2_numpy.commands.common import (
-    ArgumentParser, add_model_args, model_from_args, model_size, open_stdout, path_argument, read_data, read_prompt,
-    run_model_cli, whole_number, write_stdout,
+    HTML_SUFFIXES, ArgumentParser, add_model_args, check_output_file, model_from_args, model_size, open_stdout,
+    path_argument, read_data, read_prompt, run_model_cli, save_figure, whole_number, write_atomically, write_stdout,
 )
-from gpt2_numpy.sae.present import add_explain_arguments, explain_compute, explain_json, explain_table
 from gpt2_numpy.console import log, plural, progress_bar
 from gpt2_numpy.errors import NothingToRecover, UsageError
 from gpt2_numpy.loading import is_ready, prompt_ids
@@ -33,14 +33,17 @@ from gpt2_numpy.interpret.ablation import ABLATIONS, REFERENCE_TOKENS, ablation,
 from gpt2_numpy.interpret.attribution import attribution
 from gpt2_numpy.interpret.heads import head_scores, repeat_length, repeated_tokens, repetition_problem
 from gpt2_numpy.interpret.lens import LENS_COLUMNS, first_shown, top_tokens
-from gpt2_numpy.interpret.page import check_page_file, page_html, write_page
+from gpt2_numpy.interpret.page import page_html
 from gpt2_numpy.interpret.patching import patching
-from gpt2_numpy.interpret.plot import attention_figure, check_plot_file, patching_figure, plot_install, save_figure
+from gpt2_numpy.interpret.plot import PLOT_SUFFIXES, attention_figure, patching_figure, plot_install
 from gpt2_numpy.interpret.present import (
     ablation_json, ablation_table, attribution_json, attribution_table, heads_json, heads_table, lens_json, lens_table,
     patching_json, patching_table, small_gap_caution,
 )
 from gpt2_numpy.interpret.stepwise import check_index, report, token_label, walkthrough
+from gpt2_numpy.sae.activations import sae_for_model
+from gpt2_numpy.sae.features import checked_latents, explain_latents
+from gpt2_numpy.sae.present import latents_json, latents_table
 
 HEADS_SEED = 0  # --heads's random tokens: the same table for the same model, unless --seed asks for others
 PROGRESS_DELAY = 2  # seconds a stage runs before its progress bar appears: a quick run prints none
@@ -58,6 +61,17 @@ def layer_head(text):  # -> (layer, head) from "L.H"; argparse turns the error i
     if not (dot and layer.isdigit() and head.isdigit()):
         raise argparse.ArgumentTypeError(f"{text!r} is not L.H, a layer and a head numbered from 0, such as 0.3")
     return int(layer), int(head)
+
+
+def steer_pair(text):  # -> (latent, scale) from "F:SCALE"; argparse turns the error into one line
+    latent, colon, scale = text.partition(":")
+    try:
+        pair = int(latent), float(scale)
+    except ValueError:
+        pair = None
+    if not colon or pair is None or pair[0] < 0 or not math.isfinite(pair[1]):
+        raise argparse.ArgumentTypeError(f"{text!r} is not F:SCALE (a latent id and a finite number, e.g. 12:4.0)")
+    return pair
 
 
 # the options whose words are texts (answers, a prompt), with their names: as getopt does, those words are taken as
@@ -151,7 +165,14 @@ def parse_args(argv):  # -> argparse.Namespace, checked
     parser.add_argument("--html", type=path_argument, metavar="FILE",
                         help="write one self-contained page (.html) to explore every head's attention, the head "
                         "scores and the logit lens in a browser, offline")
-    add_explain_arguments(parser)
+    parser.add_argument("--sae", type=path_argument, metavar="DIR",
+                        help="an SAE's folder (SAELens's): print each position's strongest latents at its hook")
+    parser.add_argument("--sae-ablate", nargs="+", type=whole_number(0), metavar="F",
+                        help="with --sae: take these latents out of the activation (x - f_F(x) W_dec[F], the SAE's "
+                        "error kept) and print the loss and the next tokens before and after")
+    parser.add_argument("--steer", nargs="+", type=steer_pair, metavar="F:SCALE",
+                        help="with --sae: add SCALE * W_dec[F] to the activation at every position, and print the "
+                        "loss and the next tokens before and after")
     add_model_args(parser)
     args = parser.parse_args(mark_texts(sys.argv[1:] if argv is None else argv, parser._option_string_actions))
     if args.seed is not None and not args.heads:
@@ -239,7 +260,7 @@ def run(argv=None):  # -> exit status
     if args.plot is not None:
         check_plot_file(args.plot)
     if args.html is not None:
-        check_page_file(args.html)
+        check_output_file(args.html, "--html", HTML_SUFFIXES)
     size = model_size(args)
     if size is not None and not is_ready(size, args.models_dir, args.source):
         layer_and_heads(args, OFFICIAL_HPARAMS[size])  # known before the download: a typo in --layer costs none
@@ -254,7 +275,7 @@ def run(argv=None):  # -> exit status
         save_figure(plot_figure(request, results.get("patch")), args.plot)
         log(f"wrote {args.plot} ({file_size(args.plot)})")
     if page is not None:
-        write_page(args.html, page)
+        write_atomically(args.html, lambda file: file.write(page.encode("utf-8")), "the page")
         log(f"wrote {args.html} ({file_size(args.html)})")
     write_stdout("\n".join(printed(MODES[name], request, result, args.json) for name, result in results.items()))
     return 0
@@ -349,7 +370,20 @@ def patched(request):  # -> patching's result; UsageError when the prompts leave
 
 
 def sae_latents(request):  # -> --sae's result: each position's strongest latents, or the edits' effect
-    return explain_compute(request.args, request)
+    args = request.args
+    sae = sae_for_model(args.sae, request.params, request.hparams)
+    ablate = checked_latents(args.sae_ablate or [], sae, "--sae-ablate")
+    steers = args.steer or []
+    checked_latents([latent for latent, _ in steers], sae, "--steer")
+    return explain_latents(sae, request.ids, request.params, request.hparams["n_head"], ablate, steers)
+
+
+def sae_text(request, result):
+    return latents_table(request.ids, result, request.label)
+
+
+def sae_data(request, result):
+    return latents_json(request.ids, result, request.text_of)
 
 
 def lens_text(request, layers):
@@ -401,7 +435,7 @@ MODES = {  # name (its flag, --NAME) -> Mode, in the order they print; each but 
     "ablate": Mode(ablated, ablation_text, ablation_data),
     "attribute": Mode(attributed, attribution_text, attribution_data),
     "patch": Mode(patched, patching_text, patching_data),
-    "sae": Mode(sae_latents, explain_table, explain_json),
+    "sae": Mode(sae_latents, sae_text, sae_data),
 }
 OUTPUTS = tuple(name for name, mode in MODES.items() if mode.json)  # each prints a table, or with --json one object
 
@@ -476,6 +510,14 @@ def page_title(args, hparams, n_tokens):  # -> "GPT-2 124M on 6 tokens", or what
     else:  # a folder of --models-dir holding another shape than its name says
         name = f"the {size} folder's GPT-2 ({shape})"
     return f"{name} on {plural(n_tokens, 'token')}"
+
+
+def check_plot_file(path):  # -> None; UsageError for a bad file name or folder, or no matplotlib
+    check_output_file(path, "--plot", PLOT_SUFFIXES)
+    try:
+        import matplotlib  # noqa: F401 (only its presence is checked here)
+    except ImportError:
+        raise UsageError(f"--plot needs matplotlib, an optional extra: {plot_install()}") from None
 
 
 def file_size(path):  # -> "42 KB" or "3.4 MB": a small page must not read "0.0 MB"

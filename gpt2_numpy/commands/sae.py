@@ -1,45 +1,37 @@
-"""`gpt2-numpy sae`: train a sparse autoencoder on one activation of a model (or on activations of your own), and
-measure it spliced into the model (gpt2_numpy/interpret/sae*.py hold the math, the files and the loop).
+"""`gpt2-numpy sae`: train a sparse autoencoder on one activation of a model (or on activations of your own), measure
+it spliced into the model, and draw its latents (gpt2_numpy/sae/ computes all of it; this parses, calls and prints).
 
     gpt2-numpy sae train --model my-gpt --hook blocks.0.out --data plays.txt --out my-sae --d-sae 2048 --k 16
     gpt2-numpy sae train --activations acts.npy --out toy-sae --architecture standard --l1 3
     gpt2-numpy sae eval --sae my-sae --model my-gpt --data held-out.txt
     gpt2-numpy sae features --sae my-sae --model my-gpt --data plays.txt --html features.html
+        a page of the latents that fire most on the text (or --latents F ...): their strongest contexts, shaded, a
+        histogram of their activations and the tokens each promotes and suppresses most
 """
-import hashlib
-import importlib
-import importlib.util
-import math
+import functools
 import sys
 from contextlib import ExitStack
-from typing import Callable, NamedTuple, Optional
-
-import numpy as np
 
 from gpt2_numpy.commands.common import (
-    ArgumentParser, add_model_args, model_from_args, path_argument, positive_float, print_json, read_data,
-    run_model_cli, whole_number, write_stdout,
+    HTML_SUFFIXES, ArgumentParser, add_model_args, check_output_file, model_from_args, path_argument, positive_float,
+    print_json, read_data, run_model_cli, whole_number, write_atomically, write_stdout,
 )
 from gpt2_numpy.console import log, plural
 from gpt2_numpy.errors import UsageError
-from gpt2_numpy.interpret.edits import run_with_edits
-from gpt2_numpy.sae.model import explained_variance
-from gpt2_numpy.sae.activations import (
-    Stream, array_windows, check_hook, hook_rows, model_rows, splice, zeroed,
-)
-from gpt2_numpy.sae.files import check_fits, load_sae
 from gpt2_numpy.interpret.names import our_hook
-from gpt2_numpy.sae.training import (
-    KEPT, SAE_ORDER, SaeSettings, init_params, load_sae_run, sae_of, train_sae,
-)
-from gpt2_numpy.interpret.tracing import log_softmax
 from gpt2_numpy.runs import check_out, claimed, settled_if_cut
-from gpt2_numpy.tokenizer import check_in_vocabulary
+from gpt2_numpy.sae.activations import Stream, check_hook, file_source, model_source, resolve_hook, sae_for_model
+from gpt2_numpy.sae.evaluation import evaluate
+from gpt2_numpy.sae.features import busiest_latents, checked_latents
+from gpt2_numpy.sae.files import load_sae
+from gpt2_numpy.sae.page import features_data, features_html
+from gpt2_numpy.sae.present import eval_report
+from gpt2_numpy.sae.training import KEPT, SAE_ORDER, SaeSettings, init_params, load_sae_run, sae_of, train_sae
+from gpt2_numpy.tokenizer import text_windows
 
 SUBCOMMANDS = {"train": "train an SAE on one activation of a model, or on an .npy file of activations",
                "eval": "an SAE on held-out text: MSE, explained variance, L0, dead latents and the loss recovered",
                "features": "a page of the SAE's latents: top contexts, histograms, promoted tokens"}
-FEATURES = "gpt2_numpy.sae.present"  # the features page's command, a module of its own
 DEFAULTS = {"architecture": "topk", "k": 32, "l1": 1.0, "lr": 4e-4, "batch_size": 4096, "seed": 0, "seq_len": 128,
             "buffer": 2**16}
 
@@ -88,57 +80,27 @@ def eval_parser():  # -> the parser of `sae eval`
     return parser
 
 
+def features_parser():  # -> the parser of `sae features`
+    parser = ArgumentParser(prog="gpt2-numpy sae features", description=SUBCOMMANDS["features"])
+    parser.add_argument("--sae", required=True, type=path_argument, metavar="DIR", help="the SAE's folder (SAELens's)")
+    add_model_args(parser)
+    parser.add_argument("--data", required=True, type=path_argument, metavar="FILE",
+                        help="UTF-8 text to find each latent's strongest contexts in")
+    parser.add_argument("--html", required=True, type=path_argument, metavar="FILE", help="the page to write")
+    parser.add_argument("--latents", nargs="+", type=whole_number(0), metavar="F",
+                        help="these latents (default: the --count that fire at the most positions of the text)")
+    parser.add_argument("--count", type=whole_number(1), default=32, metavar="N",
+                        help="latents on the page without --latents (default 32)")
+    parser.add_argument("--contexts", type=whole_number(1), default=10, metavar="N",
+                        help="strongest contexts per latent (default 10)")
+    parser.add_argument("--seq-len", type=whole_number(1), default=128, metavar="N",
+                        help="tokens per window of the text, at most the model's context (default 128)")
+    parser.add_argument("--windows", type=whole_number(1), default=256, metavar="N",
+                        help="windows of the text read, at most (default 256, from its start)")
+    return parser
+
+
 # --- Where the activations come from ---
-
-
-def model_tokens(model, path):  # -> int32 [n]: the text's tokens, each in the model's vocabulary
-    ids = model.tokenizer.encode(read_data(path), allowed_special="all")
-    return np.array(check_in_vocabulary(model.tokenizer, ids, model.hparams["n_vocab"], "the data",
-                                        "use a text of the model's vocabulary"), dtype=np.int64)
-
-
-def resolve_hook(hook, n_layer):  # -> the trace name of --hook (ours, or TransformerLens's), checked
-    name = our_hook(hook) or hook
-    check_hook(name, n_layer)
-    return name
-
-
-def read_activations(path):  # -> float [n, d_in] memory-mapped, checked; UsageError for a file of another shape
-    try:
-        array = np.load(path, mmap_mode="r", allow_pickle=False)
-    except OSError as error:
-        raise UsageError(f"cannot read --activations {path}: {error.strerror or error}") from None
-    except ValueError:  # not the .npy format, or an array of Python objects (which is never loaded: pickles run code)
-        raise UsageError(f"--activations {path} is not an .npy array of numbers: save one of shape [n, d_in] with "
-                         "numpy.save") from None
-    if not isinstance(array, np.ndarray) or array.ndim != 2 or array.dtype.kind != "f" or 0 in array.shape:
-        what = f"an array of {array.dtype} {list(array.shape)}" if isinstance(array, np.ndarray) else "not an array"
-        raise UsageError(f"--activations {path} is {what}: it must hold floats of shape [n, d_in], n and d_in >= 1")
-    for start in range(0, len(array), 2**16):
-        if not np.isfinite(array[start:start + 2**16]).all():
-            raise UsageError(f"--activations {path} holds NaN or infinite values (row {start} onward): fix the file")
-    return array
-
-
-def file_digest(path):  # -> sha256 of a file's bytes, read in pieces
-    digest = hashlib.sha256()
-    with open(path, "rb") as file:
-        for piece in iter(lambda: file.read(2**20), b""):
-            digest.update(piece)
-    return digest.hexdigest()
-
-
-class Source(NamedTuple):
-    """Where a run's activations come from."""
-    window: Callable  # window(i) -> [m, d_in]: the activations of window i
-    n_windows: int
-    n_rows: int  # activations in all the windows
-    d_in: int
-    hook: Optional[str]  # the trace name; None for an .npy file given without --hook
-    model_name: Optional[str]
-    name: str  # the .npy file or the model, as the run records it
-    digest: str  # sha256 of the file, or of the text's tokens
-    seq_len: Optional[int]
 
 
 def activation_source(args):  # -> Source of the flags given
@@ -147,14 +109,11 @@ def activation_source(args):  # -> Source of the flags given
         if extra:
             raise UsageError(f"--activations trains on the file's activations: drop {extra[0]}, or drop "
                              "--activations to read them from the model")
-        array = read_activations(args.activations)
-        window, n_windows = array_windows(array)
         hook = None if args.hook is None else our_hook(args.hook)
         if args.hook is not None and hook is None:
             raise UsageError(f"--hook {args.hook!r} names no activation of GPT-2: give a trace name (blocks.0.out, "
                              "...) or TransformerLens's (blocks.1.hook_resid_pre, ...), or drop --hook")
-        return Source(window, n_windows, len(array), array.shape[1], hook, None, str(args.activations),
-                      file_digest(args.activations), None)
+        return file_source(args.activations, hook)
     missing = [flag for flag, value in (("--model", args.model), ("--hook", args.hook), ("--data", args.data))
                if value is None]
     if missing:
@@ -162,19 +121,17 @@ def activation_source(args):  # -> Source of the flags given
     model = model_from_args(args)
     hook = resolve_hook(args.hook, model.hparams["n_layer"])
     seq_len = min(args.seq_len or DEFAULTS["seq_len"], model.hparams["n_ctx"])
-    tokens = model_tokens(model, args.data)
-    n_windows = len(tokens) // seq_len
-    if n_windows < 1:
-        raise UsageError(f"--data {args.data} has {plural(len(tokens), 'token')}, fewer than one window of "
-                         f"{seq_len}: give a longer text, or a smaller --seq-len")
-    n_head = model.hparams["n_head"]
+    ids, windows = data_windows(model, read_data(args.data), args.data, seq_len)
+    return model_source(model.params, model.hparams["n_head"], hook, ids, windows, str(args.model))
 
-    def window(i):
-        return model_rows(tokens[i * seq_len:(i + 1) * seq_len], model.params, n_head, hook)
 
-    digest = hashlib.sha256(tokens.tobytes()).hexdigest()
-    return Source(window, n_windows, n_windows * seq_len, window(0).shape[1], hook, str(args.model), str(args.model),
-                  digest, seq_len)
+def data_windows(model, text, path, seq_len, n_windows=None, targets=False):  # -> (ids, windows) of the text of
+    # --data, tokenizer.text_windows's; UsageError when it holds no window
+    ids, windows = text_windows(model.tokenizer, text, model.hparams["n_vocab"], seq_len, n_windows, targets)
+    if not len(windows):
+        raise UsageError(f"--data {path} has {plural(len(ids), 'token')}, fewer than one window of "
+                         f"{seq_len + targets}: give a longer text, or a smaller --seq-len")
+    return ids, windows
 
 
 # --- sae train ---
@@ -247,32 +204,6 @@ def resumed_settings(args, saved, digest, hook):  # -> the saved run's SaeSettin
 # --- sae eval ---
 
 
-def evaluate(sae, model, tokens, seq_len, n_windows):  # -> {name: number}: the eval's numbers over the windows
-    params, n_head = model.params, model.hparams["n_head"]
-    totals = {"clean": 0.0, "sae": 0.0, "zero": 0.0}
-    rows, fired, n_targets = [], np.zeros(sae.d_sae, bool), 0
-    for i in range(n_windows):
-        window = tokens[i * seq_len:(i + 1) * seq_len + 1]
-        inputs, targets = window[:-1], window[1:]
-        for name, edits in (("clean", []), ("sae", [splice(sae)]), ("zero", [zeroed(sae.hook)])):
-            names = run_with_edits(inputs, params, n_head, edits)
-            totals[name] -= float(np.take_along_axis(log_softmax(names["logits"]), targets[:, None], -1).sum())
-            if name == "clean":
-                x = hook_rows(names[sae.hook], sae.hook)
-                check_fits(sae, x.shape[-1], f"the model's {sae.hook}")
-                f = sae.encode(x)
-                rows.append((x, sae.decode(f), (f > 0).sum(axis=-1)))
-                fired |= (f > 0).any(axis=0)
-        n_targets += len(targets)
-    x, x_hat, active = (np.concatenate(part) for part in zip(*rows))
-    losses = {name: total / n_targets for name, total in totals.items()}
-    recovered = (losses["zero"] - losses["sae"]) / (losses["zero"] - losses["clean"])
-    return {"L_clean": losses["clean"], "L_sae": losses["sae"], "L_zero": losses["zero"],
-            "loss_recovered": recovered, "mse": float(np.mean(np.sum((x_hat - x) ** 2, axis=-1))),
-            "explained_variance": explained_variance(x_hat, x), "l0": float(np.mean(active)),
-            "dead_latents": int((~fired).sum()), "d_sae": sae.d_sae, "tokens": n_targets, "hook": sae.hook}
-
-
 def eval_command(argv):  # -> exit status
     args = eval_parser().parse_args(argv)
     sae = load_sae(args.sae)
@@ -282,42 +213,41 @@ def eval_command(argv):  # -> exit status
     model = model_from_args(args)
     check_hook(sae.hook, model.hparams["n_layer"])
     seq_len = min(args.seq_len, model.hparams["n_ctx"])
-    tokens = model_tokens(model, args.data)
-    n_windows = min(args.windows, (len(tokens) - 1) // seq_len)
-    if n_windows < 1:
-        raise UsageError(f"--data {args.data} has {plural(len(tokens), 'token')}, fewer than one window of "
-                         f"{seq_len + 1}: give a longer text, or a smaller --seq-len")
-    numbers = evaluate(sae, model, tokens, seq_len, n_windows)
+    _, windows = data_windows(model, read_data(args.data), args.data, seq_len, args.windows, targets=True)
+    numbers = evaluate(sae, model.params, model.hparams["n_head"], windows)
     if args.json:
         print_json(numbers)
     else:
-        write_stdout(report(numbers))
+        write_stdout(eval_report(numbers))
     return 0
-
-
-def report(numbers):  # -> the text sae eval prints
-    recovered = numbers["loss_recovered"]
-    return "\n".join([
-        f"{numbers['tokens']:,} tokens, the SAE spliced in at {numbers['hook']}:",
-        f"  L_clean {numbers['L_clean']:.4f}  L_sae {numbers['L_sae']:.4f}  L_zero {numbers['L_zero']:.4f} "
-        "(nats per token)",
-        f"  loss recovered {recovered:.4f} ((L_zero - L_sae) / (L_zero - L_clean))" if math.isfinite(recovered)
-        else "  loss recovered: undefined (zeroing the activation does not change the loss)",
-        f"  mse {numbers['mse']:.6g}  explained variance {numbers['explained_variance']:.4f}  L0 {numbers['l0']:.2f}",
-        f"  dead latents {numbers['dead_latents']:,} of {numbers['d_sae']:,} "
-        f"({numbers['dead_latents'] / numbers['d_sae']:.1%}, none fired on this text)", ""])
 
 
 # --- sae features, and the dispatch ---
 
 
-def features(argv):  # -> exit status: the features page's command, where it is installed
-    if importlib.util.find_spec(FEATURES) is None:
-        raise UsageError("sae features is not part of this version: train and eval are")
-    command = importlib.import_module(FEATURES)
-    parser = ArgumentParser(prog="gpt2-numpy sae features", description=SUBCOMMANDS["features"])
-    command.add_arguments(parser)
-    return command.run(parser.parse_args(argv))
+def features(argv):  # -> exit status
+    args = features_parser().parse_args(argv)
+    check_output_file(args.html, "--html", HTML_SUFFIXES)  # a typo in the file name costs no model load
+    text = read_data(args.data)
+    model = model_from_args(args)
+    sae = sae_for_model(args.sae, model.params, model.hparams)
+    if args.latents:
+        checked_latents(args.latents, sae, "--latents")
+    _, windows = data_windows(model, text, args.data, min(args.seq_len, model.hparams["n_ctx"]), args.windows)
+    params, n_head = model.params, model.hparams["n_head"]
+    latents = args.latents or busiest_latents(windows, params, n_head, sae, args.count)
+    if not latents:
+        raise UsageError(f"no latent of --sae {args.sae} fires anywhere in --data {args.data}: nothing to show")
+    title = f"{plural(len(latents), 'latent')} of the SAE {args.sae.name} on {args.data.name}"
+    page = features_html(features_data(windows, params, n_head, sae, latents,
+                                       functools.partial(token_text, model.tokenizer), title, args.contexts))
+    write_atomically(args.html, lambda file: file.write(page.encode("utf-8")), "the page")
+    log(f"wrote {args.html}: {plural(len(latents), 'latent')} over {plural(windows.size, 'token')}")
+    return 0
+
+
+def token_text(tokenizer, token_id):  # -> a token's text; a piece of a character shows its bytes as \xe2
+    return tokenizer.token_bytes(token_id).decode("utf-8", errors="backslashreplace")
 
 
 HANDLERS = {"train": train, "eval": eval_command, "features": features}

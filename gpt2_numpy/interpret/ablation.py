@@ -24,6 +24,7 @@ from gpt2_numpy.interpret.edits import Edit, check_index, run_with_edits
 from gpt2_numpy.interpret.tracing import log_softmax, trace
 from gpt2_numpy.model import softmax
 from gpt2_numpy.checks import check_finite
+from gpt2_numpy.tokenizer import token_windows
 
 TOP = 5  # next tokens shown before and after
 ABLATIONS = ("zero", "mean")
@@ -81,12 +82,10 @@ def reference_means(reference, params, n_head, heads, n_seq, how):  # -> {layer:
 def reference_windows(token_ids, n_seq):  # int [n] -> int [n_windows, n_seq]: consecutive windows of the text's ids
     """The first windows of n_seq consecutive ids (REFERENCE_TOKENS at most, at least one window); ValueError when the
     text has fewer than n_seq tokens."""
-    token_ids = np.asarray(token_ids)
     if len(token_ids) < n_seq:
         raise ValueError(f"the reference text is {len(token_ids)} tokens, fewer than the prompt's {n_seq}: a "
                          "position's mean comes from that position, so give a longer text")
-    n_windows = min(len(token_ids) // n_seq, max(1, REFERENCE_TOKENS // n_seq))
-    return token_ids[:n_windows * n_seq].reshape(n_windows, n_seq)
+    return token_windows(token_ids, n_seq, max(1, REFERENCE_TOKENS // n_seq))
 
 
 def prediction(logits, ids):  # [n_seq, n_vocab], int [n_seq] -> (loss or NaN, top ids [TOP], their probabilities)

@@ -16,7 +16,6 @@ from importlib import resources
 
 import numpy as np
 
-from gpt2_numpy.interpret.files import check_output_file, write_atomically
 from gpt2_numpy.interpret.heads import layer_scores, stacked
 from gpt2_numpy.interpret.present import heads_json
 from gpt2_numpy.interpret.tracing import block_traces, embedding, layer_weights, lens, no_progress
@@ -24,7 +23,6 @@ from gpt2_numpy.checks import check_finite
 
 WEIGHT_SCALE = 1000  # weights stored as round(w * 1000): exactly the 3 decimals shown, an error of at most 0.0005
 LENS_TOP = 5  # logit-lens tokens kept per layer and position
-HTML_SUFFIXES = (".html", ".htm")
 DATA_SLOT = "/*DATA*/null"  # the template's placeholder for the JSON data: valid JavaScript before it is filled
 
 
@@ -89,11 +87,3 @@ def top_tokens(log_probs):  # [n_seq, n_vocab] -> [n_seq][LENS_TOP] of [token id
     top = np.take_along_axis(top, np.argsort(-np.take_along_axis(log_probs, top, axis=-1), axis=-1), axis=-1)
     thousandths = np.rint(np.exp(np.take_along_axis(log_probs, top, axis=-1)) * 1000).astype(int)
     return [[[int(t), int(p)] for t, p in zip(row_ids, row_p)] for row_ids, row_p in zip(top, thousandths)]
-
-
-def check_page_file(path):  # -> None; UsageError for a bad file name or folder
-    check_output_file(path, "--html", HTML_SUFFIXES)
-
-
-def write_page(path, html):  # -> None; path then holds the whole page, or is left as it was
-    write_atomically(path, lambda file: file.write(html.encode("utf-8")), "the page")

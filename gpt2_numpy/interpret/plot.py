@@ -5,8 +5,6 @@ from pathlib import Path
 
 import numpy as np
 
-from gpt2_numpy.errors import UsageError
-from gpt2_numpy.interpret.files import check_output_file, write_atomically
 from gpt2_numpy.model import causal_mask
 
 PLOT_SUFFIXES = (".png", ".svg")
@@ -85,17 +83,3 @@ def plot_install(package=Path(__file__).resolve().parents[1]):  # -> the command
 
 def plain_text(label):  # -> label as matplotlib shows it literally: a pair of "$" would start its mathtext
     return label.replace("$", r"\$")
-
-
-def save_figure(figure, path):  # -> None; path then holds the whole image, or is left as it was
-    suffix = path.suffix.lower()[1:]
-    metadata = {"Date": None} if suffix == "svg" else None  # an SVG without its date: the same prompt, the same file
-    write_atomically(path, lambda file: figure.savefig(file, format=suffix, metadata=metadata), "the plot")
-
-
-def check_plot_file(path):  # -> None; UsageError for a bad file name or folder, or no matplotlib
-    check_output_file(path, "--plot", PLOT_SUFFIXES)
-    try:
-        import matplotlib  # noqa: F401 (only its presence is checked here)
-    except ImportError:
-        raise UsageError(f"--plot needs matplotlib, an optional extra: {plot_install()}") from None

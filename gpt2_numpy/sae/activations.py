@@ -1,20 +1,24 @@
 """What an SAE reads and where it goes back: one trace name's activations as rows [n, d_in], streamed window by window
-through a seeded shuffling buffer, so that a long text never has to fit in memory; and the edits that put an SAE's
-reconstruction (or zeros) in their place, for run_with_edits.
+through a seeded shuffling buffer, so that a long text never has to fit in memory; where a run's activations come
+from (a Source: a model over a text's windows, or an .npy file); and the edits that put an SAE's reconstruction (or
+zeros) in their place, for run_with_edits.
 
     names = run_with_edits(ids, params, n_head, [splice(sae)])   # the model with the SAE in place of sae.hook
 
 A per-head array of trace's (attn.q, .k, .v, .z: [n_head, n_seq, d_head]) is read as TransformerLens's hook_z is by
 SAELens: each position's heads side by side, [n_seq, n_head * d_head].
 """
+import hashlib
 import json
+from typing import Callable, NamedTuple, Optional
 
 import numpy as np
 
 from gpt2_numpy.errors import UsageError
 from gpt2_numpy.interpret.edits import Edit
-from gpt2_numpy.interpret.names import hook_problem, is_per_head
+from gpt2_numpy.interpret.names import hook_problem, is_per_head, our_hook
 from gpt2_numpy.interpret.tracing import block_traces, embedding, trace
+from gpt2_numpy.sae.files import check_fits, load_sae
 
 def hook_rows(array, hook):  # trace's array for hook -> [n_seq, d_in]: a row per position
     return np.swapaxes(array, 0, 1).reshape(array.shape[1], -1) if is_per_head(hook) else array
@@ -43,6 +47,23 @@ def check_hook(hook, n_layer):  # -> None; UsageError naming the valid names whe
     problem = hook_problem(hook, n_layer)
     if problem:
         raise UsageError(f"--hook {problem}")
+
+
+def resolve_hook(hook, n_layer):  # -> the trace name of a hook (ours, or TransformerLens's), checked
+    name = our_hook(hook) or hook
+    check_hook(name, n_layer)
+    return name
+
+
+def sae_for_model(folder, params, hparams):  # -> the SAE in folder, fit for the model; UsageError (one line) otherwise
+    sae = load_sae(folder)
+    if sae.hook is None:
+        raise UsageError(f"--sae {folder}'s cfg.json names no hook: add metadata.hook_name (a trace name, or "
+                         "TransformerLens's), so that it is known where the SAE reads")
+    check_hook(sae.hook, hparams["n_layer"])
+    width = model_rows([0], params, hparams["n_head"], sae.hook).shape[-1]  # one token's activation: its width
+    check_fits(sae, width, f"the model's {sae.hook}")
+    return sae
 
 
 def model_rows(ids, params, n_head, hook):  # int [n_seq] -> [n_seq, d_in]: hook's activation on one window of tokens
@@ -105,3 +126,60 @@ class Stream:
 def array_windows(array, rows_per_window=1024):  # [n, d_in] -> (window(i), n_windows): a file's rows, in pieces
     n_windows = -(-len(array) // rows_per_window)
     return (lambda i: array[i * rows_per_window: (i + 1) * rows_per_window]), n_windows
+
+
+# --- Where a run's activations come from ---
+
+
+class Source(NamedTuple):
+    """Where a run's activations come from."""
+    window: Callable  # window(i) -> [m, d_in]: the activations of window i
+    n_windows: int
+    n_rows: int  # activations in all the windows
+    d_in: int
+    hook: Optional[str]  # the trace name; None for an .npy file given without --hook
+    model_name: Optional[str]
+    name: str  # the .npy file or the model, as the run records it
+    digest: str  # sha256 of the file, or of the text's tokens
+    seq_len: Optional[int]
+
+
+def model_source(params, n_head, hook, ids, windows, name):  # -> Source: hook's activations on windows [n, seq_len]
+    # of the token ids `ids` (the whole text's, whose digest the run records), for the model folder `name`
+    def window(i):
+        return model_rows(windows[i], params, n_head, hook)
+
+    digest = hashlib.sha256(np.asarray(ids, dtype=np.int64).tobytes()).hexdigest()
+    n_windows, seq_len = windows.shape
+    return Source(window, n_windows, n_windows * seq_len, window(0).shape[1], hook, name, name, digest, seq_len)
+
+
+def file_source(path, hook):  # -> Source of the activations an .npy file holds, checked; hook: a trace name or None
+    array = read_activations(path)
+    window, n_windows = array_windows(array)
+    return Source(window, n_windows, len(array), array.shape[1], hook, None, str(path), file_digest(path), None)
+
+
+def read_activations(path):  # -> float [n, d_in] memory-mapped, checked; UsageError for a file of another shape
+    try:
+        array = np.load(path, mmap_mode="r", allow_pickle=False)
+    except OSError as error:
+        raise UsageError(f"cannot read --activations {path}: {error.strerror or error}") from None
+    except ValueError:  # not the .npy format, or an array of Python objects (which is never loaded: pickles run code)
+        raise UsageError(f"--activations {path} is not an .npy array of numbers: save one of shape [n, d_in] with "
+                         "numpy.save") from None
+    if not isinstance(array, np.ndarray) or array.ndim != 2 or array.dtype.kind != "f" or 0 in array.shape:
+        what = f"an array of {array.dtype} {list(array.shape)}" if isinstance(array, np.ndarray) else "not an array"
+        raise UsageError(f"--activations {path} is {what}: it must hold floats of shape [n, d_in], n and d_in >= 1")
+    for start in range(0, len(array), 2**16):
+        if not np.isfinite(array[start:start + 2**16]).all():
+            raise UsageError(f"--activations {path} holds NaN or infinite values (row {start} onward): fix the file")
+    return array
+
+
+def file_digest(path):  # -> sha256 of a file's bytes, read in pieces
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for piece in iter(lambda: file.read(2**20), b""):
+            digest.update(piece)
+    return digest.hexdigest()

@@ -23,12 +23,14 @@ which the feature page (features_page.py) draws.
 """
 import numpy as np
 
+from gpt2_numpy.errors import UsageError
 from gpt2_numpy.interpret.ablation import prediction
 from gpt2_numpy.interpret.edits import Edit, run_with_edits
 from gpt2_numpy.interpret.names import RESIDUAL_STEPS, layer_of, step_of
 from gpt2_numpy.interpret.tracing import trace
 from gpt2_numpy.sae.activations import at_hook, model_rows
 
+STRONGEST = 5  # latents shown per position by explain --sae
 HISTOGRAM_BINS = 20
 CONTEXT_BEFORE, CONTEXT_AFTER = 12, 4  # tokens around a top activation that a context shows
 
@@ -46,6 +48,14 @@ def strongest_latents(f, top):  # [n_seq, d_sae] -> (ids int [n_seq, top], activ
     return order, np.take_along_axis(f, order, axis=-1)
 
 
+def explain_latents(sae, ids, params, n_head, ablate=(), steers=()):  # -> explain --sae's result: {"sae", "top"}, or
+    # {"sae", "ablate", "steers", "effect"} with latents to take out or steers [(latent, scale)] (latent_edit_effect's)
+    if not (ablate or steers):
+        return {"sae": sae, "top": strongest_latents(latent_activations(ids, params, n_head, sae), STRONGEST)}
+    return {"sae": sae, "ablate": ablate, "steers": steers,
+            "effect": latent_edit_effect(ids, params, n_head, sae, ablate, steers)}
+
+
 # --- Edits ---
 
 
@@ -54,6 +64,14 @@ def check_latents(latents, d_sae, flag="latent"):  # -> None; ValueError for an 
         if isinstance(latent, bool) or not isinstance(latent, (int, np.integer)) or not 0 <= latent < d_sae:
             raise ValueError(f"{flag} {latent!r} is out of range: this SAE has {d_sae} latents, numbered 0 to "
                              f"{d_sae - 1}")
+
+
+def checked_latents(latents, sae, flag):  # -> latents; UsageError naming the flag for one that is no latent of sae
+    try:
+        check_latents(latents, sae.d_sae, flag)
+    except ValueError as error:
+        raise UsageError(f"{error}: give latent ids below {sae.d_sae}") from None
+    return latents
 
 
 def ablated_latents(sae, latents, x):  # [..., d_in] -> [..., d_in]: x less the latents' share, f_F(x) W_dec[F]

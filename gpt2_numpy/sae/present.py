@@ -1,176 +1,42 @@
-"""Look at an SAE's latents from the command line (interpret/features.py holds the math, features_page.py the page):
+"""What the SAE's command lines print, as tables and as JSON (their numbers come from the rest of the package):
 
-    gpt2-numpy sae features --sae my-sae --model my-gpt --data plays.txt --html features.html
-        a page of the latents that fire most on the text (or --latents F ...): their strongest contexts, shaded, a
-        histogram of their activations and the tokens each promotes and suppresses most
+    gpt2-numpy sae eval --sae my-sae --model my-gpt --data held-out.txt   eval_report: the losses, loss recovered, ...
     gpt2-numpy explain PROMPT --sae my-sae [--json]                  each position's strongest latents
     gpt2-numpy explain PROMPT --sae my-sae --sae-ablate F [F ...]    the loss and next tokens with latents taken out
     gpt2-numpy explain PROMPT --sae my-sae --steer F:SCALE [...]     ... with SCALE * W_dec[F] added at every position
 
-`sae features` is add_arguments + run (commands/sae.py dispatches to them); explain's flags are add_explain_arguments
-+ explain_run, which read the model explain has loaded.
+explain's tables are latents_table(ids, result, label) and latents_json(ids, result, text) of features.explain_latents's
+result; label(token_id) is a table's quoted label of a token, text(token_id) its text for JSON.
 """
-import argparse
-import json
 import math
 
-import numpy as np
-
-from gpt2_numpy.commands.common import add_model_args, model_from_args, path_argument, read_data, whole_number
-from gpt2_numpy.console import log, plural
-from gpt2_numpy.errors import UsageError
-from gpt2_numpy.sae.features import busiest_latents, check_latents, latent_activations, latent_edit_effect
-from gpt2_numpy.sae.features import strongest_latents
-from gpt2_numpy.sae.page import features_data, features_html
-from gpt2_numpy.sae.activations import check_hook, model_rows
-from gpt2_numpy.sae.files import check_fits, load_sae
 from gpt2_numpy.interpret.present import before_after_json, before_after_table
-from gpt2_numpy.interpret.files import check_output_file, write_atomically
 from gpt2_numpy.interpret.stepwise import fit
-from gpt2_numpy.tokenizer import check_in_vocabulary
-
-STRONGEST = 5  # latents shown per position by explain --sae
-HTML_SUFFIXES = (".html", ".htm")
 
 
-# --- sae features ---
+def eval_report(numbers):  # -> the text sae eval prints of evaluation.evaluate's numbers
+    recovered = numbers["loss_recovered"]
+    return "\n".join([
+        f"{numbers['tokens']:,} tokens, the SAE spliced in at {numbers['hook']}:",
+        f"  L_clean {numbers['L_clean']:.4f}  L_sae {numbers['L_sae']:.4f}  L_zero {numbers['L_zero']:.4f} "
+        "(nats per token)",
+        f"  loss recovered {recovered:.4f} ((L_zero - L_sae) / (L_zero - L_clean))" if math.isfinite(recovered)
+        else "  loss recovered: undefined (zeroing the activation does not change the loss)",
+        f"  mse {numbers['mse']:.6g}  explained variance {numbers['explained_variance']:.4f}  L0 {numbers['l0']:.2f}",
+        f"  dead latents {numbers['dead_latents']:,} of {numbers['d_sae']:,} "
+        f"({numbers['dead_latents'] / numbers['d_sae']:.1%}, none fired on this text)", ""])
 
 
-def add_arguments(parser):  # -> None; the flags of `sae features`
-    parser.add_argument("--sae", required=True, type=path_argument, metavar="DIR", help="the SAE's folder (SAELens's)")
-    add_model_args(parser)
-    parser.add_argument("--data", required=True, type=path_argument, metavar="FILE",
-                        help="UTF-8 text to find each latent's strongest contexts in")
-    parser.add_argument("--html", required=True, type=path_argument, metavar="FILE", help="the page to write")
-    parser.add_argument("--latents", nargs="+", type=whole_number(0), metavar="F",
-                        help="these latents (default: the --count that fire at the most positions of the text)")
-    parser.add_argument("--count", type=whole_number(1), default=32, metavar="N",
-                        help="latents on the page without --latents (default 32)")
-    parser.add_argument("--contexts", type=whole_number(1), default=10, metavar="N",
-                        help="strongest contexts per latent (default 10)")
-    parser.add_argument("--seq-len", type=whole_number(1), default=128, metavar="N",
-                        help="tokens per window of the text, at most the model's context (default 128)")
-    parser.add_argument("--windows", type=whole_number(1), default=256, metavar="N",
-                        help="windows of the text read, at most (default 256, from its start)")
-
-
-def run(args):  # -> exit status
-    check_output_file(args.html, "--html", HTML_SUFFIXES)  # a typo in the file name costs no model load
-    text = read_data(args.data)
-    model = model_from_args(args)
-    sae = loaded_sae(args.sae, model.params, model.hparams)
-    if args.latents:
-        checked(args.latents, sae, "--latents")
-    windows = text_windows(model, text, args)
-    params, n_head = model.params, model.hparams["n_head"]
-    latents = args.latents or busiest_latents(windows, params, n_head, sae, args.count)
-    if not latents:
-        raise UsageError(f"no latent of --sae {args.sae} fires anywhere in --data {args.data}: nothing to show")
-    title = f"{plural(len(latents), 'latent')} of the SAE {args.sae.name} on {args.data.name}"
-    page = features_html(features_data(windows, params, n_head, sae, latents, lambda t: token_text(model, t),
-                                       title, args.contexts))
-    write_atomically(args.html, lambda file: file.write(page.encode("utf-8")), "the page")
-    log(f"wrote {args.html}: {plural(len(latents), 'latent')} over {plural(windows.size, 'token')}")
-    return 0
-
-
-def text_windows(model, text, args):  # -> int [n_windows, seq_len]: the text's first windows of tokens
-    ids = model.tokenizer.encode(text, allowed_special="all")
-    ids = check_in_vocabulary(model.tokenizer, ids, model.hparams["n_vocab"], "the data",
-                              "use a text of the model's vocabulary")
-    seq_len = min(args.seq_len, model.hparams["n_ctx"])
-    n_windows = min(args.windows, len(ids) // seq_len)
-    if n_windows < 1:
-        raise UsageError(f"--data {args.data} has {plural(len(ids), 'token')}, fewer than one window of {seq_len}: "
-                         "give a longer text, or a smaller --seq-len")
-    return np.asarray(ids[:n_windows * seq_len], dtype=np.int64).reshape(n_windows, seq_len)
-
-
-def token_text(model, token_id):  # -> a token's text; a piece of a character shows its bytes as \xe2
-    return model.tokenizer.token_bytes(token_id).decode("utf-8", errors="backslashreplace")
-
-
-# --- The SAE, checked against the model ---
-
-
-def loaded_sae(folder, params, hparams):  # -> the SAE in folder, fit for the model; UsageError (one line) otherwise
-    sae = load_sae(folder)
-    if sae.hook is None:
-        raise UsageError(f"--sae {folder}'s cfg.json names no hook: add metadata.hook_name (a trace name, or "
-                         "TransformerLens's), so that it is known where the SAE reads")
-    check_hook(sae.hook, hparams["n_layer"])
-    width = model_rows([0], params, hparams["n_head"], sae.hook).shape[-1]  # one token's activation: its width
-    check_fits(sae, width, f"the model's {sae.hook}")
-    return sae
-
-
-def checked(latents, sae, flag):  # -> latents; UsageError for one that is not a latent of the SAE
-    try:
-        check_latents(latents, sae.d_sae, flag)
-    except ValueError as error:
-        raise UsageError(f"{error}: give latent ids below {sae.d_sae}") from None
-    return latents
-
-
-# --- explain --sae, --sae-ablate, --steer ---
-
-
-def steer_pair(text):  # -> (latent, scale) from "F:SCALE"; argparse turns the error into one line
-    latent, colon, scale = text.partition(":")
-    try:
-        pair = int(latent), float(scale)
-    except ValueError:
-        pair = None
-    if not colon or pair is None or pair[0] < 0 or not math.isfinite(pair[1]):
-        raise argparse.ArgumentTypeError(f"{text!r} is not F:SCALE (a latent id and a finite number, e.g. 12:4.0)")
-    return pair
-
-
-def add_explain_arguments(parser):  # -> None; explain's SAE flags
-    parser.add_argument("--sae", type=path_argument, metavar="DIR",
-                        help="an SAE's folder (SAELens's): print each position's strongest latents at its hook")
-    parser.add_argument("--sae-ablate", nargs="+", type=whole_number(0), metavar="F",
-                        help="with --sae: take these latents out of the activation (x - f_F(x) W_dec[F], the SAE's "
-                        "error kept) and print the loss and the next tokens before and after")
-    parser.add_argument("--steer", nargs="+", type=steer_pair, metavar="F:SCALE",
-                        help="with --sae: add SCALE * W_dec[F] to the activation at every position, and print the "
-                        "loss and the next tokens before and after")
-
-
-def explain_run(args, model):  # -> the text explain prints for --sae (a table, or with args.json one JSON line)
-    """model: what explain has loaded, with .params, .hparams, .ids (the prompt's token ids), .label(token_id) (a
-    table's quoted label) and .text_of(token_id) (a token's text, for JSON), as explain's Request has them. Its three
-    steps, for explain's table of modes: explain_compute (the work and every check), explain_table, explain_json."""
-    result = explain_compute(args, model)
-    return json.dumps(explain_json(model, result)) + "\n" if args.json else explain_table(model, result)
-
-
-def explain_compute(args, model):  # -> {"sae", "top"} or {"sae", "ablate", "steers", "effect"}; UsageError first
-    if args.sae is None:
-        flag = "--sae-ablate" if args.sae_ablate else "--steer"
-        raise UsageError(f"{flag} edits an SAE's latents: add --sae DIR")
-    sae = loaded_sae(args.sae, model.params, model.hparams)
-    ablate, steers = args.sae_ablate or [], args.steer or []
-    checked(ablate, sae, "--sae-ablate")
-    checked([latent for latent, _ in steers], sae, "--steer")
-    n_head = model.hparams["n_head"]
-    if not (ablate or steers):
-        return {"sae": sae, "top": strongest_latents(latent_activations(model.ids, model.params, n_head, sae),
-                                                     STRONGEST)}
-    return {"sae": sae, "ablate": ablate, "steers": steers,
-            "effect": latent_edit_effect(model.ids, model.params, n_head, sae, ablate, steers)}
-
-
-def explain_table(model, result):  # -> the text explain --sae prints for explain_compute's result
+def latents_table(ids, result, label):  # -> the text explain --sae prints for features.explain_latents's result
     if "top" in result:
-        return strongest_table(model.ids, result["sae"], result["top"], model.label)
-    return edit_table(result["sae"], result["ablate"], result["steers"], result["effect"], model.label)
+        return strongest_table(ids, result["sae"], result["top"], label)
+    return edit_table(result["sae"], result["ablate"], result["steers"], result["effect"], label)
 
 
-def explain_json(model, result):  # -> the JSON-ready object explain --sae --json prints
+def latents_json(ids, result, text):  # -> the JSON-ready object explain --sae --json prints
     if "top" in result:
-        return strongest_json(model.ids, result["sae"], result["top"], model.text_of)
-    return edit_json(model.ids, result["sae"], result["ablate"], result["steers"], result["effect"], model.text_of)
+        return strongest_json(ids, result["sae"], result["top"], text)
+    return edit_json(ids, result["sae"], result["ablate"], result["steers"], result["effect"], text)
 
 
 def strongest_json(ids, sae, top, text):  # -> the object explain --sae --json prints

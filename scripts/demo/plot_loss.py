@@ -16,8 +16,8 @@ matplotlib.use("Agg")  # files only, no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 
 from gpt2_numpy.errors import Gpt2NumpyError, UsageError  # noqa: E402
-from gpt2_numpy.interpret.files import check_output_file  # noqa: E402
-from gpt2_numpy.interpret.plot import PLOT_SUFFIXES, save_figure  # noqa: E402
+from gpt2_numpy.commands.common import check_output_file, save_figure  # noqa: E402
+from gpt2_numpy.interpret.plot import PLOT_SUFFIXES  # noqa: E402
 
 
 def main(log_path, png_path, induction=False):

@@ -19,7 +19,7 @@ import pytest
 from gpt2_numpy import model
 from gpt2_numpy.errors import UsageError
 from gpt2_numpy.explain import attention_weights, report, token_label, walkthrough
-from gpt2_numpy.commands import explain as explain_cli
+from gpt2_numpy.commands import common, explain as explain_cli
 from gpt2_numpy.interpret import plot, stepwise as explain
 from gpt2_numpy.commands.explain import run
 from gpt2_numpy.interpret.plot import attention_figure
@@ -327,7 +327,7 @@ def test_a_failed_save_leaves_no_file_behind(tmp_path):
     target = tmp_path / "a.png"
     target.write_bytes(b"an earlier picture")
     with pytest.raises(UsageError, match=f"cannot write the plot {target}: No space left on device"):
-        plot.save_figure(FailingFigure(), target)
+        common.save_figure(FailingFigure(), target)
     assert target.read_bytes() == b"an earlier picture"  # the old file stays whole
     assert [path.name for path in tmp_path.iterdir()] == ["a.png"]  # and no part of the new one is left
 

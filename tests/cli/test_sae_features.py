@@ -1,13 +1,12 @@
-"""`gpt2-numpy sae features` and explain's --sae, --sae-ablate and --steer (commands/sae_features.py) on a model folder
-and an SAE folder of their own: the page's latents and contexts against a brute-force search, each position's
-strongest latents and the loss and next tokens after an edit against the model run here, and bad input as one error
-line with nothing written."""
+"""`gpt2-numpy sae features` and explain's --sae, --sae-ablate and --steer (commands/sae.py, commands/explain.py) on
+a model folder and an SAE folder of their own: the page's latents and contexts against a brute-force search, each
+position's strongest latents and the loss and next tokens after an edit against the model run here, and bad input as
+one error line with nothing written."""
 import json
 import os
 import re
 import subprocess
 import sys
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -20,7 +19,7 @@ from gpt2_numpy.params import random_params
 from tests.conftest import REPO, assert_one_error_line, byte_model_dir
 from tests.sae_helpers import random_sae
 
-from gpt2_numpy.sae.present import explain_run
+from gpt2_numpy.commands import explain as explain_command
 from gpt2_numpy.sae import files as sae_files
 
 HPARAMS = {"n_vocab": 257, "n_ctx": 16, "n_embd": 16, "n_head": 4, "n_layer": 2}
@@ -101,18 +100,21 @@ def test_an_sae_of_another_width_is_refused(folders, tmp_path):
 # --- explain --sae, --sae-ablate, --steer ---
 
 
-def explain(folders, json_out=False, sae_ablate=None, steer=None, use_sae=True):  # -> what explain_run prints
-    _, sae_dir, params, _ = folders
-    ids = byte_ids("the cat sat on t")
-    args = SimpleNamespace(sae=sae_dir if use_sae else None, sae_ablate=sae_ablate, steer=steer, json=json_out)
-    model = SimpleNamespace(hparams=HPARAMS, params=params, ids=ids, label=lambda t: repr(chr(t)),
-                            text_of=lambda t: f"<{t}>")
-    return explain_run(args, model), ids
+def explain(folders, capsys, json_out=False, sae_ablate=None, steer=None, use_sae=True):  # -> what explain prints,
+    # run in this process as the command line runs it, and the prompt's ids
+    model, sae_dir, _, _ = folders
+    prompt = "the cat sat on t"
+    argv = [prompt, "--model", str(model), *["--sae", str(sae_dir)] * use_sae, *["--json"] * json_out,
+            *(["--sae-ablate", *map(str, sae_ablate)] if sae_ablate else []),
+            *(["--steer", *(f"{latent}:{scale}" for latent, scale in steer)] if steer else [])]
+    capsys.readouterr()
+    assert explain_command.run(argv) == 0
+    return capsys.readouterr().out, byte_ids(prompt)
 
 
-def test_explain_sae_prints_each_position_s_strongest_latents(folders):
+def test_explain_sae_prints_each_position_s_strongest_latents(folders, capsys):
     _, _, params, sae = folders
-    printed, ids = explain(folders, json_out=True)
+    printed, ids = explain(folders, capsys, json_out=True)
     f = sae.encode(trace(ids, params, 4)["blocks.0.out"])
     rows = json.loads(printed)["latents"]
     assert len(rows) == len(ids)
@@ -120,14 +122,14 @@ def test_explain_sae_prints_each_position_s_strongest_latents(folders):
         expected = [int(i) for i in np.argsort(-activations, kind="stable")[:5] if activations[i] > 0]
         assert [latent["id"] for latent in row["top"]] == expected
         assert [latent["activation"] for latent in row["top"]] == pytest.approx(activations[expected].tolist())
-    table, _ = explain(folders)
+    table, _ = explain(folders, capsys)
     first = int(np.argmax(f[3]))
     assert re.search(rf"^\s+3 .*  {first}:{f[3, first]:.3f}", table, re.M)
 
 
-def test_explain_sae_ablate_and_steer_print_the_loss_and_next_tokens_after(folders):
+def test_explain_sae_ablate_and_steer_print_the_loss_and_next_tokens_after(folders, capsys):
     _, _, params, sae = folders
-    printed, ids = explain(folders, json_out=True, sae_ablate=[4, 11], steer=[(7, 3.0)])
+    printed, ids = explain(folders, capsys, json_out=True, sae_ablate=[4, 11], steer=[(7, 3.0)])
     result = json.loads(printed)
     # by hand: the stream after block 0 less the two latents' share, plus 3 W_dec[7]; then block 1 from model.py
     names = trace(ids, params, 4)
@@ -145,7 +147,7 @@ def test_explain_sae_ablate_and_steer_print_the_loss_and_next_tokens_after(folde
     assert [row["prob"] for row in result["next_token"]["after"]] == pytest.approx(probabilities[top].tolist(),
                                                                                     rel=1e-4)
     assert result["ablated"] == [4, 11] and result["steered"] == [[7, 3.0]]
-    table, _ = explain(folders, sae_ablate=[4, 11], steer=[(7, 3.0)])
+    table, _ = explain(folders, capsys, sae_ablate=[4, 11], steer=[(7, 3.0)])
     assert "latents 4, 11 taken out; latent 7 steered by +3" in table
     assert f"{result['loss']['before']:.4f} before, {result['loss']['after']:.4f} after" in table
 
@@ -155,9 +157,9 @@ def test_explain_sae_ablate_and_steer_print_the_loss_and_next_tokens_after(folde
     ({"steer": [(40, 1.0)]}, "--steer 40 is out of range"),
     ({"sae_ablate": [1], "use_sae": False}, "--sae-ablate edits an SAE's latents: add --sae DIR"),
 ])
-def test_explain_refuses_a_latent_out_of_range_and_an_edit_without_an_sae(folders, kwargs, fragment):
+def test_explain_refuses_a_latent_out_of_range_and_an_edit_without_an_sae(folders, capsys, kwargs, fragment):
     with pytest.raises(UsageError, match=re.escape(fragment)):
-        explain(folders, **kwargs)
+        explain(folders, capsys, **kwargs)
 
 
 def test_the_demo_s_labelled_windows_mark_each_copy_of_each_pair():
