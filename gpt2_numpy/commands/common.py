@@ -343,9 +343,14 @@ def check_output_file(path, flag, suffixes):  # -> None, or UsageError saying wh
     except OSError as error:  # a folder on the way that this user may not enter
         raise UsageError(f"{flag} {path}: cannot read the folder {path.parent} ({error.strerror}): fix its "
                          "permissions or choose another file") from None
+    check_writable(folder, f"{flag} {path}: cannot write into the folder {folder}", "file")
+
+
+def check_writable(folder, refusal, other):  # -> None; UsageError when no file can be made in folder: the refusal,
+    # why and the fix (disk.write_problem's), or another `other` ("file", "folder") to choose
     problem = write_problem(folder)
     if problem:
-        raise UsageError(f"{flag} {path}: cannot write into the folder {folder} {problem} or choose another file")
+        raise UsageError(f"{refusal} {problem} or choose another {other}")
 
 
 def save_figure(figure, path):  # -> None; path then holds a matplotlib figure's whole image, or is left as it was

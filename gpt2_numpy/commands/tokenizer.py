@@ -13,12 +13,12 @@ from contextlib import suppress
 from pathlib import Path
 
 from gpt2_numpy.commands.common import (
-    ArgumentParser, path_argument, print_json, read_data, run_cli, whole_number, writing_stdout,
+    ArgumentParser, check_writable, path_argument, print_json, read_data, run_cli, whole_number, writing_stdout,
 )
 from gpt2_numpy.console import log
 from gpt2_numpy.errors import UsageError
 from gpt2_numpy.formats.vocabulary import FILE_NAMES
-from gpt2_numpy.disk import check_folder_path, disk_fix, fsync_folder, made_folders, write_problem
+from gpt2_numpy.disk import check_folder_path, disk_fix, fsync_folder, made_folders
 from gpt2_numpy.tokenizer_train import save_tokenizer, trained_tokenizer, train_vocabulary
 
 
@@ -62,9 +62,7 @@ def check_out(out):  # -> None, or UsageError for a folder that cannot take the 
     except OSError as error:  # a folder on the way that this user may not enter
         raise UsageError(f"--out {out}: cannot read the folders on its way ({error.strerror}): fix their permissions "
                          "or choose another folder") from None
-    problem = write_problem(existing)
-    if problem:
-        raise UsageError(f"--out {out}: cannot write into {existing} {problem} or choose another folder")
+    check_writable(existing, f"--out {out}: cannot write into {existing}", "folder")
 
 
 def write_out(out, merges):  # -> None: out holds both files, or neither, and no folder made for them
