@@ -1,8 +1,9 @@
-"""SAEs built from arrays for the feature tests: make_sae wraps given weights in interpret/sae.py's SAE (with the
-cfg.json that sae_files.new_sae completes), random_sae draws seeded ones."""
+"""What the SAE tests share: make_sae wraps given weights in sae/model.py's SAE (with the cfg.json that
+sae/files.py's new_sae completes), random_sae draws seeded ones; the committed SAELens fixtures, and relative_error."""
 import numpy as np
 
 from gpt2_numpy.sae.files import new_sae
+from tests.conftest import FIXTURES
 
 
 def make_sae(params, hook, architecture="standard", k=None):  # -> an SAE of these weights, reading hook
@@ -16,3 +17,10 @@ def random_sae(d_in, d_sae, hook, seed=0, architecture="standard", k=None):  # -
                      "b_enc": rng.standard_normal(d_sae) * 0.1,
                      "W_dec": rng.standard_normal((d_sae, d_in)) / np.sqrt(d_in),
                      "b_dec": rng.standard_normal(d_in) * 0.1}, hook, architecture, k)
+
+
+SAE_FIXTURES = FIXTURES / "sae"  # SAELens's folders and torch's numbers (scripts/fixtures/make_sae_reference.py)
+
+
+def relative_error(ours, reference):  # -> max |ours - reference| over max |reference|
+    return float(np.max(np.abs(ours - reference)) / np.max(np.abs(reference)))

@@ -1,6 +1,6 @@
-"""The topk SAE's training step, tuned: interpret/sae.py's loss_and_grads for architecture "topk", the same losses and
+"""The topk SAE's training step, tuned: model.py's loss_and_grads for architecture "topk", the same losses and
 gradients computed from each row's k latents (indices and values) instead of a mostly-zero [n, d_sae] array.
-tests/unit/test_sae.py holds the two equal; sae.py is the one to read.
+tests/unit/sae/test_fast.py holds the two equal; model.py is the one to read.
 """
 import numpy as np
 

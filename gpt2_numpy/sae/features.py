@@ -1,4 +1,4 @@
-"""Look at an SAE's latents (interpret/sae.py) on a model: which fire where, what each writes to the logits, and what
+"""Look at an SAE's latents (model.py) on a model: which fire where, what each writes to the logits, and what
 the model does with one taken out or pushed in.
 
     f = latent_activations(ids, params, n_head, sae)        # [n_seq, d_sae]: the SAE's latents at its hook
@@ -19,7 +19,7 @@ space is first carried there by its block's output projection (attn.z by attn's 
 (q, k, v, the attention scores) have no direct effect.
 
 scan() reads a text window by window: each latent's strongest contexts and a histogram of its non-zero activations,
-which the feature page (features_page.py) draws.
+which the feature page (page.py) draws.
 """
 import numpy as np
 

@@ -8,7 +8,7 @@ d_sae directions, its latents:
 
 with act one of SAELens's three architectures: "standard" (ReLU), "topk" (the k largest pre-activations kept, ReLU'd;
 Gao et al. 2024, "Scaling and evaluating sparse autoencoders") and "jumprelu" (ReLU, zero at or below a per-latent
-threshold). standard and topk are trained here (sae_training.py); a jumprelu SAE loads, encodes and decodes.
+threshold). standard and topk are trained here (training.py); a jumprelu SAE loads, encodes and decodes.
 
 Training minimises the mean squared error of x̂, plus
     standard: l1 · Σ_j f_j ‖W_dec[j]‖, the L1 penalty weighted by each decoder row's norm (Anthropic's April 2024
@@ -16,7 +16,7 @@ Training minimises the mean squared error of x̂, plus
     topk:     the AuxK loss: the k_aux largest pre-activations of the dead latents reconstruct what the live ones
               missed, which gives the dead ones a gradient again.
 The gradients are written out below (loss_and_grads), one formula a line, and checked against torch autograd.
-sae_files.py reads and writes SAELens's folders; SAE below is what they hold.
+files.py reads and writes SAELens's folders; SAE below is what they hold; fast.py is topk's step, tuned.
 """
 import numpy as np
 
@@ -150,7 +150,7 @@ def batch_stats(x, x_hat, active, fired):  # [n, d_in] x2, int [n], bool [d_sae]
 class SAE:
     """An SAE: .params (float32 W_enc, b_enc, W_dec, b_dec, and threshold for jumprelu), .cfg (SAELens's cfg.json as
     a dict), .hook (the trace name it reads: "blocks.0.out", "blocks.1.attn.z", ...), .d_in, .d_sae, .architecture,
-    .k; encode(x) and decode(f). sae_files.load_sae and save_sae read and write it as SAELens does."""
+    .k; encode(x) and decode(f). files.load_sae and save_sae read and write it as SAELens does."""
 
     def __init__(self, cfg, params, hook):
         self.cfg, self.params, self.hook = cfg, params, hook

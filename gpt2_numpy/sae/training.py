@@ -1,8 +1,8 @@
-"""Training an SAE (interpret/sae.py's math) on a stream of activations, with the machinery that trains GPT-2: AdamW
+"""Training an SAE (model.py's math) on a stream of activations, with the machinery that trains GPT-2: AdamW
 and the learning-rate schedule of optim.py, and the run folder of runs.py (its lock, its atomic saves settled after a
 cut, its log), so that a run resumes exactly and never writes over what is not its own.
 
-An SAE run's folder is an SAE folder that SAELens loads (sae_files.py), plus:
+An SAE run's folder is an SAE folder that SAELens loads (files.py), plus:
     train_state.npz   AdamW's moments, the step, the activations each latent went without firing, the stream's
                       buffer, order and RNG, and the run's settings
     log.csv           a row per step: mse, explained_variance, l0, dead_fraction, the sparsity loss (standard's L1
@@ -78,7 +78,7 @@ def train_step(x, params, opt_state, lr, settings, dead):  # -> (losses, stats);
     # one cores.all_cores() for the whole step, as training.train_step has: OpenBLAS on one thread, the pieces of the
     # step shared among the cores
     with all_cores():
-        if settings.architecture == "topk":  # the same step, from each row's k latents (sae_fast.py)
+        if settings.architecture == "topk":  # the same step, from each row's k latents (fast.py)
             losses, grads, stats = team_loss_and_grads(x, params, settings.k, dead)
         else:
             losses, grads, stats = loss_and_grads(x, params, settings.architecture, settings.k, settings.l1, dead)

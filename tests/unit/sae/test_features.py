@@ -1,4 +1,4 @@
-"""interpret/features.py: an SAE's latents on a model, each checked against the model run by hand from model.py's
+"""sae/features.py: an SAE's latents on a model, each checked against the model run by hand from model.py's
 functions: the strongest latents, a latent's ablation (with the error term kept) and steering as edits in the run,
 attn.z's heads flattened as SAELens's hook_z, the direct effect on the logits against a finite difference through
 layer_norm, and the scan of a text against a brute-force search."""

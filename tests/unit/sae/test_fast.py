@@ -1,0 +1,47 @@
+"""topk's tuned training step (gpt2_numpy/sae/fast.py) held equal to the textbook's (sae/model.py), on one thread and
+on a team, and its grouped top-k."""
+import numpy as np
+import pytest
+
+from gpt2_numpy import cores
+from gpt2_numpy.sae.fast import team_loss_and_grads, top_k_grouped, topk_loss_and_grads
+from gpt2_numpy.sae.model import loss_and_grads
+from tests.sae_helpers import relative_error
+
+
+@pytest.mark.parametrize("with_dead", [False, True])
+@pytest.mark.parametrize("tuned", ["rows", "team"])
+def test_the_tuned_topk_step_equals_the_textbook(with_dead, tuned):
+    # "team": the batch in pieces of fast.ROWS (two and a part), shared by two threads
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((1100, 16)).astype(np.float32)
+    params = {"W_enc": rng.standard_normal((16, 128)).astype(np.float32),
+              "b_enc": rng.standard_normal(128).astype(np.float32) - 10,  # some of the k largest are negative
+              "W_dec": rng.standard_normal((128, 16)).astype(np.float32),
+              "b_dec": rng.standard_normal(16).astype(np.float32)}
+    dead = rng.random(128) < 0.3 if with_dead else None
+    losses, grads, stats = loss_and_grads(x, params, "topk", k=4, dead=dead)
+    if tuned == "rows":
+        fast_losses, fast_grads, fast_stats = topk_loss_and_grads(x, params, 4, dead)
+    else:
+        threads = cores.threads()
+        try:
+            cores.set_threads(2)
+            with cores.all_cores():
+                fast_losses, fast_grads, fast_stats = team_loss_and_grads(x, params, 4, dead)
+        finally:
+            cores.set_threads(threads)
+        assert fast_stats["explained_variance"] == pytest.approx(stats["explained_variance"], rel=1e-5)
+    assert fast_losses.keys() == losses.keys()
+    for name in losses:
+        assert fast_losses[name] == pytest.approx(losses[name], rel=1e-5)
+    for name in grads:
+        assert relative_error(fast_grads[name], grads[name]) < 1e-5, name
+    assert np.array_equal(fast_stats["fired"], stats["fired"])
+    assert fast_stats["l0"] == pytest.approx(stats["l0"], rel=1e-6)
+
+
+def test_the_grouped_top_k_finds_each_rows_k_largest():
+    x = np.random.default_rng(6).standard_normal((500, 256)).astype(np.float32)
+    expected = np.sort(np.argsort(-x, axis=-1)[:, :5], axis=-1)
+    assert np.array_equal(np.sort(top_k_grouped(x, 5), axis=-1), expected)

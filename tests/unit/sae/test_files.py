@@ -1,0 +1,51 @@
+"""SAELens's folders (gpt2_numpy/sae/files.py): one SAELens wrote loads and computes as SAELens does, one written here
+is byte for byte the one SAELens loaded, and the package loads them without torch."""
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from gpt2_numpy.sae.files import load_sae, new_sae, save_sae
+from tests.conftest import REPO
+from tests.sae_helpers import SAE_FIXTURES, relative_error
+
+
+ARCHITECTURES = ("standard", "topk", "jumprelu")
+
+
+@pytest.mark.parametrize("architecture", [*ARCHITECTURES, "topk_rescaled"])  # rescale_acts_by_decoder_norm too
+def test_a_folder_sae_lens_wrote_encodes_and_decodes_as_sae_lens(architecture):
+    reference = np.load(SAE_FIXTURES / "sae_lens_outputs.npz")
+    sae = load_sae(SAE_FIXTURES / f"sae_lens_{architecture}")
+    assert (sae.architecture, sae.d_in, sae.d_sae, sae.hook) == (architecture.split("_")[0], 16, 48, "blocks.0.out")
+    f = sae.encode(reference["x"])
+    assert relative_error(f, reference[f"{architecture}/f"]) < 1e-5
+    assert relative_error(sae.decode(f), reference[f"{architecture}/x_hat"]) < 1e-5
+
+
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+def test_a_folder_written_here_is_the_one_sae_lens_loaded(architecture, tmp_path):
+    # the committed folder is one save_sae wrote and SAELens loaded (its outputs recorded): save_sae must write it
+    # again, byte for byte, and SAELens's encode and decode of it must equal ours
+    reference = np.load(SAE_FIXTURES / "ours_outputs.npz")
+    params = {key.split("/")[-1]: reference[key] for key in reference if key.startswith(f"{architecture}/params/")}
+    cfg = {"architecture": architecture, "k": 5 if architecture == "topk" else None}
+    save_sae(new_sae(cfg, params, "blocks.0.out", "gpt2-numpy-fixture"), tmp_path)
+    for name in ("cfg.json", "sae_weights.safetensors"):
+        assert (tmp_path / name).read_bytes() == (SAE_FIXTURES / f"ours_{architecture}" / name).read_bytes(), name
+    assert str(reference[f"{architecture}/hook_name"]) == "blocks.0.hook_resid_post"
+    sae = load_sae(tmp_path)
+    f = sae.encode(reference["x"])
+    assert relative_error(f, reference[f"{architecture}/f"]) < 1e-5
+    assert relative_error(sae.decode(f), reference[f"{architecture}/x_hat"]) < 1e-5
+
+
+def test_the_package_exports_load_sae_and_imports_no_torch():
+    code = ("import sys, gpt2_numpy; from gpt2_numpy.commands import sae; "
+            f"s = gpt2_numpy.load_sae({str(SAE_FIXTURES / 'sae_lens_topk')!r}); s.encode(s.params['b_dec']); "
+            "print(sorted(name for name in ('torch', 'sae_lens', 'tensorflow', 'transformer_lens') "
+            "if name in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
