@@ -1,5 +1,5 @@
-"""SAE training speed: activations per second of a topk SAE's training step here (gpt2_numpy/sae_training.py's
-train_step, which runs sae_fast.py's step) against SAELens's own trainer, `SAETrainer.fit` on a `TopKTrainingSAE`,
+"""SAE training speed: activations per second of a topk SAE's training step here (gpt2_numpy/sae/training.py's
+train_step, which runs sae/fast.py's step) against SAELens's own trainer, `SAETrainer.fit` on a `TopKTrainingSAE`,
 at the same size, batch and architecture, torch on as many threads as NumPy's BLAS uses.
 
     python -m scripts.bench.sae          # ours, and SAELens's where sae-lens is installed (pip install sae-lens)
@@ -29,7 +29,7 @@ def batches():  # -> STEPS fixed pseudo-random batches [BATCH, D_IN]
     return [rng.standard_normal((BATCH, D_IN), dtype=np.float32) for _ in range(STEPS)]
 
 
-def our_measure(data):  # -> measure(): seconds of STEPS training steps here, as sae_training.train_sae runs them
+def our_measure(data):  # -> measure(): seconds of STEPS training steps here, as sae/training.py's train_sae runs them
     settings = SaeSettings(architecture="topk", d_in=D_IN, d_sae=D_SAE, k=K, l1=0.0, lr=LR, batch_size=BATCH, seed=0,
                            hook=None, source="bench", data_sha256="", seq_len=None, buffer=BATCH, steps=STEPS,
                            save_every=STEPS)

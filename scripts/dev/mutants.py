@@ -15,8 +15,9 @@ Every mutant must be caught. The test files that catch each part (the word befor
     explain                     tests/unit/test_tracing.py
     "explain page"              tests/unit/test_page.py
     threads                     tests/unit/test_cores_threads.py
-    sae                         tests/unit/test_sae.py tests/cli/test_sae_commands.py
-    sae                         tests/unit/test_features.py tests/cli/test_sae_features.py
+    sae                         tests/unit/sae/test_model.py tests/unit/sae/test_files.py tests/unit/test_names.py
+    sae                         tests/unit/sae/test_features.py tests/cli/test_sae_features.py
+    sae                         tests/cli/test_sae_commands.py
 
 for example `python -m scripts.dev.mutants --only download tests/unit/test_fetch.py tests/unit/test_loading.py
 tests/unit/test_locks.py`. A test earns its place by failing
@@ -83,25 +84,25 @@ MUTANTS = [  # (what, file, text, replacement)
     ("cores: a forked child restores the count only for a counted pass", "gpt2_numpy/cores.py",
      '(passes["running"] > own or passes_lock.locked())', 'passes["running"] > own'),
     # their tests are in tests/unit/test_fetch.py, test_loading.py and test_locks.py, not among the default TEST_FILEs
-    # the SAE's: tests/unit/test_sae.py tests/cli/test_sae_commands.py tests/unit/test_features.py
+    # the SAE's: tests/unit/sae/ tests/unit/test_names.py tests/cli/test_sae_commands.py
     # tests/cli/test_sae_features.py, not among the default TEST_FILEs
-    ("sae: the input not centred by b_dec", "gpt2_numpy/interpret/sae.py",
+    ("sae: the input not centred by b_dec", "gpt2_numpy/sae/model.py",
      "return (x - b_dec * apply_b_dec_to_input) @ W_enc + b_enc", "return x @ W_enc + b_enc"),
-    ("sae: jumprelu fires at its threshold too", "gpt2_numpy/interpret/sae.py", "(pre > threshold)",
+    ("sae: jumprelu fires at its threshold too", "gpt2_numpy/sae/model.py", "(pre > threshold)",
      "(pre >= threshold - 1e-3)"),
-    ("sae: the L1 penalty not weighted by the decoder norms", "gpt2_numpy/interpret/sae.py",
+    ("sae: the L1 penalty not weighted by the decoder norms", "gpt2_numpy/sae/model.py",
      "np.abs(f) * decoder_norms(W_dec)", "np.abs(f)"),
-    ("sae: AuxK's scale never below 1", "gpt2_numpy/interpret/sae.py", "min(n_dead / (d_in // 2), 1.0)", "1.0"),
-    ("sae: resid_pre of layer L read as layer L's out", "gpt2_numpy/interpret/sae_files.py",
+    ("sae: AuxK's scale never below 1", "gpt2_numpy/sae/model.py", "min(n_dead / (d_in // 2), 1.0)", "1.0"),
+    ("sae: resid_pre of layer L read as layer L's out", "gpt2_numpy/interpret/names.py",
      'return "embed" if layer == 0 else f"blocks.{layer - 1}.out"', 'return f"blocks.{layer}.out"'),
-    ("sae: a latent that fired still counted as idle", "gpt2_numpy/sae_training.py",
+    ("sae: a latent that fired still counted as idle", "gpt2_numpy/sae/training.py",
      '            since_fired[stats["fired"]] = 0\n', ""),
-    ("sae: loss recovered over L_clean, not L_zero - L_clean", "gpt2_numpy/commands/sae.py",
+    ("sae: loss recovered over L_clean, not L_zero - L_clean", "gpt2_numpy/sae/evaluation.py",
      '(losses["zero"] - losses["sae"]) / (losses["zero"] - losses["clean"])',
      '(losses["zero"] - losses["sae"]) / losses["clean"]'),
-    ("sae: an ablated latent's share added, not taken out", "gpt2_numpy/interpret/features.py",
+    ("sae: an ablated latent's share added, not taken out", "gpt2_numpy/sae/features.py",
      'return x - f @ sae.params["W_dec"][latents]', 'return x + f @ sae.params["W_dec"][latents]'),
-    ("sae: steering ignores its scale", "gpt2_numpy/interpret/features.py",
+    ("sae: steering ignores its scale", "gpt2_numpy/sae/features.py",
      'sum(scale * sae.params["W_dec"][latent] for', 'sum(sae.params["W_dec"][latent] for'),
     ("download: the SHA-256 compared on its first 32 digits", "gpt2_numpy/fetch.py", "if actual == digest:",
      "if actual[:32] == digest[:32]:"),
@@ -109,8 +110,8 @@ MUTANTS = [  # (what, file, text, replacement)
      '.removeprefix("W/")', ""),
     ("train: each epoch ends one window early", "gpt2_numpy/training.py", "if self.position == self.n_windows:",
      "if self.position == self.n_windows - 1:"),
-    ("train: one window too many when the tokens are a multiple of --seq-len", "gpt2_numpy/training.py",
-     "self.n_windows = (len(tokens) - 1) // seq_len", "self.n_windows = len(tokens) // seq_len"),
+    ("train: the windows seq_len + 1 tokens apart, a token between two never an input", "gpt2_numpy/tokenizer.py",
+     "width)[::seq_len]", "width)[::width]"),
     ("train: resume restores the data order but not its RNG", "gpt2_numpy/training.py",
      '        self.rng.bit_generator.state = json.loads(str(state["data_rng"]))\n', ""),
     ("train: no validation loss at a last step off --eval-every", "gpt2_numpy/training.py",
@@ -118,7 +119,7 @@ MUTANTS = [  # (what, file, text, replacement)
     ("train: the schedule one step ahead", "gpt2_numpy/training.py", "lr = learning_rate(step, ",
      "lr = learning_rate(step + 1, "),
     ("train: validation windows one token short", "gpt2_numpy/training.py",
-     "seq_len + np.arange(seq_len + 1)]", "seq_len + np.arange(seq_len)]"),
+     "token_windows(val, seq_len, n_windows, targets=True)", "token_windows(val, seq_len, n_windows)"),
     ("train: the fewest tokens counted for the training part only", "gpt2_numpy/training.py",
      "while min(split_sizes(n_tokens, val_fraction)) < window:",
      "while split_sizes(n_tokens, val_fraction)[0] < window:"),
@@ -213,7 +214,7 @@ MUTANTS = [  # (what, file, text, replacement)
      "if token_id >= n_vocab), None)", "if token_id > n_vocab), None)"),
     ("vocabulary: a CRLF vocab.bpe keeps its carriage returns", "gpt2_numpy/formats/vocabulary.py",
      '.replace("\\r\\n", "\\n")', ""),
-    ("score: <|endoftext|> in a scored text is seven ordinary tokens", "gpt2_numpy/likelihood.py",
+    ("score: <|endoftext|> in a scored text is seven ordinary tokens", "gpt2_numpy/tokenizer.py",
      'tokenizer.encode(text, allowed_special="all")', "tokenizer.encode(text)"),
     ("checkpoint: config.json's options that change the math are ignored", "gpt2_numpy/formats/checkpoint.py",
      "value = config.get(option, values[0])", "value = values[0]"),
