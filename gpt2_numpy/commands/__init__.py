@@ -1,10 +1,11 @@
 """The command lines, above the library: `gpt2-numpy COMMAND [flags]`, or `python -m gpt2_numpy COMMAND [flags]`.
 
 Each command is the module of its name here, with a main(argv); what they share is common.py, and no command imports
-another. `python -m gpt2_numpy.X` of the library's modules (generate, score, explain, train, download) runs the same
-command through a shim. A first argument that names no command is a prompt: `gpt2-numpy PROMPT ...` is short for
-`gpt2-numpy generate PROMPT ...`, except `help`, which prints the help as `gpt2-numpy help [COMMAND]`, and a command
-named after flags (`gpt2-numpy --threads 1 score`), which is refused: flags come after their command.
+another (explain's --sae flags call gpt2_numpy/sae/, as sae.py does). `python -m gpt2_numpy.X` of the library's
+modules (generate, score, explain, train, download; sae, through sae/__main__.py) runs the same command. A first
+argument that names no command is a prompt: `gpt2-numpy PROMPT ...` is short for `gpt2-numpy generate PROMPT ...`,
+except `help`, which prints the help as `gpt2-numpy help [COMMAND]`, and a command named after flags
+(`gpt2-numpy --threads 1 score`), which is refused: flags come after their command.
 """
 import difflib
 import importlib
@@ -21,7 +22,8 @@ COMMANDS = {  # name -> what it does, in one line; each is gpt2_numpy/commands/<
     "train": "train a model on a text file, from scratch or from an official GPT-2",
     "tokenizer": "train a byte-level BPE tokenizer on a text file, as Hugging Face's trainer does",
     "download": "fetch an official GPT-2 (124M to 1558M), resuming and verifying it",
-    "sae": "sparse autoencoders: train one on an activation, evaluate it spliced in (sae train, sae eval)",
+    "sae": "sparse autoencoders: train one on an activation, evaluate it spliced in, draw its latents (sae train, "
+           "sae eval, sae features)",
 }
 
 

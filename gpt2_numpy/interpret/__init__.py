@@ -5,10 +5,11 @@ command line that prints and writes them is gpt2_numpy/commands/explain.py (`gpt
     activations = trace(ids, params, n_head)   # every activation by name: "blocks.3.attn.weights", ...
     logits = logit_lens(ids, params, n_head)   # [n_layer + 1, n_seq, n_vocab]: the next token after each layer
 
-The rooms: stepwise.py (the walkthrough: one head step by step, printed), tracing.py (trace and logit_lens),
-lens.py (the lens's top tokens), heads.py (the head scores), page.py with page.html (the page), plot.py (--plot),
-files.py (the files written); edits.py (a forward pass with edits: run_with_edits) and the three techniques built on it,
-ablation.py, attribution.py and patching.py; present.py (every technique's table and JSON).
+The rooms: names.py (every activation's name, and TransformerLens's), tracing.py (trace and logit_lens), stepwise.py
+(the walkthrough: one head step by step, printed), lens.py (the lens's top tokens), heads.py (the head scores), page.py
+with page.html (the page), plot.py (--plot's figures); edits.py (a forward pass with edits: run_with_edits) and the
+three techniques built on it, ablation.py, attribution.py and patching.py; present.py (every technique's table and
+JSON). Sparse autoencoders, which read these activations, are the package beside this one, gpt2_numpy/sae/.
 """
 from gpt2_numpy.interpret.edits import Edit, run_with_edits
 from gpt2_numpy.interpret.heads import head_scores, repeated_tokens
