@@ -16,7 +16,7 @@ Every mutant must be caught. The test files that catch each part (the word befor
     "explain page"              tests/unit/test_page.py
     threads                     tests/unit/test_cores_threads.py
     sae                         tests/unit/sae/test_model.py tests/unit/sae/test_files.py tests/unit/test_names.py
-    sae                         tests/unit/sae/test_features.py tests/cli/test_sae_features.py
+    sae                         tests/unit/sae/test_features.py tests/cli/test_sae_latents.py
     sae                         tests/cli/test_sae_commands.py
 
 for example `python -m scripts.dev.mutants --only download tests/unit/test_fetch.py tests/unit/test_loading.py
@@ -85,7 +85,7 @@ MUTANTS = [  # (what, file, text, replacement)
      '(passes["running"] > own or passes_lock.locked())', 'passes["running"] > own'),
     # their tests are in tests/unit/test_fetch.py, test_loading.py and test_locks.py, not among the default TEST_FILEs
     # the SAE's: tests/unit/sae/ tests/unit/test_names.py tests/cli/test_sae_commands.py
-    # tests/cli/test_sae_features.py, not among the default TEST_FILEs
+    # tests/cli/test_sae_latents.py, not among the default TEST_FILEs
     ("sae: the input not centred by b_dec", "gpt2_numpy/sae/model.py",
      "return (x - b_dec * apply_b_dec_to_input) @ W_enc + b_enc", "return x @ W_enc + b_enc"),
     ("sae: jumprelu fires at its threshold too", "gpt2_numpy/sae/model.py", "(pre > threshold)",

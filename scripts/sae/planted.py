@@ -1,6 +1,6 @@
 """The planted-features goal: 256 unit directions in 64 dimensions, each activation a sum of about 5 of them with
 random magnitudes; an SAE trained here must find them: a decoder row at cosine >= 0.9 for >= 95% of them (topk, 512
-latents, k = 6) or >= 80% (standard), within 2 minutes on 2 cores. tests/unit/test_sae.py runs a small version.
+latents, k = 6) or >= 80% (standard), within 2 minutes on 2 cores. tests/unit/sae/test_training.py runs a small version.
 
     python -m scripts.sae.planted --architecture topk       # stops once the goal is met, and says when
     python -m scripts.sae.planted --architecture standard

@@ -20,7 +20,7 @@ from tests.conftest import REPO, assert_one_error_line, byte_model_dir
 from tests.sae_helpers import random_sae
 
 from gpt2_numpy.commands import explain as explain_command
-from gpt2_numpy.sae import files as sae_files
+from gpt2_numpy.sae import new_sae, save_sae
 
 HPARAMS = {"n_vocab": 257, "n_ctx": 16, "n_embd": 16, "n_head": 4, "n_layer": 2}
 TEXT = "the cat sat on the mat, the cat sat on the hat; " * 8
@@ -32,8 +32,8 @@ def folders(tmp_path_factory):  # -> (model folder, SAE folder, params, sae)
     params = random_params(HPARAMS, 5)
     model = byte_model_dir(root / "model", HPARAMS, params)
     stand_in = random_sae(16, 32, "blocks.0.out", seed=9)  # topk, k = 3: of a position's 5 strongest, 2 are 0
-    sae = sae_files.new_sae({"architecture": "topk", "k": 3}, stand_in.params, "blocks.0.out")
-    sae_files.save_sae(sae, root / "sae")
+    sae = new_sae({"architecture": "topk", "k": 3}, stand_in.params, "blocks.0.out")
+    save_sae(sae, root / "sae")
     (root / "text.txt").write_text(TEXT, encoding="utf-8")
     return model, root / "sae", params, sae
 
@@ -91,7 +91,7 @@ def test_bad_input_is_one_error_line_and_writes_no_page(folders, tmp_path, overr
 def test_an_sae_of_another_width_is_refused(folders, tmp_path):
     model, _, _, _ = folders
     narrow = random_sae(8, 16, "blocks.0.out")
-    sae_files.save_sae(sae_files.new_sae({"architecture": "standard"}, narrow.params, "blocks.0.out"), tmp_path / "s")
+    save_sae(new_sae({"architecture": "standard"}, narrow.params, "blocks.0.out"), tmp_path / "s")
     result = run_sae("features", "--sae", tmp_path / "s", "--model", model, "--data", folders[1].parent / "text.txt",
                      "--html", tmp_path / "page.html")
     assert_one_error_line(result, "the SAE reads 8 numbers per position, but the model's blocks.0.out has 16")
