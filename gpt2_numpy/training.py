@@ -120,14 +120,14 @@ def data_tokens(text, tokenizer, n_vocab, val_fraction, seq_len, own_vocabulary)
     """The training and held-out tokens of text. A run's own tokenizer (own_vocabulary) never saw the held-out tail, so
     the text is split before it is tokenized; GPT-2's tokenizer splits the tokens. UsageError if a part is too short or
     a token is outside the model's vocabulary."""
+    fix = "train a model with GPT-2's full vocabulary"
     if own_vocabulary:
-        train, val = (np.array(tokenizer.encode(part, allowed_special="all"), dtype=np.int32)
+        train, val = (np.array(checked_ids(tokenizer, part, n_vocab, "the data", fix), dtype=np.int32)
                       for part in split_text(text, val_fraction))
         check_parts(train, val, seq_len, lambda name, part: f"its {name} part has {plural(len(part), 'token')} in "
                     "the run's own vocabulary", "a longer text")
         return train, val
-    ids = checked_ids(tokenizer, text, n_vocab, "the data", "train a model with GPT-2's full vocabulary")
-    return split_tokens(ids, val_fraction, seq_len)
+    return split_tokens(checked_ids(tokenizer, text, n_vocab, "the data", fix), val_fraction, seq_len)
 
 
 def split_tokens(ids, val_fraction, seq_len):  # -> train, val: int32 arrays; UsageError if too short

@@ -402,3 +402,13 @@ def test_a_model_folder_uses_its_own_files(official, tmp_path):
     assert load_tokenizer(write_official_copy(official, tmp_path, **{"encoder.json": swapped})).encode(
         "hello world") == [995, 31373]
     assert load_tokenizer().encode("hello world") == [31373, 995]
+
+
+def test_token_windows_start_every_seq_len_ids_with_their_targets_overlapping_by_one():
+    ids = np.arange(10)
+    assert tokenizer_module.token_windows(ids, 3).tolist() == [[0, 1, 2], [3, 4, 5], [6, 7, 8]]
+    assert tokenizer_module.token_windows(ids, 3, targets=True).tolist() == [[0, 1, 2, 3], [3, 4, 5, 6], [6, 7, 8, 9]]
+    # 9 ids: the third window would have no target for its last input
+    assert tokenizer_module.token_windows(ids[:9], 3, targets=True).tolist() == [[0, 1, 2, 3], [3, 4, 5, 6]]
+    assert tokenizer_module.token_windows(ids, 3, n_windows=2).tolist() == [[0, 1, 2], [3, 4, 5]]
+    assert tokenizer_module.token_windows(ids[:2], 3).shape == (0, 3)
