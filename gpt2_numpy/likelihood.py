@@ -92,14 +92,14 @@ def perplexity(nll):  # -> e^nll; inf where that exceeds the largest double (nll
 
 
 def text_ids(tokenizer, text, n_vocab, bos):  # -> ids to score, all < n_vocab: [<|endoftext|>, *text's ids] with bos
-    if bos and tokenizer.eot_id >= n_vocab:
-        raise UsageError(f"this model's vocabulary of {n_vocab} tokens has no {EOT} (id {tokenizer.eot_id}) to put "
-                         "before the text: pass --no-bos to score the text from its second token")
     ids = checked_ids(tokenizer, text, n_vocab, "the text", "use a model with GPT-2's full vocabulary, or a text of "
-                      "other words", first=[tokenizer.eot_id] * bos)
-    if len(ids) < 2:
+                      "other words")
+    if len(ids) + bos < 2:
         what = "the text is empty" if not text else f"the text is a single token ({text!r}) and --no-bos leaves " \
             "nothing before it"
         raise UsageError(f"{what}: scoring needs a token to predict after some context; give a longer text"
                          + ("" if bos else f", or drop --no-bos to predict the first token after {EOT}"))
-    return ids
+    if bos and tokenizer.eot_id >= n_vocab:
+        raise UsageError(f"this model's vocabulary of {n_vocab} tokens has no {EOT} (id {tokenizer.eot_id}) to put "
+                         "before the text: pass --no-bos to score the text from its second token")
+    return [tokenizer.eot_id] * bos + ids
