@@ -12,9 +12,10 @@ import pytest
 
 from gpt2_numpy.commands import sae as sae_command
 from gpt2_numpy.errors import Gpt2NumpyError, UsageError
-from gpt2_numpy.sae.files import load_sae, new_sae, save_sae
+from gpt2_numpy.sae.files import load_sae, save_sae
 from gpt2_numpy.params import random_params
 from tests.conftest import REPO, assert_one_error_line, byte_model_dir
+from tests.sae_helpers import exact_sae
 
 HPARAMS = {"n_vocab": 257, "n_ctx": 32, "n_embd": 8, "n_head": 2, "n_layer": 2}
 TRAIN = ["--d-sae", "16", "--k", "2", "--batch-size", "32", "--buffer", "64", "--lr", "1e-2"]
@@ -98,13 +99,6 @@ def test_bad_activations_are_refused_and_no_folder_is_made(array, fragment, tmp_
     if array is None:
         assert_one_error_line(run_sae("train", "--activations", path, "--out", tmp_path / "out", *TRAIN), fragment)
         assert not (tmp_path / "out").exists()
-
-
-def exact_sae(d_in, hook):  # -> a standard SAE whose reconstruction is its input: relu(x) - relu(-x) = x
-    eye = np.eye(d_in, dtype=np.float32)
-    params = {"W_enc": np.concatenate([eye, -eye], axis=1), "b_enc": np.zeros(2 * d_in, np.float32),
-              "W_dec": np.concatenate([eye, -eye]), "b_dec": np.zeros(d_in, np.float32)}
-    return new_sae({"architecture": "standard"}, params, hook)
 
 
 def test_eval_recovers_all_the_loss_with_an_exact_sae_and_none_with_a_zero_one(model, tmp_path):
