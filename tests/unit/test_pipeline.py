@@ -139,6 +139,16 @@ def test_the_exported_names_are_the_functions_whatever_was_imported_first():
     assert result.returncode == 0, result.stderr
 
 
+def test_the_exported_names_are_each_listed_once_and_each_resolves():
+    import gpt2_numpy
+
+    repeated = sorted({name for name in gpt2_numpy.__all__ if gpt2_numpy.__all__.count(name) > 1})
+    assert repeated == []
+    star = {}
+    exec("from gpt2_numpy import *", star)  # raises AttributeError for a listed name that does not resolve
+    assert set(gpt2_numpy.__all__) <= set(star)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("command", ["generate", "score", "explain", "train", "download"])
 def test_running_a_command_as_a_module_gives_no_import_warning(command):
