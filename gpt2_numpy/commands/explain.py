@@ -214,7 +214,7 @@ class Request(NamedTuple):  # what every mode reads: the arguments, the model, a
     layer: int  # the layer --layer shows
     heads: list  # the heads --head shows
     label: Callable  # token id -> a quoted label for tables (token_label)
-    text_of: Callable  # token id -> its text, for JSON (token_text)
+    text_of: Callable  # token id -> its text, for JSON (Tokenizer.token_text)
     corrupt_ids: Optional[list]  # --patch's prompt's ids
     attribute: Optional[tuple]  # --attribute's answer ids (A, B)
     answers: Optional[tuple]  # --answer's answer ids (A, B)
@@ -284,7 +284,7 @@ def make_request(args, hparams, params, tokenizer, text, corrupt, reference):  #
     steps = (walkthrough(ids, params, hparams["n_head"], layer, progress=stage_bar("walkthrough"))
              if args.walkthrough or attention_plot else None)
     return Request(args, hparams, params, text, ids, layer, heads, functools.partial(token_label, tokenizer),
-                   functools.partial(token_text, tokenizer), corrupt_ids, attribute, answers, repeated, windows, steps)
+                   tokenizer.token_text, corrupt_ids, attribute, answers, repeated, windows, steps)
 
 
 def mean_windows(args, tokenizer, reference, n_vocab, n_seq):  # -> --mean-over's windows [n_windows, n_seq]
@@ -444,7 +444,7 @@ def answer_ids(tokenizer, texts, flag, n_vocab):  # -> (A, B) token ids; UsageEr
     for text in texts:
         encoded = tokenizer.encode(text, allowed_special="all")
         if len(encoded) != 1:
-            pieces = f": {' '.join(repr(token_text(tokenizer, token_id)) for token_id in encoded)}" if encoded else ""
+            pieces = f": {' '.join(repr(tokenizer.token_text(token_id)) for token_id in encoded)}" if encoded else ""
             raise UsageError(f"{flag}: {text!r} encodes to {plural(len(encoded), 'token')}{pieces}; each answer must "
                              "be exactly one token (a word usually takes its leading space: ' Paris')")
         answers += prompt_ids(tokenizer, text, n_vocab, f"{flag} {text!r}")
@@ -488,10 +488,6 @@ def stage_bar(stage):  # -> progress(items, total): items wrapped in a bar on st
         return progress_bar(iterable=items, total=total, desc=stage, unit="layer", leave=False, delay=PROGRESS_DELAY)
 
     return progress
-
-
-def token_text(tokenizer, token_id):  # -> a token's text; a piece of a character shows its bytes as \xe2
-    return tokenizer.token_bytes(token_id).decode("utf-8", errors="backslashreplace")
 
 
 def main(argv=None):  # -> never returns; errors become one line on stderr and an exit status
