@@ -193,7 +193,7 @@ def install(folder, size, source):  # -> the model as verified: every file prese
     try:
         if missing:
             log(f"downloading GPT-2 {size} from {source} into {folder}")
-            from gpt2_numpy.fetch import fetch_all  # the network stack (requests, tqdm) loads only for a download
+            from gpt2_numpy.fetch import fetch_all  # requests and tqdm are slow to import: only a download loads them
 
             fetch_all(folder, staging, size, source, missing)
             for name in present:  # the whole model in one folder to verify, while the user's files stay where they are
