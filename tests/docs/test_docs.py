@@ -258,3 +258,16 @@ def test_the_tokenizer_page_prints_the_textbook_code_as_it_is(function):  # as R
     listings = [code for _, info, code in blocks((REPO / "docs" / "tokenizer.md").read_text(encoding="utf-8"))
                 if info == "python"]
     assert textwrap.dedent(inspect.getsource(target)) in listings
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_the_readme_says_what_greedy_decoding_of_the_tiny_model_writes(first_run):
+    # the README once said "20 blank lines" where the model wrote 20 spaces
+    from gpt2_numpy import complete, load_model
+
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    claim = re.search(r'greedy \(the default\) repeats the likeliest token: for the 20-step model, ("[^"]*") 20 times',
+                      readme)
+    assert claim, "the README's Python block no longer says what greedy decoding writes"
+    assert complete(load_model(first_run / "my-gpt"), "The model", n_tokens=20) == ast.literal_eval(claim[1]) * 20
