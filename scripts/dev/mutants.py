@@ -82,6 +82,14 @@ MUTANTS = [  # (what, file, text, replacement)
      'openblas()[0](passes["n_threads"])', "pass"),
     ("cores: a forked child restores the count only for a counted pass", "gpt2_numpy/cores.py",
      '(passes["running"] > own or passes_lock.locked())', 'passes["running"] > own'),
+    # caught by tests/unit/test_cores_threads.py (threads)
+    ("threads: a few rows' product at 2 OpenBLAS threads computes one thread's width of each piece",
+     "gpt2_numpy/fast.py", "np.matmul(w_t[start : start + step], rows.T, out=out_t[start : start + step])",
+     "np.matmul(w_t[start : start + FEW_ROWS_PIECE], rows.T, out=out_t[start : start + FEW_ROWS_PIECE])"),
+    ("threads: blas_threads with no OpenBLAS found", "gpt2_numpy/cores.py", "return blas[1]() if blas else 1",
+     "return blas[1]()"),
+    ("threads: set_threads with no OpenBLAS found", "gpt2_numpy/cores.py",
+     "        if blas is None:\n            return\n", ""),
     # their tests are in tests/unit/test_fetch.py, test_loading.py and test_locks.py, not among the default TEST_FILEs
     # the SAE's: tests/unit/test_sae.py tests/cli/test_sae_commands.py tests/unit/test_features.py
     # tests/cli/test_sae_features.py, not among the default TEST_FILEs
