@@ -150,6 +150,8 @@ MUTANTS = [  # (what, file, text, replacement)
      'rows = [row for row in read_log(path) if name == LOG or int(row["step"]) <= step]'),
     ("train: a Ctrl-C in the last step asks for --resume", "gpt2_numpy/training.py",
      "if stop.requested and step < steps:", "if stop.requested:"),
+    ("train: a Ctrl-C stops a run started with SIGINT ignored", "gpt2_numpy/training.py",
+     "    if previous is signal.SIG_IGN:  # e.g.", "    if False:  # e.g."),
     ("train: a resumed run keeps its weights file mapped", "gpt2_numpy/commands/train.py",
      "    params = map_leaves(np.array, params)\n", "    loaded, params = params, map_leaves(np.array, params)\n"),
     ("train: --vocab-size 257 loads a vocabulary from --out", "gpt2_numpy/commands/train.py",
@@ -194,6 +196,8 @@ MUTANTS = [  # (what, file, text, replacement)
      'step("attn.z", weighted_sum(softmax(scores + causal_mask(len(x))), v))'),
     ("intervene: a patched resid_pre one layer late", "gpt2_numpy/interpret/edits.py",
      'return "embed" if layer == 0 else f"blocks.{layer - 1}.out"', 'return f"blocks.{layer}.out"'),
+    ("intervene: a run cannot start at n_layer, at ln_f", "gpt2_numpy/interpret/edits.py",
+     "0 <= start_at_layer <= n_layer):", "0 <= start_at_layer < n_layer):"),
     # caught by tests/unit/test_fast_backward.py and tests/unit/test_optim.py
     ("backward: GELU's slope at x = 0 taken as 0", "gpt2_numpy/fast_backward.py", "    out.fill(0.5)\n",
      "    out.fill(0.0)\n"),
