@@ -8,11 +8,12 @@ Every mutant must be caught. The test files that catch each part (the word befor
     model,fast,cores (default)  tests/unit/test_model.py tests/unit/test_fast.py tests/unit/test_cores.py
     backward                    tests/unit/test_fast_backward.py
     train,commands,optim,save   tests/cli/test_train_resume.py tests/cli/test_train_vocab.py tests/unit/test_optim.py
+                                tests/cli/test_commands.py
     intervene                   tests/unit/test_edits.py
     download                    tests/unit/test_fetch.py tests/unit/test_loading.py tests/unit/test_locks.py
     sampling,decode,tokenizer   tests/unit/test_sampling.py tests/unit/test_decode.py tests/cli/test_tokenizer.py
     vocabulary,score,checkpoint  tests/unit/test_tokenizer.py tests/unit/test_checkpoint.py tests/unit/test_tracing.py
-    explain                     tests/unit/test_tracing.py
+    explain                     tests/unit/test_tracing.py tests/unit/test_heads.py
     "explain page"              tests/unit/test_page.py
     threads                     tests/unit/test_cores_threads.py
     sae                         tests/unit/test_sae.py tests/cli/test_sae_commands.py
@@ -156,6 +157,13 @@ MUTANTS = [  # (what, file, text, replacement)
      "    params = map_leaves(np.array, params)\n", "    loaded, params = params, map_leaves(np.array, params)\n"),
     ("train: --vocab-size 257 loads a vocabulary from --out", "gpt2_numpy/commands/train.py",
      "own = merges is not None", "own = bool(merges)"),
+    ("download: a marker holding a list or null is a traceback", "gpt2_numpy/loading.py",
+     "except (OSError, ValueError, KeyError, TypeError):  # no marker",
+     "except (OSError, ValueError, KeyError):  # no marker"),
+    ("download: the read-only folder's hint leaves its --models-dir unquoted", "gpt2_numpy/loading.py",
+     "--models-dir {shlex.quote(str(folder.parent))}", "--models-dir {folder.parent}"),
+    ("commands: stdin's '-' taken for a text that begins with '-'", "gpt2_numpy/commands/common.py",
+     'if word.startswith("-") and word != "-" and not', 'if word.startswith("-") and not'),
     ("download: a waiter keeps a lock file its holder deleted", "gpt2_numpy/locks.py",
      "if os.path.samestat(os.fstat(lock.fileno()), os.stat(path)):", "if True:"),
     ("download: a failed first download leaves its folders", "gpt2_numpy/disk.py",
@@ -231,6 +239,8 @@ MUTANTS = [  # (what, file, text, replacement)
      "value = config.get(option, values[0])", "value = values[0]"),
     ("explain: trace's blocks take any n_head", "gpt2_numpy/interpret/tracing.py",
      "    check_heads(n_head, x.shape[-1])  # the error", "    pass  # the error"),
+    ("explain: NaN weights on the repeated sequence alone scored as NaN", "gpt2_numpy/interpret/heads.py",
+     "    check_finite(repeat)\n", ""),
     # caught by tests/unit/test_page.py (a page of 300 tokens, whose map pixels cover 2 x 2 weights)
     ("explain page: a map pixel shows the last weight it covers, not the largest", "gpt2_numpy/interpret/page.html",
      "cells[cell] = Math.max(cells[cell], values[s] / DATA.scale);", "cells[cell] = values[s] / DATA.scale;"),
