@@ -5,6 +5,7 @@ an installed package holds: the README's offline first run works from it, in a f
 import re
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -47,15 +48,11 @@ def package_data():  # -> {package: [file names]} of pyproject.toml's [tool.setu
 
 
 def install_copy(site):  # -> None: site holds gpt2_numpy as a wheel lays it out, its modules and declared data only
-    for module in (REPO / "gpt2_numpy").rglob("*.py"):
-        target = site / module.relative_to(REPO)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(module, target)
-    for package, names in package_data().items():
-        for name in names:
-            target = site / package.replace(".", "/") / name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy(REPO / package.replace(".", "/") / name, target)
+    modules = [path.relative_to(REPO) for path in (REPO / "gpt2_numpy").rglob("*.py")]
+    data = [Path(package.replace(".", "/"), name) for package, names in package_data().items() for name in names]
+    for path in modules + data:
+        (site / path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO / path, site / path)
 
 
 def test_the_declared_package_data_is_what_the_package_reads():
