@@ -7,6 +7,7 @@ import shlex
 import pytest
 
 from scripts.dev import page_outputs as outputs
+from tests.docs.test_docs import blocks
 
 PATH = outputs.REPO / "docs" / "sae.md"
 PAGE = PATH.read_text(encoding="utf-8")
@@ -21,6 +22,12 @@ def test_sae_eval_s_output_is_marked_with_the_page_s_own_eval_command():
     [marked] = outputs.MARKED.finditer(PAGE)
     assert shlex.split(marked["command"]) == outputs.command_line(PAGE, "python -m gpt2_numpy.sae eval ")
     assert "L_clean" in marked["output"] and "loss recovered" in marked["output"]
+
+
+def test_the_python_on_my_sae_is_a_block_the_docs_tests_run():
+    # it once used `ids` without defining it, and nothing ran it: test_docs.py runs the blocks marked `python run`
+    on_my_sae = [info for _, info, code in blocks(PAGE) if info.startswith("python") and 'load_sae("my-sae")' in code]
+    assert on_my_sae == ["python run"]
 
 
 @pytest.mark.slow
