@@ -164,7 +164,7 @@ def parse_args(argv):  # -> argparse.Namespace, checked
     if args.ablation == "mean" and args.mean_over is None:
         raise UsageError("--ablation mean needs --mean-over FILE, a text whose mean at each position replaces the "
                          "heads' outputs (a mean over the prompt would let each position see later tokens): add "
-                         "--mean-over README.md, say")
+                         "--mean-over sample: (a short text that ships with the package), or a long text of your own")
     if args.mean_over is not None and args.ablation != "mean":
         raise UsageError("--mean-over belongs to --ablation mean: add --ablate L.H --ablation mean, or drop "
                          "--mean-over")

@@ -8,11 +8,12 @@ Every mutant must be caught. The test files that catch each part (the word befor
     model,fast,cores (default)  tests/unit/test_model.py tests/unit/test_fast.py tests/unit/test_cores.py
     backward                    tests/unit/test_fast_backward.py
     train,commands,optim,save   tests/cli/test_train_resume.py tests/cli/test_train_vocab.py tests/unit/test_optim.py
+                                tests/cli/test_commands.py
     intervene                   tests/unit/test_edits.py
     download                    tests/unit/test_fetch.py tests/unit/test_loading.py tests/unit/test_locks.py
     sampling,decode,tokenizer   tests/unit/test_sampling.py tests/unit/test_decode.py tests/cli/test_tokenizer.py
     vocabulary,score,checkpoint  tests/unit/test_tokenizer.py tests/unit/test_checkpoint.py tests/unit/test_tracing.py
-    explain                     tests/unit/test_tracing.py
+    explain                     tests/unit/test_tracing.py tests/unit/test_heads.py
     "explain page"              tests/unit/test_page.py
     threads                     tests/unit/test_cores_threads.py
     sae                         tests/unit/test_sae.py tests/cli/test_sae_commands.py
@@ -82,6 +83,14 @@ MUTANTS = [  # (what, file, text, replacement)
      'openblas()[0](passes["n_threads"])', "pass"),
     ("cores: a forked child restores the count only for a counted pass", "gpt2_numpy/cores.py",
      '(passes["running"] > own or passes_lock.locked())', 'passes["running"] > own'),
+    # caught by tests/unit/test_cores_threads.py (threads)
+    ("threads: a few rows' product at 2 OpenBLAS threads computes one thread's width of each piece",
+     "gpt2_numpy/fast.py", "np.matmul(w_t[start : start + step], rows.T, out=out_t[start : start + step])",
+     "np.matmul(w_t[start : start + FEW_ROWS_PIECE], rows.T, out=out_t[start : start + FEW_ROWS_PIECE])"),
+    ("threads: blas_threads with no OpenBLAS found", "gpt2_numpy/cores.py", "return blas[1]() if blas else 1",
+     "return blas[1]()"),
+    ("threads: set_threads with no OpenBLAS found", "gpt2_numpy/cores.py",
+     "        if blas is None:\n            return\n", ""),
     # their tests are in tests/unit/test_fetch.py, test_loading.py and test_locks.py, not among the default TEST_FILEs
     # the SAE's: tests/unit/test_sae.py tests/cli/test_sae_commands.py tests/unit/test_features.py
     # tests/cli/test_sae_features.py, not among the default TEST_FILEs
@@ -142,10 +151,19 @@ MUTANTS = [  # (what, file, text, replacement)
      'rows = [row for row in read_log(path) if name == LOG or int(row["step"]) <= step]'),
     ("train: a Ctrl-C in the last step asks for --resume", "gpt2_numpy/training.py",
      "if stop.requested and step < steps:", "if stop.requested:"),
+    ("train: a Ctrl-C stops a run started with SIGINT ignored", "gpt2_numpy/training.py",
+     "    if previous is signal.SIG_IGN:  # e.g.", "    if False:  # e.g."),
     ("train: a resumed run keeps its weights file mapped", "gpt2_numpy/commands/train.py",
      "    params = map_leaves(np.array, params)\n", "    loaded, params = params, map_leaves(np.array, params)\n"),
     ("train: --vocab-size 257 loads a vocabulary from --out", "gpt2_numpy/commands/train.py",
      "own = merges is not None", "own = bool(merges)"),
+    ("download: a marker holding a list or null is a traceback", "gpt2_numpy/loading.py",
+     "except (OSError, ValueError, KeyError, TypeError):  # no marker",
+     "except (OSError, ValueError, KeyError):  # no marker"),
+    ("download: the read-only folder's hint leaves its --models-dir unquoted", "gpt2_numpy/loading.py",
+     "--models-dir {shlex.quote(str(folder.parent))}", "--models-dir {folder.parent}"),
+    ("commands: stdin's '-' taken for a text that begins with '-'", "gpt2_numpy/commands/common.py",
+     'if word.startswith("-") and word != "-" and not', 'if word.startswith("-") and not'),
     ("download: a waiter keeps a lock file its holder deleted", "gpt2_numpy/locks.py",
      "if os.path.samestat(os.fstat(lock.fileno()), os.stat(path)):", "if True:"),
     ("download: a failed first download leaves its folders", "gpt2_numpy/disk.py",
@@ -186,6 +204,8 @@ MUTANTS = [  # (what, file, text, replacement)
      'step("attn.z", weighted_sum(softmax(scores + causal_mask(len(x))), v))'),
     ("intervene: a patched resid_pre one layer late", "gpt2_numpy/interpret/edits.py",
      'return "embed" if layer == 0 else f"blocks.{layer - 1}.out"', 'return f"blocks.{layer}.out"'),
+    ("intervene: a run cannot start at n_layer, at ln_f", "gpt2_numpy/interpret/edits.py",
+     "0 <= start_at_layer <= n_layer):", "0 <= start_at_layer < n_layer):"),
     # caught by tests/unit/test_fast_backward.py and tests/unit/test_optim.py
     ("backward: GELU's slope at x = 0 taken as 0", "gpt2_numpy/fast_backward.py", "    out.fill(0.5)\n",
      "    out.fill(0.0)\n"),
@@ -219,6 +239,8 @@ MUTANTS = [  # (what, file, text, replacement)
      "value = config.get(option, values[0])", "value = values[0]"),
     ("explain: trace's blocks take any n_head", "gpt2_numpy/interpret/tracing.py",
      "    check_heads(n_head, x.shape[-1])  # the error", "    pass  # the error"),
+    ("explain: NaN weights on the repeated sequence alone scored as NaN", "gpt2_numpy/interpret/heads.py",
+     "    check_finite(repeat)\n", ""),
     # caught by tests/unit/test_page.py (a page of 300 tokens, whose map pixels cover 2 x 2 weights)
     ("explain page: a map pixel shows the last weight it covers, not the largest", "gpt2_numpy/interpret/page.html",
      "cells[cell] = Math.max(cells[cell], values[s] / DATA.scale);", "cells[cell] = values[s] / DATA.scale;"),

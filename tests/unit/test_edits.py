@@ -146,6 +146,15 @@ def test_a_run_started_at_a_layer_is_the_rest_of_the_whole_run(model):
     assert sorted(kept) == ["blocks.1.attn.z", "ln_f"] and np.array_equal(kept["ln_f"], names["ln_f"])
 
 
+def test_a_run_started_at_n_layer_is_ln_f_of_the_last_block_s_output(model):
+    # start_at_layer=n_layer: the stream after the last block, through ln_f alone (the logit lens's last row)
+    params, ids = model
+    names = trace(ids, params, 3)
+    rest = run_with_edits(names["blocks.1.out"], params, 3, [], start_at_layer=2, names=["ln_f"])
+    assert list(rest) == ["ln_f"] and np.array_equal(rest["ln_f"], names["ln_f"])
+    assert list(run_with_edits(names["blocks.1.out"], params, 3, [], start_at_layer=2)) == ["ln_f", "logits"]
+
+
 def test_a_head_edit_of_a_batch_of_runs_edits_each_run_s_head(model):
     # the head axis is third from the end: a leading batch axis must not be taken for it
     params, ids = model
