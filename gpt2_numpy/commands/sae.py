@@ -245,6 +245,9 @@ def new_settings(args, source):  # -> SaeSettings of a new run, checked
 
 
 def resumed_settings(args, saved, source):  # -> the saved run's SaeSettings with this run's steps, save_every
+    if saved["d_in"] != source.d_in:
+        raise UsageError(f"the activations have {source.d_in} numbers each, but the run in {args.out} trained on "
+                         f"{saved['d_in']}: pass its --model and --hook (or --activations) to --resume")
     # a model run records its model as its source; the same text through another model has the same tokens
     if source.model_name is not None and saved["seq_len"] is not None and saved["source"] != source.name:
         raise UsageError(f"--model {source.name} is not the model the run in {args.out} trained on "
@@ -252,9 +255,6 @@ def resumed_settings(args, saved, source):  # -> the saved run's SaeSettings wit
     if saved["data_sha256"] != source.digest:
         raise UsageError(f"the activations are not the ones the run in {args.out} trained on: pass the same --data "
                          "(or --activations) to --resume")
-    if saved["d_in"] != source.d_in:
-        raise UsageError(f"the activations have {source.d_in} numbers each, but the run in {args.out} trained on "
-                         f"{saved['d_in']}: pass its --model and --hook (or --activations) to --resume")
     given = {name: getattr(args, name, None) for name in KEPT}
     given.update(d_sae=args.d_sae, hook=source.hook)
     for name, value in given.items():

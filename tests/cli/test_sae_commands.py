@@ -186,3 +186,145 @@ def test_the_subcommands_are_listed_and_a_missing_one_is_named():
     listing = run_sae("--help")
     assert listing.returncode == 0 and "train" in listing.stdout and "eval" in listing.stdout
     assert_one_error_line(run_sae("fit"), "unknown subcommand 'fit'")
+
+
+# --- issue 54: resumes, hooks, eval's edge cases, bad files ---
+
+
+def model_folder(path, seed=4, **changes):  # -> a tiny byte-level model folder, HPARAMS with changes
+    hparams = {**HPARAMS, **changes}
+    return byte_model_dir(path, hparams, random_params(hparams, seed))
+
+
+def test_a_resume_from_another_model_hook_or_width_is_refused_naming_both(model, tmp_path):
+    folder, text = model
+    out = tmp_path / "run"
+    command = ["train", "--hook", "blocks.0.out", "--data", text, "--seq-len", 16, "--out", out, *TRAIN]
+    assert run_sae(*command, "--model", folder, "--steps", 1).returncode == 0
+    before = {path.name: path.read_bytes() for path in out.iterdir()}
+    other = model_folder(tmp_path / "other", seed=5)  # the same width and vocabulary: the same tokens, digest
+    wide = model_folder(tmp_path / "wide", n_embd=12)
+    refusals = ((["--model", other], f"--model {other} is not the model the run in {out} trained on ({folder})"),
+                (["--model", wide], "the activations have 12 numbers each, but the run"),
+                (["--model", folder, "--hook", "blocks.1.out"], "differs from the saved run's blocks.0.out"))
+    for given, fragment in refusals:
+        words = [*command, *given, "--steps", 2, "--resume"]
+        if "--hook" in given:
+            words[1:3] = []
+        assert_one_error_line(run_sae(*words), fragment)
+        assert {path.name: path.read_bytes() for path in out.iterdir()} == before  # nothing written
+
+
+@pytest.mark.parametrize("how", ["train", "activations", "eval"])
+@pytest.mark.parametrize("hook", ["blocks.0.attn.scores", "blocks.1.attn.weights"])
+def test_attention_scores_and_weights_are_refused_as_an_saes_hook(model, activations, tmp_path, how, hook):
+    folder, text = model
+    if how == "train":
+        argv = ["train", "--model", str(folder), "--hook", hook, "--data", str(text), "--out", str(tmp_path / "o")]
+    elif how == "activations":
+        argv = ["train", "--activations", str(activations), "--hook", hook, "--out", str(tmp_path / "o")]
+    else:
+        save_sae(exact_sae(64, hook), tmp_path / "sae")  # 2 heads x 32 keys: the width of a 32-token window
+        argv = ["eval", "--sae", str(tmp_path / "sae"), "--model", str(folder), "--data", str(text), "--seq-len", "32"]
+    with pytest.raises(UsageError, match=f"cannot read {re.escape(hook)}: .* read the future"):
+        sae_command.run(argv + (TRAIN if how != "eval" else []))
+    assert not (tmp_path / "o").exists()
+
+
+def test_eval_where_zeroing_the_hook_changes_nothing_says_loss_recovered_is_undefined(tmp_path):
+    params = random_params(HPARAMS, 4)
+    for name in ("w", "b"):  # block 1's attention writes nothing: zeroing its output is no change
+        params["blocks"][1]["attn"]["c_proj"][name][...] = 0
+    folder = byte_model_dir(tmp_path / "model", HPARAMS, params)
+    text = tmp_path / "text.txt"
+    text.write_text("the cat sat on the mat. " * 4, encoding="utf-8")
+    save_sae(exact_sae(8, "blocks.1.attn.out"), tmp_path / "sae")
+    command = ["eval", "--sae", tmp_path / "sae", "--model", folder, "--data", text, "--seq-len", 16]
+    result = run_sae(*command, "--json")
+    assert result.returncode == 0, result.stderr
+    numbers = json.loads(result.stdout)
+    assert numbers["loss_recovered"] is None
+    assert numbers["L_clean"] == numbers["L_zero"] == pytest.approx(numbers["L_sae"], abs=1e-6)
+    printed = run_sae(*command)
+    assert printed.returncode == 0, printed.stderr
+    assert f"L_clean {numbers['L_clean']:.4f}  L_sae {numbers['L_sae']:.4f}  L_zero" in printed.stdout
+    assert "loss recovered: undefined" in printed.stdout
+
+
+def test_an_empty_npy_file_gets_one_line(tmp_path):
+    path = tmp_path / "acts.npy"
+    path.write_bytes(b"")
+    assert_one_error_line(run_sae("train", "--activations", path, "--out", tmp_path / "out", *TRAIN),
+                          "is not an .npy array")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_truncated_train_state_gets_one_line_on_resume(activations, tmp_path):
+    out = tmp_path / "run"
+    assert run_sae("train", "--activations", activations, "--out", out, "--steps", 1, *TRAIN).returncode == 0
+    state = out / "train_state.npz"
+    state.write_bytes(state.read_bytes()[: state.stat().st_size // 2])  # as a copy cut off midway leaves it
+    result = run_sae("train", "--activations", activations, "--out", out, "--steps", 2, "--resume")
+    assert_one_error_line(result, f"{state} is damaged")
+    assert "start a new run in another folder" in result.stderr
+
+
+def test_the_first_non_finite_row_is_named(tmp_path):
+    array = np.zeros((2000, 8), np.float32)
+    array[1500, 3] = np.inf
+    np.save(tmp_path / "acts.npy", array)
+    with pytest.raises(UsageError, match=re.escape("(first in row 1,500)")):
+        sae_command.run(["train", "--activations", str(tmp_path / "acts.npy"), "--out", str(tmp_path / "out"),
+                         *TRAIN])
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev_zero"])
+def test_a_cfg_json_that_is_no_regular_file_gets_one_line_at_once(model, tmp_path, kind):
+    folder, text = model
+    save_sae(exact_sae(8, "blocks.0.out"), tmp_path / "sae")
+    cfg = tmp_path / "sae" / "cfg.json"
+    cfg.unlink()
+    if kind == "fifo":
+        os.mkfifo(cfg)  # opened for reading, it waits for a writer: for ever
+    else:
+        cfg.symlink_to("/dev/zero")  # read whole, it fills the memory
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    result = subprocess.run([sys.executable, "-m", "gpt2_numpy.sae", "eval", "--sae", str(tmp_path / "sae"),
+                             "--model", str(folder), "--data", str(text)], capture_output=True, text=True, env=env,
+                            timeout=30)
+    assert_one_error_line(result, "not a regular file")
+
+
+def test_a_seq_len_over_the_context_is_refused_so_each_run_resumes_with_its_own_command(model, tmp_path):
+    # train refuses it too; cut to the context in silence, the run saved 32 and its own command's 100 differed
+    folder, text = model
+    over = ["train", "--model", folder, "--hook", "blocks.0.out", "--data", text, "--seq-len", 100, "--out",
+            tmp_path / "over", *TRAIN]
+    assert_one_error_line(run_sae(*over, "--steps", 1), "--seq-len 100 is over the model's context of 32 tokens")
+    assert not (tmp_path / "over").exists()
+    command = ["train", "--model", folder, "--hook", "blocks.0.out", "--data", text, "--seq-len", 32, "--out",
+               tmp_path / "run", *TRAIN]
+    assert run_sae(*command, "--steps", 1).returncode == 0
+    resumed = run_sae(*command, "--steps", 2, "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+
+
+def test_eval_takes_hook_for_a_folder_that_names_none_and_checks_its_width(model, tmp_path):
+    folder, text = model
+    save_sae(exact_sae(8, None), tmp_path / "unnamed")
+    save_sae(exact_sae(4, None), tmp_path / "narrow")
+    save_sae(exact_sae(8, "blocks.0.out"), tmp_path / "named")
+    command = ["--model", folder, "--data", text, "--seq-len", 16]
+    result = run_sae("eval", "--sae", tmp_path / "unnamed", *command, "--hook", "blocks.0.hook_resid_post", "--json")
+    assert result.returncode == 0, result.stderr
+    numbers = json.loads(result.stdout)
+    assert numbers["hook"] == "blocks.0.out" and numbers["L_sae"] == pytest.approx(numbers["L_clean"], abs=1e-5)
+    assert_one_error_line(run_sae("eval", "--sae", tmp_path / "unnamed", *command), "--hook NAME")
+    assert_one_error_line(run_sae("eval", "--sae", tmp_path / "narrow", *command, "--hook", "blocks.0.out"),
+                          "the SAE reads 4 numbers per position, but the model's blocks.0.out has 8")
+    assert_one_error_line(run_sae("eval", "--sae", tmp_path / "named", *command, "--hook", "blocks.1.out"),
+                          "--hook blocks.1.out differs from blocks.0.out")
+
+
+def test_a_misspelt_subcommand_gets_the_nearest():
+    assert_one_error_line(run_sae("trian"), "unknown subcommand 'trian' (did you mean train?)")
