@@ -10,10 +10,13 @@ import sys
 import numpy as np
 import pytest
 
+from gpt2_numpy import sae_training
 from gpt2_numpy.commands import sae as sae_command
 from gpt2_numpy.errors import Gpt2NumpyError, UsageError
 from gpt2_numpy.interpret.sae_files import load_sae, new_sae, save_sae
+from gpt2_numpy.model import block, layer_norm
 from gpt2_numpy.params import random_params
+from gpt2_numpy.tokenizer import bytes_to_unicode
 from tests.conftest import REPO, assert_one_error_line, byte_model_dir
 
 HPARAMS = {"n_vocab": 257, "n_ctx": 32, "n_embd": 8, "n_head": 2, "n_layer": 2}
@@ -328,3 +331,124 @@ def test_eval_takes_hook_for_a_folder_that_names_none_and_checks_its_width(model
 
 def test_a_misspelt_subcommand_gets_the_nearest():
     assert_one_error_line(run_sae("trian"), "unknown subcommand 'trian' (did you mean train?)")
+
+
+def test_a_dead_latent_counts_activations_and_turns_dead_after_dead_after_of_them(activations, tmp_path, monkeypatch):
+    # 64 latents, one of them per activation, batches of 32: after 2 steps the latents no row of either batch used
+    # have waited 64 activations: dead at DEAD_AFTER 64, and step 3 gives them the AuxK loss
+    monkeypatch.setattr(sae_training, "DEAD_AFTER", 64)
+    out = tmp_path / "run"
+    flags = ["--d-sae", "64", "--k", "1", "--batch-size", "32", "--buffer", "64", "--lr", "1e-2"]
+    for steps in (2, 3):
+        assert sae_command.run(["train", "--activations", str(activations), "--out", str(out), "--steps", str(steps),
+                                *flags, *(["--resume"] if steps == 3 else [])]) == 0
+        with np.load(out / "train_state.npz") as state:
+            since_fired = state["since_fired"]
+        assert set(np.unique(since_fired)) <= {32 * n for n in range(steps + 1)}  # activations, not steps
+        row = log_rows(out)[-1]
+        assert float(row["dead_fraction"]) == pytest.approx(np.mean(since_fired >= 64), abs=1e-4)
+        if steps == 2:
+            assert np.mean(since_fired >= 64) > 0  # the test's premise: some latent no row of the two batches used
+        else:
+            assert float(row["sparsity_loss"]) > 0
+
+
+CUT_AFTER_WEIGHTS = """
+import os, sys
+import gpt2_numpy.sae_training as sae_training
+from gpt2_numpy.commands.sae import main
+at_step, move_in = sys.argv[1], sae_training.move_in
+
+def weights_then_killed(staging, out, names):  # the save of at_step: its weights move in, then the process dies
+    if sae_training.read_metadata(staging / names[0]).get("step") == at_step:
+        os.replace(staging / names[0], out / names[0])
+        os._exit(9)
+    move_in(staging, out, names)
+
+sae_training.move_in = weights_then_killed
+main(sys.argv[2:])
+"""
+
+
+def test_a_run_cut_after_its_weights_moved_in_settles_and_resumes_as_an_uninterrupted_one(activations, tmp_path):
+    command = ["train", "--activations", activations, "--steps", 6, "--save-every", 2, *TRAIN]
+    cut = subprocess.run([sys.executable, "-c", CUT_AFTER_WEIGHTS, "4", *map(str, command), "--out",
+                          str(tmp_path / "cut")], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert cut.returncode == 9, cut.stderr
+    assert (tmp_path / "cut" / ".train.save").is_dir()
+    resumed = run_sae(*command, "--out", tmp_path / "cut", "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert run_sae(*command, "--out", tmp_path / "whole").returncode == 0
+    for name in ("sae_weights.safetensors", "cfg.json"):
+        assert (tmp_path / "cut" / name).read_bytes() == (tmp_path / "whole" / name).read_bytes(), name
+    assert log_rows(tmp_path / "cut") == log_rows(tmp_path / "whole")
+
+
+def test_a_resume_follows_and_records_its_own_save_every(activations, tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    assert sae_command.run(["train", "--activations", str(activations), "--out", str(out), "--steps", "2",
+                            "--save-every", "5", *TRAIN]) == 0
+    saved, save = [], sae_training.save_sae_run
+
+    def recorded(*args):
+        saved.append(args[5])  # its step
+        save(*args)
+    monkeypatch.setattr(sae_training, "save_sae_run", recorded)
+    assert sae_command.run(["train", "--activations", str(activations), "--out", str(out), "--steps", "7",
+                            "--save-every", "2", "--resume"]) == 0
+    assert saved == [4, 6, 7]
+    with np.load(out / "train_state.npz") as state:
+        assert json.loads(str(state["settings"]))["save_every"] == 2
+
+
+def hand_logits(ids, params, n_head, replace=None):  # int [n] -> [n, n_vocab]: model.py's blocks one by one, block
+    # 0's output replaced by replace(x) where given
+    x = params["wte"][ids] + params["wpe"][np.arange(len(ids))]
+    for layer, block_params in enumerate(params["blocks"]):
+        x = block(x, **block_params, n_head=n_head)
+        if layer == 0 and replace is not None:
+            x = replace(x)
+    return layer_norm(x, **params["ln_f"]) @ params["wte"].T
+
+
+def hand_topk(x, params, k):  # [n, d_in] -> f [n, d_sae]: the k largest of (x - b_dec) W_enc + b_enc, ReLU'd
+    pre = (x - params["b_dec"]) @ params["W_enc"] + params["b_enc"]
+    kept = np.argsort(-pre, axis=-1)[:, :k]
+    f = np.zeros_like(pre)
+    rows = np.arange(len(pre))[:, None]
+    f[rows, kept] = np.maximum(pre[rows, kept], 0)
+    return f
+
+
+def test_eval_numbers_equal_a_next_token_loss_computed_by_hand(model, tmp_path):
+    folder, text = model
+    params, n_head, seq_len, n_windows, k = random_params(HPARAMS, 4), HPARAMS["n_head"], 16, 3, 2
+    rng = np.random.default_rng(8)
+    sae_params = {"W_enc": rng.standard_normal((8, 64)).astype(np.float32),
+                  "b_enc": rng.standard_normal(64).astype(np.float32),
+                  "W_dec": rng.standard_normal((64, 8)).astype(np.float32) / 4,
+                  "b_dec": rng.standard_normal(8).astype(np.float32)}
+    save_sae(new_sae({"architecture": "topk", "k": k}, sae_params, "blocks.0.out"), tmp_path / "sae")
+    result = run_sae("eval", "--sae", tmp_path / "sae", "--model", folder, "--data", text, "--seq-len", seq_len,
+                     "--windows", n_windows, "--json")
+    assert result.returncode == 0, result.stderr
+    numbers = json.loads(result.stdout)
+    byte_ids = {byte: token_id for token_id, byte in enumerate(bytes_to_unicode())}  # the byte model's vocabulary
+    tokens = np.array([byte_ids[byte] for byte in text.read_bytes()])
+    losses, fired = {"clean": [], "sae": [], "zero": []}, []
+    for i in range(n_windows):
+        window = tokens[i * seq_len: (i + 1) * seq_len + 1]
+        x = params["wte"][window[:-1]] + params["wpe"][np.arange(seq_len)]
+        fired.append(hand_topk(block(x, **params["blocks"][0], n_head=n_head), sae_params, k).any(axis=0))
+        for name, replace in (("clean", None), ("sae", lambda x: hand_topk(x, sae_params, k) @ sae_params["W_dec"]
+                                                 + sae_params["b_dec"]), ("zero", np.zeros_like)):
+            logits = hand_logits(window[:-1], params, n_head, replace).astype(np.float64)
+            top = logits.max(axis=-1, keepdims=True)
+            log_probs = logits - top - np.log(np.exp(logits - top).sum(axis=-1, keepdims=True))
+            losses[name].extend(-log_probs[np.arange(seq_len), window[1:]])
+    for name in losses:
+        assert numbers[f"L_{name}"] == pytest.approx(np.mean(losses[name]), rel=1e-5), name
+    assert numbers["tokens"] == n_windows * seq_len
+    assert numbers["dead_latents"] == 64 - np.logical_or.reduce(fired).sum()
+    assert not np.array_equal(fired[-1], np.logical_or.reduce(fired))  # the premise: the windows fire differently
