@@ -13,6 +13,7 @@ import pytest
 
 from gpt2_numpy import sae_training
 from gpt2_numpy.commands import sae as sae_command
+from gpt2_numpy.commands.sae_features import loaded_sae
 from gpt2_numpy.errors import Gpt2NumpyError, UsageError
 from gpt2_numpy.interpret.sae_files import load_sae, new_sae, save_sae
 from gpt2_numpy.model import block, layer_norm
@@ -219,10 +220,15 @@ def test_a_resume_from_another_model_hook_or_width_is_refused_naming_both(model,
         assert {path.name: path.read_bytes() for path in out.iterdir()} == before  # nothing written
 
 
-@pytest.mark.parametrize("how", ["train", "activations", "eval"])
+@pytest.mark.parametrize("how", ["train", "activations", "eval", "explain"])
 @pytest.mark.parametrize("hook", ["blocks.0.attn.scores", "blocks.1.attn.weights"])
 def test_attention_scores_and_weights_are_refused_as_an_saes_hook(model, activations, tmp_path, how, hook):
     folder, text = model
+    if how == "explain":  # explain --sae and sae features load their SAE so
+        save_sae(exact_sae(2, hook), tmp_path / "sae")  # 2 heads x 1 key: the width loaded_sae measures
+        with pytest.raises(UsageError, match=f"cannot read {re.escape(hook)}: .* read the future"):
+            loaded_sae(tmp_path / "sae", random_params(HPARAMS, 4), HPARAMS)
+        return
     if how == "train":
         argv = ["train", "--model", str(folder), "--hook", hook, "--data", str(text), "--out", str(tmp_path / "o")]
     elif how == "activations":
