@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from gpt2_numpy.errors import CheckpointError, Gpt2NumpyError, UsageError
-from gpt2_numpy.formats import parse_json, shown
+from gpt2_numpy.formats import SETTINGS_LIMIT, parse_json, read_regular, shown
 from gpt2_numpy.formats.safetensors import read_safetensors, to_float32, write_safetensors
 from gpt2_numpy.interpret.sae import ARCHITECTURES, SAE, decoder_norms
 from gpt2_numpy.disk import atomic_write
@@ -122,7 +122,7 @@ def damaged(path, problem):  # -> CheckpointError for an SAE file that cannot be
 
 def read_cfg(path):  # -> cfg.json's object, checked: an architecture of ours, sizes, and only math we compute
     try:
-        cfg = parse_json(path.read_bytes())
+        cfg = parse_json(read_regular(path, SETTINGS_LIMIT))  # as a model's config.json: a FIFO never hangs
     except OSError as error:
         raise damaged(path, f"cannot be read ({error.strerror or error}): pass a folder holding SAELens's {CFG}") \
             from None
