@@ -23,7 +23,7 @@ from typing import Callable, NamedTuple, Optional
 from gpt2_numpy.catalog import OFFICIAL_HPARAMS
 from gpt2_numpy.commands.common import (
     ArgumentParser, add_model_args, model_from_args, model_size, open_stdout, path_argument, read_data, read_prompt,
-    run_model_cli, whole_number, write_stdout,
+    repeated, run_model_cli, whole_number, write_stdout,
 )
 from gpt2_numpy.commands.sae_features import add_explain_arguments, explain_compute, explain_json, explain_table
 from gpt2_numpy.console import log, plural, progress_bar
@@ -156,9 +156,9 @@ def parse_args(argv):  # -> argparse.Namespace, checked
     args = parser.parse_args(mark_texts(sys.argv[1:] if argv is None else argv, parser._option_string_actions))
     if args.seed is not None and not args.heads:
         raise UsageError("--seed belongs to --heads: add --heads, or drop --seed")
-    twice = [head for number, head in enumerate(args.ablate or ()) if head in args.ablate[:number]]
-    if twice:  # more likely a typo for another head than meant: ablating a head twice is ablating it once
-        raise UsageError(f"--ablate names head {'.'.join(map(str, twice[0]))} more than once: give each head once")
+    twice = repeated(args.ablate or [])
+    if twice is not None:  # more likely a typo for another head than meant: ablating a head twice is ablating it once
+        raise UsageError(f"--ablate names head {'.'.join(map(str, twice))} more than once: give each head once")
     if args.ablation is not None and args.ablate is None:
         raise UsageError("--ablation belongs to --ablate: add --ablate L.H, or drop --ablation")
     if args.ablation == "mean" and args.mean_over is None:

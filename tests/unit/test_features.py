@@ -85,6 +85,20 @@ def test_an_sae_on_attn_z_reads_the_heads_side_by_side_as_hook_z(model):
     np.testing.assert_allclose(edited["blocks.1.attn.z"], expected, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("step", ["q", "k", "v"])
+def test_an_sae_on_attn_q_k_or_v_reads_the_heads_side_by_side_as_training_does(model, step):
+    # training (sae_activations.hook_rows) flattens every per-head hook; reading or editing it was attn.z's alone
+    sae = random_sae(16, 24, f"blocks.1.attn.{step}", seed=8)
+    heads = trace(IDS, model, HPARAMS["n_head"])[f"blocks.1.attn.{step}"]  # [n_head, n_seq, d_head]
+    flat = merge_heads(heads)
+    f = sae.encode(flat)
+    np.testing.assert_allclose(latent_activations(IDS, model, HPARAMS["n_head"], sae), f)
+    edited = run_with_edits(IDS, model, HPARAMS["n_head"], [ablation_edit(sae, [0, 5]), steering_edit(sae, [(3, 2.0)])])
+    expected = flat - f[:, [0, 5]] @ sae.params["W_dec"][[0, 5]] + 2.0 * sae.params["W_dec"][3]
+    np.testing.assert_allclose(edited[f"blocks.1.attn.{step}"], split_heads(expected, HPARAMS["n_head"]), rtol=1e-5,
+                               atol=1e-6)
+
+
 @pytest.mark.parametrize("latent", [-1, 24, 3.0, True])
 def test_a_latent_out_of_range_is_refused_by_name(latent):
     sae = random_sae(16, 24, "blocks.0.out")
