@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -41,8 +42,12 @@ def folders(tmp_path_factory):  # -> (model folder, SAE folder, params, sae)
 
 
 def run_sae(*args):  # -> CompletedProcess of `python -m gpt2_numpy sae ARGS`, as text, never a traceback
+    return run_command("sae", *args)
+
+
+def run_command(*args):  # -> CompletedProcess of `python -m gpt2_numpy ARGS`, as text, never a traceback
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    result = subprocess.run([sys.executable, "-m", "gpt2_numpy", "sae", *map(str, args)], capture_output=True,
+    result = subprocess.run([sys.executable, "-m", "gpt2_numpy", *map(str, args)], capture_output=True,
                             text=True, env=env, timeout=120)
     assert "Traceback" not in result.stderr, result.stderr
     return result
@@ -157,6 +162,36 @@ def test_an_sae_of_another_width_is_refused(folders, tmp_path):
     result = run_sae("features", "--sae", tmp_path / "s", "--model", model, "--data", folders[1].parent / "text.txt",
                      "--html", tmp_path / "page.html")
     assert_one_error_line(result, "the SAE reads 8 numbers per position, but the model's blocks.0.out has 16")
+
+
+# --- A model folder and an SAE folder, mixed up ---
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    # "already holds a training run: add --resume", which then failed on cfg.json
+    (["sae", "train", "--model", "{gpt}", "--hook", "blocks.0.out", "--data", "{text}", "--out", "{gpt}"],
+     "--out {gpt} is a GPT-2 model folder (model.safetensors, config.json, or OpenAI's checkpoint files), and sae "
+     "train writes an SAE folder: give --out a new or empty folder; the run saved there continues with gpt2-numpy "
+     "train --resume"),
+    # "holds no GPT-2 checkpoint ... download the model there first"
+    (["train", "--data", "{text}", "--out", "{sae}", "--resume"],
+     "--out {sae} is an SAE folder (cfg.json, sae_weights.safetensors), and train writes a GPT-2 model folder: give "
+     "--out a new or empty folder; the run saved there continues with gpt2-numpy sae train --resume"),
+    (["generate", "hi", "--model", "{sae}"], "--model {sae} is an SAE folder (cfg.json, sae_weights.safetensors), not "
+                                              "a GPT-2 model: pass a model folder or an official size"),
+])
+def test_a_model_folder_and_an_sae_folder_mixed_up_are_named(folders, tmp_path, argv, fragment):
+    model, sae_dir, _, _ = folders
+    runs = {"gpt": tmp_path / "my-gpt", "sae": tmp_path / "my-sae"}  # each a training run's folder, as train leaves
+    shutil.copytree(model, runs["gpt"])
+    shutil.copytree(sae_dir, runs["sae"])
+    for run in runs.values():
+        (run / "train_state.npz").write_bytes(b"")  # a run's state: only a save writes it
+    before = {run: sorted(run.iterdir()) for run in runs.values()}
+    names = {**runs, "text": sae_dir.parent / "text.txt"}
+    result = run_command(*[arg.format(**names) for arg in argv])
+    assert_one_error_line(result, fragment.format(**names))
+    assert {run: sorted(run.iterdir()) for run in runs.values()} == before
 
 
 # --- explain --sae, --sae-ablate, --steer ---
