@@ -252,6 +252,7 @@ def test_explain_sae_ablate_and_steer_print_the_loss_and_next_tokens_after(folde
     ({"sae_ablate": [1], "use_sae": False}, "--sae-ablate edits an SAE's latents: add --sae DIR"),
     # taking latent 4 out twice subtracted it twice, under a header saying "latents 4, 4 taken out"
     ({"sae_ablate": [4, 9, 4]}, "--sae-ablate names latent 4 more than once: give each latent once"),
+    ({"sae_ablate": [0, 0]}, "--sae-ablate names latent 0 more than once"),  # latent 0: no truth test of the id
     ({"steer": [(3, 1.0), (3, 2.0)]}, "--steer names latent 3 more than once"),
     # finite, but 1e300 is beyond float32: the edit would write infinities, reported as NaN weights
     ({"steer": [(5, 1e300)]}, "--steer 5:1e+300 overflows: the scale times the row's norm"),
@@ -260,6 +261,15 @@ def test_explain_sae_ablate_and_steer_print_the_loss_and_next_tokens_after(folde
 def test_explain_refuses_a_latent_out_of_range_and_an_edit_without_an_sae(folders, kwargs, fragment):
     with pytest.raises(UsageError, match=re.escape(fragment)):
         explain(folders, **kwargs)
+
+
+def test_a_steer_whose_row_overflows_float32_is_refused_though_its_scale_fits(folders):
+    _, _, _, sae = folders
+    norm = float(np.linalg.norm(sae.params["W_dec"][5].astype(np.float64)))
+    scale = float(np.finfo(np.float32).max) / norm * 1.01  # below float32's largest; times the row's norm, above
+    with pytest.raises(UsageError, match="overflows: the scale times the row's norm"):
+        explain(folders, steer=[(5, scale)])
+    explain(folders, steer=[(5, 1e3)])  # a large scale that fits is taken
 
 
 @pytest.mark.parametrize("text", ["1_0:2", "5:1_0", "5:inf", "5:-inf", "5:1e999", "5:nan", "-1:2", "5", "x:1", ":1"])
