@@ -265,11 +265,13 @@ def test_explain_refuses_a_latent_out_of_range_and_an_edit_without_an_sae(folder
 
 def test_a_steer_whose_row_overflows_float32_is_refused_though_its_scale_fits(folders):
     _, _, _, sae = folders
-    norm = float(np.linalg.norm(sae.params["W_dec"][5].astype(np.float64)))
-    scale = float(np.finfo(np.float32).max) / norm * 1.01  # below float32's largest; times the row's norm, above
-    with pytest.raises(UsageError, match="overflows: the scale times the row's norm"):
-        explain(folders, steer=[(5, scale)])
-    explain(folders, steer=[(5, 1e3)])  # a large scale that fits is taken
+    norms = np.linalg.norm(sae.params["W_dec"].astype(np.float64), axis=-1)
+    latent = int(np.argmax(norms))
+    assert norms[latent] > 1.01
+    scale = float(np.finfo(np.float32).max) / 1.005  # below float32's largest; times the row's norm, above
+    with pytest.raises(UsageError, match=f"--steer {latent}:.* overflows: the scale times the row's norm"):
+        explain(folders, steer=[(latent, scale)])
+    explain(folders, steer=[(latent, 1e3)])  # a large scale that fits is taken
 
 
 @pytest.mark.parametrize("text", ["1_0:2", "5:1_0", "5:inf", "5:-inf", "5:1e999", "5:nan", "-1:2", "5", "x:1", ":1"])
