@@ -169,17 +169,6 @@ def test_the_logit_table_shows_the_promoted_and_suppressed_tokens(opened, case):
             assert shown == [f'"{shown_text(text_of(t))}"' for t, _ in expected]
 
 
-def test_a_page_without_logits_says_why_in_place_of_the_table(browser, q_page):  # noqa: F811
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    data, path = q_page
-    browser.get(path.as_uri())
-    WebDriverWait(browser, 30).until(lambda driver: driver.execute_script("return document.body.dataset.ready"))
-    notes = browser.execute_script("return [...document.querySelectorAll('.no-logits')].map(n => n.textContent)")
-    assert notes == [f"no logit table: {data['no_logits']}"] * 2
-    assert browser.execute_script("return document.querySelectorAll('table.logits').length") == 0
-
-
 def test_hostile_text_runs_nothing_and_nothing_is_fetched(opened):
     assert opened.execute_script("return window.pwned") is None
     assert opened.execute_script("return document.querySelectorAll('img, iframe, object, embed').length") == 0
@@ -191,3 +180,15 @@ def test_hostile_text_runs_nothing_and_nothing_is_fetched(opened):
     events = [json.loads(entry["message"])["message"] for entry in opened.get_log("performance")]
     assert [e for e in events if e["method"] == "Network.requestWillBeSent"
             and not e["params"]["request"]["url"].startswith("file:")] == []
+
+
+def test_a_page_without_logits_says_why_in_place_of_the_table(browser, q_page):  # noqa: F811
+    # last: it moves the browser off the page the tests above share
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    data, path = q_page
+    browser.get(path.as_uri())
+    WebDriverWait(browser, 30).until(lambda driver: driver.execute_script("return document.body.dataset.ready"))
+    notes = browser.execute_script("return [...document.querySelectorAll('.no-logits')].map(n => n.textContent)")
+    assert notes == [f"no logit table: {data['no_logits']}"] * 2
+    assert browser.execute_script("return document.querySelectorAll('table.logits').length") == 0
