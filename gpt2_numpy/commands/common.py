@@ -142,10 +142,16 @@ positive_float = number_between(0, math.inf, "positive number")
 fraction = number_between(0, 1, "fraction between 0 and 1")
 
 
+def repeated(items):  # -> the first item given a second time, or None: a flag's list that names one thing twice
+    return next((item for number, item in enumerate(items) if item in items[:number]), None)
+
+
 def path_argument(text):  # -> an argparse type: a Path, never of "" (Path("") would be the current folder)
+    # "~/x" is the home folder's x, as a shell makes it unquoted and as --models-dir and $GPT2_NUMPY_WEIGHTS always
+    # meant it: a quoted --out '~/x' made a folder named "~" in the current one
     if not text:
         raise argparse.ArgumentTypeError("is empty: name a file or folder")
-    return Path(text)
+    return Path(text).expanduser()
 
 
 def size_name(text):  # -> an argparse type: an official size in any case as its name ("124m" -> "124M"), else text

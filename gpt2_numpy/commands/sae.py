@@ -199,7 +199,7 @@ def train(argv):  # -> exit status
     args = train_parser().parse_args(argv)
     with ExitStack() as lock:
         out = args.out
-        ours = check_out(out, args.resume)
+        ours = check_out(out, args.resume, kind="sae")
         if ours:
             lock.enter_context(claimed(out, args.resume, SAE_ORDER))
         source = activation_source(args)

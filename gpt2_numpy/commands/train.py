@@ -163,7 +163,7 @@ def run_holding(argv, lock):  # -> exit status; lock: the ExitStack that holds o
     args = parse_args(argv)
     check_flags(args)
     out = args.out
-    ours = check_out(out, args.resume)
+    ours = check_out(out, args.resume, kind="model")
     if ours:  # locked before anything is read, so that a run still going there is named as such
         lock.enter_context(claimed(out, args.resume))
     text = read_data(args.data)

@@ -18,6 +18,8 @@ Every mutant must be caught. The test files that catch each part (the word befor
     threads                     tests/unit/test_cores_threads.py
     sae                         tests/unit/test_sae.py tests/cli/test_sae_commands.py
     sae                         tests/unit/test_features.py tests/cli/test_sae_features.py
+    sae                         tests/unit/test_features_page.py
+    paths                       tests/cli/test_common.py
 
 for example `python -m scripts.dev.mutants --only download tests/unit/test_fetch.py tests/unit/test_loading.py
 tests/unit/test_locks.py`. A test earns its place by failing
@@ -160,6 +162,32 @@ MUTANTS = [  # (what, file, text, replacement)
      '"reshape_activations": "none",'),
     ("sae: a cfg.json without apply_b_dec_to_input leaves x uncentred", "gpt2_numpy/interpret/sae.py",
      'bool(cfg.get("apply_b_dec_to_input", True))', 'bool(cfg.get("apply_b_dec_to_input"))'),
+    ("sae: a latent given twice passes when it is latent 0", "gpt2_numpy/commands/sae_features.py",
+     "    if twice is not None:  # more likely a typo for another latent", "    if twice:  # more likely a typo"),
+    ("sae: rescale_acts_by_decoder_norm folded into a standard SAE too", "gpt2_numpy/interpret/sae_files.py",
+     'if cfg["architecture"] == "topk" and cfg.get("rescale_acts_by_decoder_norm"):',
+     'if cfg.get("rescale_acts_by_decoder_norm"):'),
+    ("sae: an edit at a per-head hook applied to the heads unmerged", "gpt2_numpy/interpret/features.py",
+     "return lambda array: rows_back(function(hook_rows(array, hook)), array, hook)",
+     "return lambda array: function(array)"),
+    ("sae: the page's logit table drawn for any hook", "gpt2_numpy/interpret/features_page.py",
+     "    no_logits = no_direct_effect(sae.hook)", "    no_logits = None"),
+    ("sae: a steered row's overflow judged by the scale alone", "gpt2_numpy/commands/sae_features.py",
+     "if not abs(scale) * norm < FLOAT32_MAX:", "if not abs(scale) < FLOAT32_MAX:"),
+    ("sae: --steer 1_0:2 read as latent 10", "gpt2_numpy/commands/sae_features.py", 'or "_" in text or', "or"),
+    ("sae: the page draws latents that never fire", "gpt2_numpy/interpret/features.py",
+     "return [int(latent) for latent in order[:count] if fired[latent] > 0]",
+     "return [int(latent) for latent in order[:count]]"),
+    ("sae: latents of --latents that never fire drawn unsaid", "gpt2_numpy/commands/sae_features.py",
+     '    silent = [latent["id"] for latent in data["latents"] if latent["fired"] == 0]', "    silent = []"),
+    ("sae: a model folder taken for an SAE run's --out and back", "gpt2_numpy/runs.py",
+     "found = folder_kind(out) if names and kind else None", "found = None"),
+    ("sae: an SAE folder loaded as a model", "gpt2_numpy/loading.py", 'if folder_kind(folder) == "sae":',
+     "if False:"),
+    ("intervene: a mean ablation's windows as long as the prompt", "gpt2_numpy/commands/explain.py",
+     'return reference_windows(token_ids, hparams["n_ctx"])', "return reference_windows(token_ids, n_seq)"),
+    ("paths: --out '~/x' makes a folder named ~", "gpt2_numpy/commands/common.py", "return Path(text).expanduser()",
+     "return Path(text)"),
     ("download: the SHA-256 compared on its first 32 digits", "gpt2_numpy/fetch.py", "if actual == digest:",
      "if actual[:32] == digest[:32]:"),
     ('download: a weak X-Linked-Etag (W/"...") leaves the file unchecked', "gpt2_numpy/fetch.py",

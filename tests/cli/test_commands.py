@@ -114,6 +114,12 @@ def test_help_for_an_unknown_command_says_so():  # not the general help and stat
                           "help: unknown command 'gnerate' (did you mean generate?): choose one of generate, score")
 
 
+def test_the_help_lists_every_sae_command():  # sae features was missing
+    from gpt2_numpy.commands import help_text
+
+    assert all(f"sae {name}" in help_text() for name in ("train", "eval", "features"))
+
+
 def test_generate_s_usage_says_a_prompt_is_required():
     assert "PROMPT [PROMPT ...]" in run("-m", "gpt2_numpy", "generate", "--help").stdout
 
