@@ -1,4 +1,8 @@
-"""GPT-2 in pure NumPy: run, score, look inside and train."""
+"""GPT-2 in pure NumPy: run, score, look inside and train.
+
+picoGPT's `generate(inputs, params, n_head, n_tokens_to_generate)` is `from gpt2_numpy.generate import generate`
+(gpt2_numpy.decode.generate); `gpt2_numpy.generate` itself is the module that `python -m gpt2_numpy.generate` runs.
+"""
 import importlib
 
 from gpt2_numpy.allocator import keep_freed_memory
@@ -8,8 +12,14 @@ from gpt2_numpy.errors import (
 )
 from gpt2_numpy.fast import gpt2, gpt2_cached, new_cache
 
-# imported on first use (PEP 562), so that `import gpt2_numpy` stays quick. None is named like a submodule, which would
-# replace it once imported: the decode loop is gpt2_numpy.decode.generate, and gpt2_numpy.generate runs a command
+# imported on first use (PEP 562), so that `import gpt2_numpy` stays quick. None is named like a submodule: importing
+# gpt2_numpy.X binds X on the package, so a function exported as X would become the module X once anything imported it.
+# generate, score, explain, train and download are therefore the modules that `python -m gpt2_numpy.X` runs and that
+# 0.1.0 documented (`from gpt2_numpy import train; train.loss_and_grads`, `import gpt2_numpy.generate`). A picoGPT
+# reader may expect `from gpt2_numpy import generate` to be the function, but one name cannot be both the module and a
+# function without a hack: a callable module class, or a package refusing the import system's binding, which breaks
+# `gpt2_numpy.generate.generate_batch`. picoGPT's generate is `from gpt2_numpy.generate import generate`, as the
+# docstring above says.
 LAZY = {
     "gpt2_numpy.pipeline": ("Model", "load_model", "complete", "stream", "score_text"),
     "gpt2_numpy.decode": ("generate_batch", "iter_generate"),
@@ -28,8 +38,6 @@ __all__ = [
     "keep_freed_memory",
     "load_params",
     "verify_checkpoint",
-    "load_tokenizer",
-    "EOT_ID",
     "Gpt2NumpyError",
     "UsageError",
     "CheckpointError",

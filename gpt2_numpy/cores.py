@@ -46,7 +46,7 @@ OPENBLAS_AFFIXES = [(prefix, suffix) for prefix in ("scipy_openblas_", "openblas
 THREADS_VARIABLE = "GPT2_NUMPY_THREADS"
 BLAS_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")  # OpenBLAS reads them in this order
 # elements (or multiply-adds) per thread of a split, at least: a share of layer norm that takes about as long as
-# handing a piece to a waiting thread of the pool costs on a 2-core VM (docs/making-it-fast.md: scripts/dev/bounds.py)
+# handing a piece to a waiting thread of the pool costs (docs/making-it-fast.md, as measured by scripts/dev/bounds.py)
 MIN_WORK = 1 << 17
 NARROW = 64  # widths (n_embd) below which a model's passes run on one thread: their products, whose inner axis is the
 # width, hold too little work per output to pay for a second thread's hand-over, and their runs end before the free

@@ -29,7 +29,7 @@ from gpt2_numpy.disk import atomic_write, disk_fix, made_folders, move_in
 from gpt2_numpy.errors import CheckpointError, DownloadError, Interrupted, TokenizerError, UsageError
 from gpt2_numpy.fast import inference_layout
 from gpt2_numpy.formats import SETTINGS_LIMIT, parse_json, read_regular
-from gpt2_numpy.formats.checkpoint import load_params
+from gpt2_numpy.formats.checkpoint import FOLDER_KINDS, folder_kind, load_params
 from gpt2_numpy.locks import only_the_lock, open_lock, release_lock
 from gpt2_numpy.tokenizer import Tokenizer, checked_ids, load_tokenizer
 
@@ -70,6 +70,9 @@ def read_model(folder, name=None, source=None):  # -> (hparams, params, tokenize
         problem = "is a file" if folder.exists() else "does not exist"
         raise UsageError(f"{name} {problem}: pass a model folder (model.safetensors + config.json + vocab.json + "
                          f"merges.txt, or OpenAI's checkpoint files) or an official size ({', '.join(MODEL_SIZES)})")
+    if folder_kind(folder) == "sae":  # else: "no vocabulary in it, download the model there first"
+        raise UsageError(f"{name} is {FOLDER_KINDS['sae']}, not a GPT-2 model: pass a model folder or an official "
+                         f"size ({', '.join(MODEL_SIZES)}); an SAE goes to --sae (explain, sae features, sae eval)")
     tokenizer = load_tokenizer(folder)
     hparams, params = load_params(folder, verify=source is not None, n_tokens=tokenizer.n_vocab)
     return hparams, params, tokenizer
@@ -193,7 +196,7 @@ def install(folder, size, source):  # -> the model as verified: every file prese
     try:
         if missing:
             log(f"downloading GPT-2 {size} from {source} into {folder}")
-            from gpt2_numpy.fetch import fetch_all  # the network stack (requests, tqdm: 14 MB, 0.15 s) loads only here
+            from gpt2_numpy.fetch import fetch_all  # requests and tqdm are slow to import: only a download loads them
 
             fetch_all(folder, staging, size, source, missing)
             for name in present:  # the whole model in one folder to verify, while the user's files stay where they are

@@ -30,15 +30,7 @@ def stream(model, prompt, n_tokens=40, *, temperature=0.0, top_k=None, top_p=Non
     new_ids = iter_generate(ids, model.params, model.hparams["n_head"], n_tokens, temperature=temperature,
                             top_k=top_k, top_p=top_p, seed=seed, stop_at_eos=stop_at_eos,
                             eos_id=model.tokenizer.eot_id)
-    return text_pieces(new_ids, model.tokenizer.stream_decoder())
-
-
-def text_pieces(ids, decoder):  # -> iterator of non-empty text pieces; an unfinished character at the end is U+FFFD
-    for token_id in ids:
-        if piece := decoder.add(token_id):
-            yield piece
-    if rest := decoder.finish():
-        yield rest
+    return model.tokenizer.stream_decoder().pieces(new_ids)
 
 
 def score_text(model, text, *, bos=True, stride=None):  # -> {n_tokens, nll, perplexity, bits_per_byte, n_bytes}

@@ -10,7 +10,8 @@ Encoding runs in three steps:
    word of a megabyte (minified code, a run of digits) takes no longer than its length demands.
 
 Decoding maps ids back to bytes; bytes that end mid-way through a UTF-8 character become U+FFFD, and `stream_decoder()`
-holds such bytes back until the character is complete.
+holds such bytes back until the character is complete. `token_text` shows one token alone, where a piece of a
+character is its bytes written \xe2.
 """
 import codecs
 import heapq
@@ -103,6 +104,9 @@ class Tokenizer:
         if not 0 <= index < self.n_vocab:
             raise ValueError(f"token id {index} is outside the vocabulary: ids run from 0 to {self.n_vocab - 1}")
         return self._id_bytes[index]
+
+    def token_text(self, token_id):  # -> one token's text; a piece of a character shows its bytes as \xe2
+        return self.token_bytes(token_id).decode("utf-8", errors="backslashreplace")
 
     def _allowed_specials(self, allowed_special):  # -> special tokens to map to their ids, longest first
         if allowed_special == "all":
@@ -224,8 +228,17 @@ class StreamDecoder:
     def add(self, token_id):  # -> newly completed text, often ""
         return self._utf8.decode(self._token_bytes(token_id))
 
-    def finish(self):  # -> whatever is held back, as U+FFFD
+    def finish(self):  # -> whatever is held back, as U+FFFD; "" once called, so a caller cut short may call it again
         return self._utf8.decode(b"", final=True)
+
+    def pieces(self, ids):  # -> iterator of the non-empty pieces of ids' text, each yielded before the next id is read
+        """add() of each id as it comes, then finish(): an unfinished character at the end is U+FFFD. If ids raises
+        (Ctrl-C while generating), the held-back bytes stay in the decoder for finish()."""
+        for token_id in ids:
+            if piece := self.add(token_id):
+                yield piece
+        if rest := self.finish():
+            yield rest
 
 
 def load_tokenizer(model_dir=None):  # -> Tokenizer

@@ -19,10 +19,14 @@ def random_sae(d_in, d_sae, hook, seed=0, architecture="standard", k=None):  # -
                      "b_dec": rng.standard_normal(d_in) * 0.1}, hook, architecture, k)
 
 
-def exact_sae(d_in, hook):  # -> a standard SAE whose reconstruction is its input: relu(x) - relu(-x) = x
+def exact_params(d_in):  # -> a standard SAE's params that reconstruct their input: relu(x) - relu(-x) = x
     eye = np.eye(d_in, dtype=np.float32)
-    return make_sae({"W_enc": np.concatenate([eye, -eye], axis=1), "b_enc": np.zeros(2 * d_in),
-                     "W_dec": np.concatenate([eye, -eye]), "b_dec": np.zeros(d_in)}, hook)
+    return {"W_enc": np.concatenate([eye, -eye], axis=1), "b_enc": np.zeros(2 * d_in, np.float32),
+            "W_dec": np.concatenate([eye, -eye]), "b_dec": np.zeros(d_in, np.float32)}
+
+
+def exact_sae(d_in, hook):  # -> a standard SAE whose reconstruction is its input
+    return make_sae(exact_params(d_in), hook)
 
 
 SAE_FIXTURES = FIXTURES / "sae"  # SAELens's folders and torch's numbers (scripts/fixtures/make_sae_reference.py)

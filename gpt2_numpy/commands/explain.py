@@ -24,7 +24,8 @@ from typing import Callable, NamedTuple, Optional
 from gpt2_numpy.catalog import OFFICIAL_HPARAMS
 from gpt2_numpy.commands.common import (
     HTML_SUFFIXES, ArgumentParser, add_model_args, check_output_file, model_from_args, model_size, open_stdout,
-    path_argument, read_data, read_prompt, run_model_cli, save_figure, whole_number, write_atomically, write_stdout,
+    path_argument, read_data, read_prompt, repeated, run_model_cli, save_figure, whole_number, write_atomically,
+    write_stdout,
 )
 from gpt2_numpy.console import log, plural, progress_bar
 from gpt2_numpy.errors import NothingToRecover, UsageError
@@ -42,7 +43,7 @@ from gpt2_numpy.interpret.present import (
 )
 from gpt2_numpy.interpret.stepwise import check_index, report, token_label, walkthrough
 from gpt2_numpy.sae.activations import sae_for_model
-from gpt2_numpy.sae.features import checked_latents, explain_latents
+from gpt2_numpy.sae.features import check_steers, checked_latents, explain_latents
 from gpt2_numpy.sae.present import latents_json, latents_table
 
 HEADS_SEED = 0  # --heads's random tokens: the same table for the same model, unless --seed asks for others
@@ -69,7 +70,8 @@ def steer_pair(text):  # -> (latent, scale) from "F:SCALE"; argparse turns the e
         pair = int(latent), float(scale)
     except ValueError:
         pair = None
-    if not colon or pair is None or pair[0] < 0 or not math.isfinite(pair[1]):
+    # int() and float() read "1_0" as 10: a latent id and a scale are written without underscores
+    if not colon or pair is None or "_" in text or pair[0] < 0 or not math.isfinite(pair[1]):
         raise argparse.ArgumentTypeError(f"{text!r} is not F:SCALE (a latent id and a finite number, e.g. 12:4.0)")
     return pair
 
@@ -142,9 +144,9 @@ def parse_args(argv):  # -> argparse.Namespace, checked
                         help="with --ablate: set the heads' outputs (attn.z) to zero (the default), or to their mean "
                         "at each position over the text of --mean-over")
     parser.add_argument("--mean-over", type=path_argument, metavar="FILE",
-                        help=f"with --ablation mean: the text whose windows, as long as the prompt, give each "
-                        f"position's mean (its first {REFERENCE_TOKENS} tokens at most); never the prompt itself, "
-                        "whose later tokens a mean over its positions would let in")
+                        help=f"with --ablation mean: the text whose windows, each as long as the model's context "
+                        f"(or the whole text), give each position's mean (its first {REFERENCE_TOKENS} tokens at "
+                        "most); never the prompt itself, whose later tokens a mean over its positions would let in")
     parser.add_argument("--attribute", nargs=2, type=text_word, metavar=("A", "B"),
                         help="split logit(A) - logit(B) at the last position into what each head, each MLP, the "
                         "embeddings and the biases wrote into the residual stream; A and B are texts of one token "
@@ -177,15 +179,15 @@ def parse_args(argv):  # -> argparse.Namespace, checked
     args = parser.parse_args(mark_texts(sys.argv[1:] if argv is None else argv, parser._option_string_actions))
     if args.seed is not None and not args.heads:
         raise UsageError("--seed belongs to --heads: add --heads, or drop --seed")
-    twice = [head for number, head in enumerate(args.ablate or ()) if head in args.ablate[:number]]
-    if twice:  # more likely a typo for another head than meant: ablating a head twice is ablating it once
-        raise UsageError(f"--ablate names head {'.'.join(map(str, twice[0]))} more than once: give each head once")
+    twice = repeated(args.ablate or [])
+    if twice is not None:  # more likely a typo for another head than meant: ablating a head twice is ablating it once
+        raise UsageError(f"--ablate names head {'.'.join(map(str, twice))} more than once: give each head once")
     if args.ablation is not None and args.ablate is None:
         raise UsageError("--ablation belongs to --ablate: add --ablate L.H, or drop --ablation")
     if args.ablation == "mean" and args.mean_over is None:
         raise UsageError("--ablation mean needs --mean-over FILE, a text whose mean at each position replaces the "
                          "heads' outputs (a mean over the prompt would let each position see later tokens): add "
-                         "--mean-over README.md, say")
+                         "--mean-over sample: (a short text that ships with the package), or a long text of your own")
     if args.mean_over is not None and args.ablation != "mean":
         raise UsageError("--mean-over belongs to --ablation mean: add --ablate L.H --ablation mean, or drop "
                          "--mean-over")
@@ -235,7 +237,7 @@ class Request(NamedTuple):  # what every mode reads: the arguments, the model, a
     layer: int  # the layer --layer shows
     heads: list  # the heads --head shows
     label: Callable  # token id -> a quoted label for tables (token_label)
-    text_of: Callable  # token id -> its text, for JSON (token_text)
+    text_of: Callable  # token id -> its text, for JSON (Tokenizer.token_text)
     corrupt_ids: Optional[list]  # --patch's prompt's ids
     attribute: Optional[tuple]  # --attribute's answer ids (A, B)
     answers: Optional[tuple]  # --answer's answer ids (A, B)
@@ -296,7 +298,7 @@ def make_request(args, hparams, params, tokenizer, text, corrupt, reference):  #
     corrupt_ids = None if corrupt is None else check_corrupt(ids, tokenizer, corrupt, n_vocab)
     attribute, answers = (None if given is None else answer_ids(tokenizer, given, flag, n_vocab)
                           for given, flag in ((args.attribute, "--attribute"), (args.answer, "--answer")))
-    windows = None if reference is None else mean_windows(args, tokenizer, reference, n_vocab, len(ids))
+    windows = None if reference is None else mean_windows(args, tokenizer, reference, hparams, len(ids))
     eot_id, problem = tokenizer.eot_id, repetition_problem(n_vocab, hparams["n_ctx"], tokenizer.eot_id)
     # the page shows the head scores whenever they can be computed
     repeated = (repeated_tokens(n_vocab, eot_id, repeat_length(hparams["n_ctx"]), args.seed)
@@ -305,17 +307,18 @@ def make_request(args, hparams, params, tokenizer, text, corrupt, reference):  #
     steps = (walkthrough(ids, params, hparams["n_head"], layer, progress=stage_bar("walkthrough"))
              if args.walkthrough or attention_plot else None)
     return Request(args, hparams, params, text, ids, layer, heads, functools.partial(token_label, tokenizer),
-                   functools.partial(token_text, tokenizer), corrupt_ids, attribute, answers, repeated, windows, steps)
+                   tokenizer.token_text, corrupt_ids, attribute, answers, repeated, windows, steps)
 
 
-def mean_windows(args, tokenizer, reference, n_vocab, n_seq):  # -> --mean-over's windows [n_windows, n_seq]
-    token_ids = prompt_ids(tokenizer, reference, n_vocab, f"--mean-over {args.mean_over}")
-    try:
-        return reference_windows(token_ids, n_seq)
-    except ValueError:
+def mean_windows(args, tokenizer, reference, hparams, n_seq):  # -> --mean-over's windows [n_windows, n_ref]
+    # n_ref: the model's context, or the whole text when shorter; never the prompt's length, which a prefix's means
+    # would then depend on
+    token_ids = prompt_ids(tokenizer, reference, hparams["n_vocab"], f"--mean-over {args.mean_over}")
+    if len(token_ids) < n_seq:
         raise UsageError(f"--mean-over {args.mean_over} is {plural(len(token_ids), 'token')}, fewer than the "
                          f"prompt's {n_seq}: each position's mean comes from that position of the text, so give a "
-                         "longer text") from None
+                         "longer text")
+    return reference_windows(token_ids, hparams["n_ctx"])
 
 
 # --- The modes: what each computes and prints ---
@@ -375,6 +378,7 @@ def sae_latents(request):  # -> --sae's result: each position's strongest latent
     ablate = checked_latents(args.sae_ablate or [], sae, "--sae-ablate")
     steers = args.steer or []
     checked_latents([latent for latent, _ in steers], sae, "--steer")
+    check_steers(steers, sae)
     return explain_latents(sae, request.ids, request.params, request.hparams["n_head"], ablate, steers)
 
 
@@ -478,7 +482,7 @@ def answer_ids(tokenizer, texts, flag, n_vocab):  # -> (A, B) token ids; UsageEr
     for text in texts:
         encoded = tokenizer.encode(text, allowed_special="all")
         if len(encoded) != 1:
-            pieces = f": {' '.join(repr(token_text(tokenizer, token_id)) for token_id in encoded)}" if encoded else ""
+            pieces = f": {' '.join(repr(tokenizer.token_text(token_id)) for token_id in encoded)}" if encoded else ""
             raise UsageError(f"{flag}: {text!r} encodes to {plural(len(encoded), 'token')}{pieces}; each answer must "
                              "be exactly one token (a word usually takes its leading space: ' Paris')")
         answers += prompt_ids(tokenizer, text, n_vocab, f"{flag} {text!r}")
@@ -530,10 +534,6 @@ def stage_bar(stage):  # -> progress(items, total): items wrapped in a bar on st
         return progress_bar(iterable=items, total=total, desc=stage, unit="layer", leave=False, delay=PROGRESS_DELAY)
 
     return progress
-
-
-def token_text(tokenizer, token_id):  # -> a token's text; a piece of a character shows its bytes as \xe2
-    return tokenizer.token_bytes(token_id).decode("utf-8", errors="backslashreplace")
 
 
 def main(argv=None):  # -> never returns; errors become one line on stderr and an exit status

@@ -185,9 +185,7 @@ def print_sample(ids, tokenizer, stream):  # -> list of the ids printed; stdout 
     decoder = tokenizer.stream_decoder()
     held, printed, ended = [], [], False  # held: text not yet written, all of it with --no-stream
     try:
-        for token_id in ids:
-            printed.append(token_id)
-            piece = decoder.add(token_id)
+        for piece in decoder.pieces(recorded(ids, printed)):
             if stream:
                 write_stdout(piece)
             else:
@@ -197,6 +195,12 @@ def print_sample(ids, tokenizer, stream):  # -> list of the ids printed; stdout 
         if printed or ended:  # but a failure before the first id leaves stdout empty
             write_stdout("".join(held) + decoder.finish() + "\n")
     return printed
+
+
+def recorded(ids, into):  # -> iterator of ids, each appended to the list into as it passes
+    for token_id in ids:
+        into.append(token_id)
+        yield token_id
 
 
 def print_timed(ids, tokenizer, stream, n_tokens, n_prompt, copies=1):  # -> None; a sample, then its speed on stderr

@@ -8,6 +8,7 @@ it spliced into the model, and draw its latents (gpt2_numpy/sae/ computes all of
         a page of the latents that fire most on the text (or --latents F ...): their strongest contexts, shaded, a
         histogram of their activations and the tokens each promotes and suppresses most
 """
+import difflib
 import functools
 import sys
 from contextlib import ExitStack
@@ -20,7 +21,9 @@ from gpt2_numpy.console import log, plural
 from gpt2_numpy.errors import UsageError
 from gpt2_numpy.interpret.names import our_hook
 from gpt2_numpy.runs import check_out, claimed, settled_if_cut
-from gpt2_numpy.sae.activations import Stream, check_hook, file_source, model_source, resolve_hook, sae_for_model
+from gpt2_numpy.sae.activations import (
+    Stream, check_hook, check_sae_hook, file_source, model_source, resolve_hook, sae_for_model,
+)
 from gpt2_numpy.sae.evaluation import evaluate
 from gpt2_numpy.sae.features import busiest_latents, checked_latents
 from gpt2_numpy.sae.files import load_sae
@@ -73,6 +76,8 @@ def eval_parser():  # -> the parser of `sae eval`
     parser.add_argument("--sae", required=True, type=path_argument, metavar="DIR", help="the SAE folder")
     add_model_args(parser)
     parser.add_argument("--data", required=True, type=path_argument, metavar="FILE", help="UTF-8 held-out text")
+    parser.add_argument("--hook", metavar="NAME", help="the activation the SAE reads, for a folder whose cfg.json "
+                        "names none (a trace name, or TransformerLens's)")
     parser.add_argument("--seq-len", type=whole_number(2), default=128, metavar="T", help="tokens per window (128)")
     parser.add_argument("--windows", type=whole_number(1), default=32, metavar="N",
                         help="evaluate the text's first N windows at most (32)")
@@ -103,16 +108,23 @@ def features_parser():  # -> the parser of `sae features`
 # --- Where the activations come from ---
 
 
+def hook_flag(name):  # -> the trace name --hook gives (ours, or TransformerLens's); None when not given
+    hook = None if name is None else our_hook(name)
+    if name is not None and hook is None:
+        raise UsageError(f"--hook {name!r} names no activation of GPT-2: give a trace name (blocks.0.out, ...) or "
+                         "TransformerLens's (blocks.1.hook_resid_pre, ...)")
+    return hook
+
+
 def activation_source(args):  # -> Source of the flags given
     if args.activations is not None:
         extra = [flag for flag, value in (("--model", args.model), ("--data", args.data)) if value is not None]
         if extra:
             raise UsageError(f"--activations trains on the file's activations: drop {extra[0]}, or drop "
                              "--activations to read them from the model")
-        hook = None if args.hook is None else our_hook(args.hook)
-        if args.hook is not None and hook is None:
-            raise UsageError(f"--hook {args.hook!r} names no activation of GPT-2: give a trace name (blocks.0.out, "
-                             "...) or TransformerLens's (blocks.1.hook_resid_pre, ...), or drop --hook")
+        hook = hook_flag(args.hook)
+        if hook is not None:
+            check_sae_hook(hook)
         return file_source(args.activations, hook)
     missing = [flag for flag, value in (("--model", args.model), ("--hook", args.hook), ("--data", args.data))
                if value is None]
@@ -120,7 +132,11 @@ def activation_source(args):  # -> Source of the flags given
         raise UsageError(f"{missing[0]} is missing: give --model DIR --hook NAME --data FILE, or --activations FILE")
     model = model_from_args(args)
     hook = resolve_hook(args.hook, model.hparams["n_layer"])
-    seq_len = min(args.seq_len or DEFAULTS["seq_len"], model.hparams["n_ctx"])
+    n_ctx = model.hparams["n_ctx"]
+    if args.seq_len is not None and args.seq_len > n_ctx:  # as train refuses it; only the default is cut to fit
+        raise UsageError(f"--seq-len {args.seq_len} is over the model's context of {n_ctx} tokens: give at most "
+                         f"{n_ctx}")
+    seq_len = min(args.seq_len or DEFAULTS["seq_len"], n_ctx)
     ids, windows = data_windows(model, read_data(args.data), args.data, seq_len)
     return model_source(model.params, model.hparams["n_head"], hook, ids, windows, str(args.model))
 
@@ -141,13 +157,13 @@ def train(argv):  # -> exit status
     args = train_parser().parse_args(argv)
     with ExitStack() as lock:
         out = args.out
-        ours = check_out(out, args.resume)
+        ours = check_out(out, args.resume, kind="sae")
         if ours:
             lock.enter_context(claimed(out, args.resume, SAE_ORDER))
         source = activation_source(args)
         if args.resume:
             sae, state, saved = load_sae_run(out)
-            settings = resumed_settings(args, saved, source.digest, source.hook)
+            settings = resumed_settings(args, saved, source)
         else:
             settings, sae, state = new_settings(args, source), None, None
         stream = Stream(source.window, source.n_windows, settings.batch_size, settings.buffer, settings.seed)
@@ -186,12 +202,19 @@ def new_settings(args, source):  # -> SaeSettings of a new run, checked
                        save_every=args.save_every)
 
 
-def resumed_settings(args, saved, digest, hook):  # -> the saved run's SaeSettings with this run's steps, save_every
-    if saved["data_sha256"] != digest:
+def resumed_settings(args, saved, source):  # -> the saved run's SaeSettings with this run's steps, save_every
+    if saved["d_in"] != source.d_in:
+        raise UsageError(f"the activations have {source.d_in} numbers each, but the run in {args.out} trained on "
+                         f"{saved['d_in']}: pass its --model and --hook (or --activations) to --resume")
+    # a model run records its model as its source; the same text through another model has the same tokens
+    if source.model_name is not None and saved["seq_len"] is not None and saved["source"] != source.name:
+        raise UsageError(f"--model {source.name} is not the model the run in {args.out} trained on "
+                         f"({saved['source']}): pass its --model to --resume")
+    if saved["data_sha256"] != source.digest:
         raise UsageError(f"the activations are not the ones the run in {args.out} trained on: pass the same --data "
                          "(or --activations) to --resume")
     given = {name: getattr(args, name, None) for name in KEPT}
-    given.update(d_sae=args.d_sae, hook=hook)
+    given.update(d_sae=args.d_sae, hook=source.hook)
     for name, value in given.items():
         if value is not None and value != saved.get(name):
             raise UsageError(f"--{name.replace('_', '-')} {value} differs from the saved run's {saved.get(name)}: a "
@@ -207,9 +230,7 @@ def resumed_settings(args, saved, digest, hook):  # -> the saved run's SaeSettin
 def eval_command(argv):  # -> exit status
     args = eval_parser().parse_args(argv)
     sae = load_sae(args.sae)
-    if sae.hook is None:
-        raise UsageError(f"--sae {args.sae}'s cfg.json names no hook: add metadata.hook_name (a trace name, or "
-                         "TransformerLens's) so that it can be spliced in")
+    sae.hook = eval_hook(args, sae.hook)
     model = model_from_args(args)
     check_hook(sae.hook, model.hparams["n_layer"])
     seq_len = min(args.seq_len, model.hparams["n_ctx"])
@@ -220,6 +241,17 @@ def eval_command(argv):  # -> exit status
     else:
         write_stdout(eval_report(numbers))
     return 0
+
+
+def eval_hook(args, saved):  # -> the trace name the SAE reads: its cfg.json's, or --hook's where it names none
+    hook = hook_flag(args.hook)
+    if saved is None and hook is None:
+        raise UsageError(f"--sae {args.sae}'s cfg.json names no hook: give the activation it reads with --hook NAME "
+                         "(or add metadata.hook_name to its cfg.json)")
+    if saved is not None and hook not in (None, saved):
+        raise UsageError(f"--hook {hook} differs from {saved}, the hook --sae {args.sae}'s cfg.json names: drop "
+                         "--hook")
+    return saved or hook
 
 
 # --- sae features, and the dispatch ---
@@ -239,8 +271,15 @@ def features(argv):  # -> exit status
     if not latents:
         raise UsageError(f"no latent of --sae {args.sae} fires anywhere in --data {args.data}: nothing to show")
     title = f"{plural(len(latents), 'latent')} of the SAE {args.sae.name} on {args.data.name}"
-    page = features_html(features_data(windows, params, n_head, sae, latents,
-                                       functools.partial(token_text, model.tokenizer), title, args.contexts))
+    data = features_data(windows, params, n_head, sae, latents, functools.partial(token_text, model.tokenizer), title,
+                         args.contexts)
+    silent = [latent["id"] for latent in data["latents"] if latent["fired"] == 0]
+    if silent:  # asked for by --latents: drawn, with no context, so that the page answers what was asked
+        log(f"{'latent' if len(silent) == 1 else 'latents'} {', '.join(map(str, silent))} of --latents never "
+            f"fire{'s' * (len(silent) == 1)} in --data {args.data}: drawn without contexts")
+    if data["no_logits"]:
+        log(f"no logit table on the page: {data['no_logits']}")
+    page = features_html(data)
     write_atomically(args.html, lambda file: file.write(page.encode("utf-8")), "the page")
     log(f"wrote {args.html}: {plural(len(latents), 'latent')} over {plural(windows.size, 'token')}")
     return 0
@@ -261,7 +300,9 @@ def run(argv=None):  # -> exit status
             write_stdout("usage: gpt2-numpy sae {train,eval,features} [flags]\n\n" + "\n".join(
                 f"  {name:<{width}}  {what}" for name, what in SUBCOMMANDS.items()) + "\n")
             return 0
+        guesses = difflib.get_close_matches(argv[0], SUBCOMMANDS, n=1) if argv else []
         given = f"unknown subcommand {argv[0]!r}" if argv else "no subcommand given"
+        given += "".join(f" (did you mean {guess}?)" for guess in guesses)
         raise UsageError(f"{given}: choose one of {', '.join(SUBCOMMANDS)} (gpt2-numpy sae train --help, ...)")
     return HANDLERS[argv[0]](argv[1:])
 

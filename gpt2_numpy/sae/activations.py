@@ -16,7 +16,7 @@ import numpy as np
 
 from gpt2_numpy.errors import UsageError
 from gpt2_numpy.interpret.edits import Edit
-from gpt2_numpy.interpret.names import hook_problem, is_per_head, our_hook
+from gpt2_numpy.interpret.names import hook_problem, is_per_head, our_hook, step_of
 from gpt2_numpy.interpret.tracing import block_traces, embedding, trace
 from gpt2_numpy.sae.files import check_fits, load_sae
 
@@ -43,10 +43,19 @@ def zeroed(hook):  # -> Edit putting zeros in place of the activation: the "no i
     return Edit(hook, np.zeros_like)
 
 
-def check_hook(hook, n_layer):  # -> None; UsageError naming the valid names when trace makes no activation `hook`
+def check_hook(hook, n_layer):  # -> None; UsageError naming the valid names when trace makes no activation `hook`,
+    # or one an SAE cannot stand in for
     problem = hook_problem(hook, n_layer)
     if problem:
         raise UsageError(f"--hook {problem}")
+    check_sae_hook(hook)
+
+
+def check_sae_hook(hook):  # -> None; UsageError for attn.scores and attn.weights, whose rows an SAE cannot stand in for
+    if step_of(hook) in ("attn.scores", "attn.weights"):
+        raise UsageError(f"an SAE cannot read {hook}: each position's row holds a number for every key, the later "
+                         "positions' too, so the SAE would read the future and its splice would leak it into the "
+                         "loss; choose another hook (blocks.L.attn.z holds the heads' outputs)")
 
 
 def resolve_hook(hook, n_layer):  # -> the trace name of a hook (ours, or TransformerLens's), checked
@@ -165,15 +174,18 @@ def read_activations(path):  # -> float [n, d_in] memory-mapped, checked; UsageE
         array = np.load(path, mmap_mode="r", allow_pickle=False)
     except OSError as error:
         raise UsageError(f"cannot read --activations {path}: {error.strerror or error}") from None
-    except ValueError:  # not the .npy format, or an array of Python objects (which is never loaded: pickles run code)
+    except (ValueError, EOFError):  # not the .npy format (EOFError: empty), or an array of Python objects (which is
+        # never loaded: pickles run code)
         raise UsageError(f"--activations {path} is not an .npy array of numbers: save one of shape [n, d_in] with "
                          "numpy.save") from None
     if not isinstance(array, np.ndarray) or array.ndim != 2 or array.dtype.kind != "f" or 0 in array.shape:
         what = f"an array of {array.dtype} {list(array.shape)}" if isinstance(array, np.ndarray) else "not an array"
         raise UsageError(f"--activations {path} is {what}: it must hold floats of shape [n, d_in], n and d_in >= 1")
     for start in range(0, len(array), 2**16):
-        if not np.isfinite(array[start:start + 2**16]).all():
-            raise UsageError(f"--activations {path} holds NaN or infinite values (row {start} onward): fix the file")
+        bad = ~np.isfinite(array[start:start + 2**16]).all(axis=1)
+        if bad.any():
+            raise UsageError(f"--activations {path} holds NaN or infinite values (first in row "
+                             f"{start + int(np.argmax(bad)):,}): fix the file")
     return array
 
 

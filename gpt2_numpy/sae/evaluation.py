@@ -32,7 +32,8 @@ def evaluate(sae, params, n_head, windows):  # int [n_windows, seq_len + 1] -> {
         n_targets += len(targets)
     x, x_hat, active = (np.concatenate(part) for part in zip(*rows))
     losses = {name: total / n_targets for name, total in totals.items()}
-    recovered = (losses["zero"] - losses["sae"]) / (losses["zero"] - losses["clean"])
+    change = losses["zero"] - losses["clean"]  # none: zeroing the activation leaves the loss as it is
+    recovered = (losses["zero"] - losses["sae"]) / (losses["zero"] - losses["clean"]) if change else None
     return {"L_clean": losses["clean"], "L_sae": losses["sae"], "L_zero": losses["zero"],
             "loss_recovered": recovered, "mse": mse(x_hat, x),
             "explained_variance": explained_variance(x_hat, x), "l0": float(np.mean(active)),

@@ -29,8 +29,10 @@ from gpt2_numpy.interpret.edits import Edit, run_with_edits
 from gpt2_numpy.interpret.names import RESIDUAL_STEPS, layer_of, step_of
 from gpt2_numpy.interpret.tracing import trace
 from gpt2_numpy.sae.activations import at_hook, model_rows
+from gpt2_numpy.sae.model import decoder_norms
 
 STRONGEST = 5  # latents shown per position by explain --sae
+FLOAT32_MAX = float(np.finfo(np.float32).max)  # a steered row beyond it is infinite in the model's float32
 HISTOGRAM_BINS = 20
 CONTEXT_BEFORE, CONTEXT_AFTER = 12, 4  # tokens around a top activation that a context shows
 
@@ -66,12 +68,24 @@ def check_latents(latents, d_sae, flag="latent"):  # -> None; ValueError for an 
                              f"{d_sae - 1}")
 
 
-def checked_latents(latents, sae, flag):  # -> latents; UsageError naming the flag for one that is no latent of sae
+def checked_latents(latents, sae, flag):  # -> latents; UsageError naming the flag for one that is no latent of sae,
+    # or is given twice
+    twice = next((latent for number, latent in enumerate(latents) if latent in latents[:number]), None)
+    if twice is not None:  # more likely a typo for another latent: taking one out twice would subtract it twice
+        raise UsageError(f"{flag} names latent {twice} more than once: give each latent once")
     try:
         check_latents(latents, sae.d_sae, flag)
     except ValueError as error:
         raise UsageError(f"{error}: give latent ids below {sae.d_sae}") from None
     return latents
+
+
+def check_steers(steers, sae):  # -> None; UsageError for a scale that overflows float32 on its decoder row
+    for latent, scale in steers:
+        norm = float(decoder_norms(sae.params["W_dec"][latent]))
+        if not abs(scale) * norm < FLOAT32_MAX:
+            raise UsageError(f"--steer {latent}:{scale:g} overflows: the scale times the row's norm {norm:.4g} is "
+                             f"beyond float32's largest number ({FLOAT32_MAX:.3g}): give a smaller scale")
 
 
 def ablated_latents(sae, latents, x):  # [..., d_in] -> [..., d_in]: x less the latents' share, f_F(x) W_dec[F]
@@ -101,18 +115,24 @@ def edited_logits(ids, params, n_head, edits):  # -> ([n_seq, n_vocab] clean, [n
 # --- What a latent writes to the logits ---
 
 
+def no_direct_effect(hook):  # -> why the logits read nothing an SAE at hook writes directly; None when they do
+    if hook == "embed" or step_of(hook) in (*RESIDUAL_STEPS, "attn.z", "mlp.hidden"):
+        return None
+    return (f"an SAE at {hook} writes nothing the logits read directly: the direct effect is defined for the residual "
+            f"stream ({', '.join(RESIDUAL_STEPS)}, embed), attn.z and mlp.hidden")
+
+
 def residual_direction(sae, params, latents):  # -> [n_latents, n_embd]: the decoder rows, in the residual stream
     rows = sae.params["W_dec"][list(latents)]
     hook = sae.hook
-    if hook == "embed" or step_of(hook) in RESIDUAL_STEPS:
-        return rows
-    layer = layer_of(hook)
-    if hook.endswith(".attn.z"):
-        return rows @ params["blocks"][layer]["attn"]["c_proj"]["w"]
-    if hook.endswith(".mlp.hidden"):
-        return rows @ params["blocks"][layer]["mlp"]["c_proj"]["w"]
-    raise ValueError(f"an SAE at {hook} writes nothing the logits read directly: the direct effect is defined for the "
-                     f"residual stream ({', '.join(RESIDUAL_STEPS)}, embed), attn.z and mlp.hidden")
+    problem = no_direct_effect(hook)
+    if problem:
+        raise ValueError(problem)
+    if step_of(hook) == "attn.z":
+        return rows @ params["blocks"][layer_of(hook)]["attn"]["c_proj"]["w"]
+    if step_of(hook) == "mlp.hidden":
+        return rows @ params["blocks"][layer_of(hook)]["mlp"]["c_proj"]["w"]
+    return rows
 
 
 def logit_effects(sae, params, latents, top):  # -> (promoted, suppressed): each [n_latents] of [(token id, effect)]

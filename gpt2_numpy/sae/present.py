@@ -8,8 +8,6 @@
 explain's tables are latents_table(ids, result, label) and latents_json(ids, result, text) of features.explain_latents's
 result; label(token_id) is a table's quoted label of a token, text(token_id) its text for JSON.
 """
-import math
-
 from gpt2_numpy.interpret.present import before_after_json, before_after_table
 from gpt2_numpy.interpret.stepwise import fit
 
@@ -20,7 +18,7 @@ def eval_report(numbers):  # -> the text sae eval prints of evaluation.evaluate'
         f"{numbers['tokens']:,} tokens, the SAE spliced in at {numbers['hook']}:",
         f"  L_clean {numbers['L_clean']:.4f}  L_sae {numbers['L_sae']:.4f}  L_zero {numbers['L_zero']:.4f} "
         "(nats per token)",
-        f"  loss recovered {recovered:.4f} ((L_zero - L_sae) / (L_zero - L_clean))" if math.isfinite(recovered)
+        f"  loss recovered {recovered:.4f} ((L_zero - L_sae) / (L_zero - L_clean))" if recovered is not None
         else "  loss recovered: undefined (zeroing the activation does not change the loss)",
         f"  mse {numbers['mse']:.6g}  explained variance {numbers['explained_variance']:.4f}  L0 {numbers['l0']:.2f}",
         f"  dead latents {numbers['dead_latents']:,} of {numbers['d_sae']:,} "

@@ -17,7 +17,6 @@ import pytest
 from gpt2_numpy import complete, load_model, score_text, stream
 from gpt2_numpy.errors import OutOfVocabulary, UsageError
 from gpt2_numpy.generate import generate
-from gpt2_numpy.pipeline import text_pieces
 from gpt2_numpy.params import random_params
 from gpt2_numpy.save import save_model
 from gpt2_numpy.score import token_log_probs
@@ -69,9 +68,9 @@ def test_stream_yields_whole_characters_as_they_complete():
     tokenizer = load_tokenizer()
     ids = tokenizer.encode("I go \N{GRINNING FACE} out")
     assert len(tokenizer.encode(" \N{GRINNING FACE}")) == 2  # the emoji's four bytes span two tokens
-    assert list(text_pieces(ids, tokenizer.stream_decoder())) == ["I", " go", " ", "\N{GRINNING FACE}", " out"]
+    assert list(tokenizer.stream_decoder().pieces(ids)) == ["I", " go", " ", "\N{GRINNING FACE}", " out"]
     cut = tokenizer.encode("I \N{GRINNING FACE}")[:-1]  # ends after the emoji's first token
-    assert list(text_pieces(cut, tokenizer.stream_decoder())) == ["I", " ", "\N{REPLACEMENT CHARACTER}"]
+    assert list(tokenizer.stream_decoder().pieces(cut)) == ["I", " ", "\N{REPLACEMENT CHARACTER}"]
 
 
 def test_stream_checks_its_arguments_before_the_first_piece(tiny):
@@ -137,6 +136,16 @@ def test_the_exported_names_are_the_functions_whatever_was_imported_first():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                             env={**os.environ, "PYTHONPATH": str(REPO)})
     assert result.returncode == 0, result.stderr
+
+
+def test_the_exported_names_are_each_listed_once_and_each_resolves():
+    import gpt2_numpy
+
+    repeated = sorted({name for name in gpt2_numpy.__all__ if gpt2_numpy.__all__.count(name) > 1})
+    assert repeated == []
+    star = {}
+    exec("from gpt2_numpy import *", star)  # raises AttributeError for a listed name that does not resolve
+    assert set(gpt2_numpy.__all__) <= set(star)
 
 
 @pytest.mark.slow

@@ -276,6 +276,15 @@ def test_stream_decoder_matches_decode_on_random_ids(tokenizer, reference):
     assert mismatches(lambda ids: "".join(stream(tokenizer, ids)), reference.decode, random_id_runs(3000, seed=1)) == []
 
 
+def test_token_text_shows_a_piece_of_a_character_as_its_bytes(tokenizer, reference):
+    # tiktoken's bytes of each token, decoded by hand: a whole character as itself, a piece as \x escapes
+    emoji = reference.encode_ordinary("\N{GRINNING FACE}")  # its four UTF-8 bytes F0 9F 98 80 span two tokens
+    assert [tokenizer.token_text(token_id) for token_id in emoji] == ["\\xf0\\x9f\\x98", "\\x80"]
+    cafe = " caf\N{LATIN SMALL LETTER E WITH ACUTE}"  # one token, whose last character is two bytes
+    assert [tokenizer.token_text(token_id) for token_id in reference.encode_ordinary(cafe)] == [cafe]
+    assert tokenizer.token_text(np.int64(EOT_ID)) == EOT
+
+
 def test_small_cache_changes_nothing(official, reference, monkeypatch):
     monkeypatch.setattr(tokenizer_module, "CACHE_SIZE", 10)
     small = load_tokenizer(official)

@@ -45,3 +45,22 @@ def test_the_grouped_top_k_finds_each_rows_k_largest():
     x = np.random.default_rng(6).standard_normal((500, 256)).astype(np.float32)
     expected = np.sort(np.argsort(-x, axis=-1)[:, :5], axis=-1)
     assert np.array_equal(np.sort(top_k_grouped(x, 5), axis=-1), expected)
+
+
+@pytest.mark.parametrize("step", ["textbook", "tuned"])
+def test_a_topk_sae_of_one_number_has_no_auxk_loss(step):
+    # SAELens's k_aux = d_in // 2 dead latents: 0 for d_in 1, so nothing reconstructs the residual (nor divides by 0)
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((64, 1)).astype(np.float32)
+    params = {"W_enc": rng.standard_normal((1, 8)).astype(np.float32), "b_enc": np.zeros(8, np.float32),
+              "W_dec": rng.standard_normal((8, 1)).astype(np.float32), "b_dec": np.zeros(1, np.float32)}
+    dead = np.arange(8) >= 4
+    if step == "textbook":
+        losses, grads, _ = loss_and_grads(x, params, "topk", k=1, dead=dead)
+        alive_losses, alive_grads, _ = loss_and_grads(x, params, "topk", k=1)
+    else:
+        losses, grads, _ = topk_loss_and_grads(x, params, 1, dead)
+        alive_losses, alive_grads, _ = topk_loss_and_grads(x, params, 1)
+    assert losses == alive_losses and "aux" not in losses
+    for name in grads:
+        assert np.array_equal(grads[name], alive_grads[name]), name

@@ -1,5 +1,6 @@
 """SAELens's folders (gpt2_numpy/sae/files.py): one SAELens wrote loads and computes as SAELens does, one written here
 is byte for byte the one SAELens loaded, and the package loads them without torch."""
+import json
 import subprocess
 import sys
 
@@ -8,7 +9,7 @@ import pytest
 
 from gpt2_numpy.sae.files import load_sae, new_sae, save_sae
 from tests.conftest import REPO
-from tests.sae_helpers import SAE_FIXTURES, relative_error
+from tests.sae_helpers import SAE_FIXTURES, exact_params, relative_error
 
 
 ARCHITECTURES = ("standard", "topk", "jumprelu")
@@ -49,3 +50,24 @@ def test_the_package_exports_load_sae_and_imports_no_torch():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("hook, reshape", [("blocks.1.attn.z", "hook_z"), ("blocks.1.attn.q", "none"),
+                                           ("blocks.1.out", "none"), (None, "none")])
+def test_an_sae_at_attn_z_writes_sae_lens_reshape_of_hook_z(hook, reshape, tmp_path):
+    save_sae(new_sae({"architecture": "standard"}, exact_params(4), hook), tmp_path)
+    assert json.loads((tmp_path / "cfg.json").read_text())["reshape_activations"] == reshape
+
+
+def test_a_cfg_without_apply_b_dec_to_input_centres_the_input_as_sae_lens_does(tmp_path):
+    # SAELens's SAEConfig: apply_b_dec_to_input defaults to True
+    params = exact_params(4)
+    params["b_dec"] = np.array([1.0, -2.0, 3.0, 0.5], np.float32)
+    save_sae(new_sae({"architecture": "standard"}, params, "blocks.0.out"), tmp_path)
+    cfg = json.loads((tmp_path / "cfg.json").read_text())
+    del cfg["apply_b_dec_to_input"]
+    (tmp_path / "cfg.json").write_text(json.dumps(cfg))
+    x = np.array([[0.5, 0.5, 0.5, 0.5]], np.float32)
+    centred = x - params["b_dec"]
+    expected = np.concatenate([np.maximum(centred, 0), np.maximum(-centred, 0)], axis=1)
+    assert np.array_equal(load_sae(tmp_path).encode(x), expected)
