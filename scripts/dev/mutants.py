@@ -8,7 +8,7 @@ Every mutant must be caught. The test files that catch each part (the word befor
     model,fast,cores (default)  tests/unit/test_model.py tests/unit/test_fast.py tests/unit/test_cores.py
     backward                    tests/unit/test_fast_backward.py
     train,commands,optim,save   tests/cli/test_train_resume.py tests/cli/test_train_vocab.py tests/unit/test_optim.py
-                                tests/cli/test_commands.py
+    commands                    tests/cli/test_commands.py
     intervene                   tests/unit/test_edits.py
     download                    tests/unit/test_fetch.py tests/unit/test_loading.py tests/unit/test_locks.py
     sampling,decode,tokenizer   tests/unit/test_sampling.py tests/unit/test_decode.py tests/cli/test_tokenizer.py
