@@ -19,7 +19,7 @@ Every mutant must be caught. The test files that catch each part (the word befor
     sae                         tests/unit/sae/test_model.py tests/unit/sae/test_files.py tests/unit/test_names.py
     sae                         tests/unit/sae/test_features.py tests/cli/test_sae_latents.py
     sae                         tests/unit/sae/test_evaluation.py tests/cli/test_sae_commands.py
-    sae                         tests/unit/sae/test_page.py
+    sae                         tests/unit/sae/test_page.py tests/unit/sae/test_training.py
     paths                       tests/cli/test_common.py
 
 for example `python -m scripts.dev.mutants --only download tests/unit/test_fetch.py tests/unit/test_loading.py

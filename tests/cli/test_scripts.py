@@ -345,18 +345,3 @@ def test_a_mutant_that_breaks_importing_counts_as_caught(tmp_path):  # pytest's 
     shutil.copytree(REPO, copy, ignore=shutil.ignore_patterns(".git", "__pycache__", "weights"))
     (copy / "gpt2_numpy" / "sampling.py").write_text("x = (\n")
     assert caught_by(copy, ["tests/unit/test_sampling.py"]) == ["tests/unit/test_sampling.py"]
-
-
-def test_the_benchmark_shows_why_an_installed_sae_lens_does_not_import(monkeypatch):
-    from scripts.bench import sae as bench
-
-    def broken(data):
-        raise ImportError("No module named 'torch'")
-    monkeypatch.setattr(bench, "batches", lambda: [])
-    monkeypatch.setattr(bench, "our_measure", lambda data: lambda: 1.0)
-    monkeypatch.setattr(bench, "sae_lens_measure", broken)
-    monkeypatch.setattr(bench.importlib.util, "find_spec", lambda name: object() if name == "sae_lens" else None)
-    metric = bench.sae_rows(1)[0]["metric"]
-    assert "fails to import: No module named 'torch'" in metric and "pip install" not in metric
-    monkeypatch.setattr(bench.importlib.util, "find_spec", lambda name: None)
-    assert "pip install sae-lens" in bench.sae_rows(1)[0]["metric"]
