@@ -52,7 +52,7 @@ def at_array(seeds, edits, wanted, recorded, name, d):  # -> the gradient that g
     # d: the gradient reaching the array from the steps after it; the metric's own share is added where it reads it
     d = d + seeds[name] if name in seeds else d
     if name in wanted:
-        recorded[name] = d.astype(np.float32)
+        recorded[name] = d
     return held_fixed(d, [edit.head for edit in edits if edit.name == name])
 
 
@@ -121,5 +121,5 @@ def next_token_loss(ids):  # int [n_seq] -> metric: the mean cross-entropy of ea
     def metric(arrays):  # -> value, {"logits": d value / d logits}
         logits = arrays["logits"]  # [n_seq, n_vocab]: the last position predicts no token of ids
         loss, d_logits = cross_entropy(logits[:-1], np.asarray(ids)[1:])
-        return loss, {"logits": np.concatenate([d_logits, np.zeros_like(logits[-1:])]).astype(np.float32)}
+        return loss, {"logits": np.concatenate([d_logits, np.zeros_like(logits[-1:])]).astype(logits.dtype)}
     return metric

@@ -9,6 +9,7 @@ Every mutant must be caught. The test files that catch each part (the word befor
     backward                    tests/unit/test_fast_backward.py
     train,commands,optim,save   tests/cli/test_train_resume.py tests/cli/test_train_vocab.py tests/unit/test_optim.py
     intervene                   tests/unit/test_edits.py
+    gradients                   tests/unit/test_gradients.py
     download                    tests/unit/test_fetch.py tests/unit/test_loading.py tests/unit/test_locks.py
     sampling,decode,tokenizer   tests/unit/test_sampling.py tests/unit/test_decode.py tests/cli/test_tokenizer.py
     vocabulary,score,checkpoint  tests/unit/test_tokenizer.py tests/unit/test_checkpoint.py tests/unit/test_tracing.py
@@ -186,6 +187,29 @@ MUTANTS = [  # (what, file, text, replacement)
      'step("attn.z", weighted_sum(softmax(scores + causal_mask(len(x))), v))'),
     ("intervene: a patched resid_pre one layer late", "gpt2_numpy/interpret/edits.py",
      'return "embed" if layer == 0 else f"blocks.{layer - 1}.out"', 'return f"blocks.{layer}.out"'),
+    # caught by tests/unit/test_gradients.py
+    ("gradients: mid's gradient without the residual's share", "gpt2_numpy/interpret/gradients.py",
+     'd_out + layer_norm_backward(d_ln_2, steps["mid"], ln_2["g"])[0]', 'layer_norm_backward(d_ln_2, steps["mid"], '
+     'ln_2["g"])[0]'),
+    ("gradients: the last block's output skips ln_f's backward", "gpt2_numpy/interpret/gradients.py",
+     'layer_norm_backward(d_ln_f, arrays[f"blocks.{n_blocks - 1}.out"], params["ln_f"]["g"])[0]', "d_ln_f"),
+    ("gradients: the block's input through ln_2's gain", "gpt2_numpy/interpret/gradients.py",
+     'layer_norm_backward(d_ln_1, x, ln_1["g"])', 'layer_norm_backward(d_ln_1, x, ln_2["g"])'),
+    ("gradients: z's gradient reshaped, not split into heads", "gpt2_numpy/interpret/gradients.py",
+     'return split_heads(linear_backward(d_attn_out, merge_heads(z), c_proj["w"])[0], n_head)',
+     'return linear_backward(d_attn_out, merge_heads(z), c_proj["w"])[0].reshape(z.shape)'),
+    ("gradients: an edited array passes its gradient on", "gpt2_numpy/interpret/gradients.py",
+     "        return np.zeros_like(d)\n", "        return d\n"),
+    ("gradients: a head edit holds every head fixed", "gpt2_numpy/interpret/gradients.py",
+     "d[..., heads, :, :] = 0", "d[...] = 0"),
+    ("gradients: a metric's seed recorded but not carried back", "gpt2_numpy/interpret/gradients.py",
+     "return held_fixed(d, [", "return held_fixed(d - seeds.get(name, 0), ["),
+    ("gradients: the loss's targets are the inputs", "gpt2_numpy/interpret/gradients.py",
+     "np.asarray(ids)[1:]", "np.asarray(ids)[:-1]"),
+    ("gradients: d_k from the scores' gradient untransposed", "gpt2_numpy/backward.py",
+     "d_k = np.swapaxes(d_scores, -1, -2) @ q", "d_k = d_scores @ q"),
+    ("gradients: d_v from the weights untransposed", "gpt2_numpy/backward.py",
+     "np.swapaxes(weights, -1, -2) @ d_out  # out = weights v", "weights @ d_out  # out = weights v"),
     # caught by tests/unit/test_fast_backward.py and tests/unit/test_optim.py
     ("backward: GELU's slope at x = 0 taken as 0", "gpt2_numpy/fast_backward.py", "    out.fill(0.5)\n",
      "    out.fill(0.0)\n"),
