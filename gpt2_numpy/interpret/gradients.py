@@ -39,11 +39,16 @@ def gradients(ids, params, n_head, metric, names=None, edits=()):  # int [n_seq]
     """The metric's value on the run of ids with `edits` in place, and its gradient with respect to each array in
     `names` (trace's names; every array of the run when None), each of its array's shape and float32.
     ValueError, before anything runs, for a name the run does not make (and run_with_edits's for a bad edit)."""
-    made = run_names(len(params["blocks"]))
-    wanted = set(made if names is None else check_names(names, made))
-    arrays = run_with_edits(ids, params, n_head, edits)
+    check_names(names or [], run_names(len(params["blocks"])))
+    return run_gradients(run_with_edits(ids, params, n_head, edits), params, n_head, metric, names, edits)
+
+
+def run_gradients(arrays, params, n_head, metric, names=None, edits=()):  # {name: array} -> value, {name: gradient}
+    """gradients' backward pass alone, on a run that is made already: arrays, every array of run_with_edits(...,
+    edits) by name (attribution patching reads the run's arrays too)."""
     value, seeds = metric(arrays)
     recorded = {}
+    wanted = set(arrays if names is None else names)
     backward_walk(arrays, params, n_head, functools.partial(at_array, seeds, edits, wanted, recorded))
     return value, recorded
 

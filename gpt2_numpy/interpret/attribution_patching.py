@@ -1,0 +1,146 @@
+"""Attribution patching (Nanda 2023; edges: Syed et al. 2023; integrated gradients: Hanna et al. 2024): activation
+patching's effect of every component at once, estimated to first order from one clean run, one corrupt run and one
+backward pass (gradients.py's).
+
+    scores = attribution_patching(clean_ids, corrupt_ids, params, n_head, logit_difference(a, b), edges=True)
+    scores.nodes   # [n_writers, n_seq]: (a_clean - a_corrupt) · d metric / d a, on the corrupt run
+    scores.edges   # [n_writers, n_readers, n_seq]: a writer's change · the gradient at a reader's input
+
+The nodes and edges are TransformerLens 4's (transformer_lens.tools.analysis.attribution_patching), and so is the
+sign: the gradient is the corrupt run's, and a positive score says that moving the node from its corrupt value toward
+its clean one raises the metric (the denoising form). Writers are what adds to the residual stream: the embedding
+(`embed`), each head's output (`attn_head_out`, scored at its z) and each MLP's (`mlp_out`). Readers are what reads
+it: each head's query, key and value inputs (`q_input`, `k_input`, `v_input`: the stream before ln_1, as that head's
+projection alone reads it), each MLP's (`mlp_in`, before ln_2) and the logits (`logits`: the last block's output).
+An edge joins a writer to each reader after it at the same position; its score is the writer's clean-minus-corrupt
+write, through W_O for a head, dotted with the gradient at the reader's input. A writer's edges add up to its node
+score, since the stream at a position is the sum of the writes and its gradient the sum of its readers'.
+
+ig_steps=N > 1 is EAP-IG: the gradients averaged over N runs whose embedding goes from the corrupt one toward the
+clean one, at corrupt + k/N (clean - corrupt) for k = 0..N-1 (so N = 1 is plain attribution patching). The embedding
+nodes' scores then add up, over positions, to the metric's clean-minus-corrupt change as N grows.
+"""
+from typing import NamedTuple, Optional
+
+import numpy as np
+
+from gpt2_numpy.backward import layer_norm_backward
+from gpt2_numpy.interpret.edits import resid_pre, run_with_edits
+from gpt2_numpy.interpret.gradients import run_gradients
+
+
+class Node(NamedTuple):  # TransformerLens's Node(kind, position, layer, head), None where a field does not apply
+    kind: str  # a writer ("embed", "attn_head_out", "mlp_out") or a reader ("q_input", "k_input", "v_input",
+    layer: Optional[int] = None  # "mlp_in", "logits")
+    head: Optional[int] = None
+
+
+class AttributionScores(NamedTuple):
+    writers: list  # [Node]: the rows of nodes and edges
+    readers: list  # [Node]: the columns of edges
+    nodes: np.ndarray  # [n_writers, n_seq]: each writer's score at each position
+    edges: Optional[np.ndarray]  # [n_writers, n_readers, n_seq], 0 where no edge joins them; None unless asked for
+    clean: float  # the metric on the clean run
+    corrupt: float  # and on the corrupt one
+
+
+def writer_nodes(n_layer, n_head):  # -> [Node]: the embedding, then each layer's heads and MLP
+    layers = [[Node("attn_head_out", layer, head) for head in range(n_head)] + [Node("mlp_out", layer)]
+              for layer in range(n_layer)]
+    return [Node("embed")] + [node for layer in layers for node in layer]
+
+
+def reader_nodes(n_layer, n_head):  # -> [Node]: each layer's heads' q, k, v inputs and its MLP's, then the logits
+    layers = [[Node(kind, layer, head) for kind in ("q_input", "k_input", "v_input") for head in range(n_head)]
+              + [Node("mlp_in", layer)] for layer in range(n_layer)]
+    return [node for layer in layers for node in layer] + [Node("logits", n_layer - 1)]
+
+
+def stage(node):  # -> when a node writes or reads along the stream: a reader reads the writers of earlier stages
+    if node.kind in ("embed", "logits"):
+        return 0 if node.kind == "embed" else float("inf")
+    return 2 * node.layer + (2 if node.kind in ("mlp_out", "mlp_in") else 1)
+
+
+def edge_mask(writers, readers):  # -> bool [n_writers, n_readers]: where an edge joins them
+    return np.array([[stage(writer) < stage(reader) for reader in readers] for writer in writers])
+
+
+def attribution_patching(clean_ids, corrupt_ids, params, n_head, metric, edges=False, ig_steps=1):
+    """Every writer's attribution-patching score at each position (and, with edges=True, every edge's), for the
+    metric of gradients.py (logit_difference(a, b) is TransformerLens's and --patch's). clean_ids and corrupt_ids are
+    prompts of the same length. ValueError for prompts of different lengths or ig_steps < 1."""
+    if len(clean_ids) != len(corrupt_ids):
+        raise ValueError(f"the clean prompt has {len(clean_ids)} tokens and the corrupt one {len(corrupt_ids)}: "
+                         "attribution patching compares them position by position")
+    if isinstance(ig_steps, bool) or not isinstance(ig_steps, (int, np.integer)) or ig_steps < 1:
+        raise ValueError(f"ig_steps={ig_steps!r}: a whole number of steps, 1 or more")
+    n_layer = len(params["blocks"])
+    clean, corrupt = (run_with_edits(ids, params, n_head, []) for ids in (clean_ids, corrupt_ids))
+    writers, readers = writer_nodes(n_layer, n_head), reader_nodes(n_layer, n_head)
+    grads, reader_grads = mean_gradients(clean, corrupt, params, n_head, metric, edges, ig_steps)
+    nodes = np.stack([np.sum((a - b) * g, axis=-1) for a, b, g in  # (a_clean - a_corrupt) · g, at each position
+                      zip(*(node_values(arrays, n_layer) for arrays in (clean, corrupt, grads)))])
+    edge_scores = None
+    if edges:  # [n_writers, n_seq, n_embd] · [n_readers, n_seq, n_embd], at each position
+        writes = writer_writes(clean, params, n_head) - writer_writes(corrupt, params, n_head)
+        edge_scores = np.einsum("wpe,rpe->wrp", writes, reader_grads) * edge_mask(writers, readers)[..., None]
+    return AttributionScores(writers, readers, nodes, edge_scores, metric(clean)[0], metric(corrupt)[0])
+
+
+def mean_gradients(clean, corrupt, params, n_head, metric, edges, ig_steps):  # -> {name: gradient}, readers' or None
+    # the gradients at the writers' arrays (and at the readers' inputs) on the corrupt run, or their mean over the
+    # runs whose embedding goes from the corrupt one toward the clean one (EAP-IG)
+    n_layer = len(params["blocks"])
+    names = ["embed"] + [f"blocks.{layer}.{step}" for layer in range(n_layer) for step in ("attn.z", "mlp.out")]
+    if edges:
+        names += [f"blocks.{layer}.{step}" for layer in range(n_layer) for step in ("attn.q", "attn.k", "attn.v",
+                                                                                     "ln_2")]
+        names.append(f"blocks.{n_layer - 1}.out")  # the logits' reader: the stream ln_f reads
+    total, total_readers = {}, 0
+    for step in range(ig_steps):
+        run = corrupt if step == 0 else interpolated(corrupt, clean, step / ig_steps, params, n_head)
+        _, grads = run_gradients(run, params, n_head, metric, names)
+        total = {name: total.get(name, 0) + grad for name, grad in grads.items()}
+        if edges:
+            total_readers = total_readers + reader_gradients(run, grads, params, n_head)
+    return ({name: grad / ig_steps for name, grad in total.items()},
+            total_readers / ig_steps if edges else None)
+
+
+def interpolated(corrupt, clean, alpha, params, n_head):  # -> the run whose embedding is corrupt's moved alpha of the
+    # way to clean's: every array after it computed from there
+    embed = corrupt["embed"] + alpha * (clean["embed"] - corrupt["embed"])
+    return {"embed": embed, **run_with_edits(embed, params, n_head, [], start_at_layer=0)}
+
+
+def node_values(arrays, n_layer):  # -> [writer's array [n_seq, width]], in writer_nodes's order
+    values = [arrays["embed"]]
+    for layer in range(n_layer):
+        values += list(arrays[f"blocks.{layer}.attn.z"])  # each head's z [n_seq, d_head]: TransformerLens's hook_z
+        values.append(arrays[f"blocks.{layer}.mlp.out"])
+    return values
+
+
+def writer_writes(arrays, params, n_head):  # -> [n_writers, n_seq, n_embd]: what each writer adds to the stream
+    writes = [arrays["embed"][None]]
+    for layer, block in enumerate(params["blocks"]):
+        w_o = block["attn"]["c_proj"]["w"]  # [n_embd, n_embd]: head h's z reads rows h d_head .. (h + 1) d_head
+        writes.append(arrays[f"blocks.{layer}.attn.z"] @ w_o.reshape(n_head, -1, w_o.shape[-1]))  # [n_head, ..]
+        writes.append(arrays[f"blocks.{layer}.mlp.out"][None])
+    return np.concatenate(writes)
+
+
+def reader_gradients(run, grads, params, n_head):  # -> [n_readers, n_seq, n_embd]: the gradient at each reader's input
+    readers = []
+    for layer, block in enumerate(params["blocks"]):
+        w = block["attn"]["c_attn"]["w"]  # [n_embd, 3 n_embd]: q, k, v's columns, each head's d_head of them
+        w_heads = np.moveaxis(w.reshape(w.shape[0], 3, n_head, -1), 0, -1)  # [3, n_head, d_head, n_embd]
+        d_heads = np.stack([grads[f"blocks.{layer}.attn.{kind}"] for kind in "qkv"])  # [3, n_head, n_seq, d_head]
+        # each head's q, k or v alone back through ln_1: the stream's gradient along that one reader
+        d_inputs = layer_norm_backward(d_heads @ w_heads, run[resid_pre(layer)], block["ln_1"]["g"])[0]
+        readers += [*d_inputs.reshape(-1, *d_inputs.shape[-2:]),
+                    layer_norm_backward(grads[f"blocks.{layer}.ln_2"], run[f"blocks.{layer}.mid"],
+                                        block["ln_2"]["g"])[0]]
+    readers.append(grads[f"blocks.{len(params['blocks']) - 1}.out"])
+    return np.stack(readers)
