@@ -25,7 +25,7 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 from gpt2_numpy.backward import layer_norm_backward
-from gpt2_numpy.interpret.edits import resid_pre, run_with_edits
+from gpt2_numpy.interpret.edits import Edit, resid_pre, run_with_edits
 from gpt2_numpy.interpret.gradients import run_gradients
 
 
@@ -88,6 +88,27 @@ def attribution_patching(clean_ids, corrupt_ids, params, n_head, metric, edges=F
     return AttributionScores(writers, readers, nodes, edge_scores, metric(clean)[0], metric(corrupt)[0])
 
 
+def patching_effects(clean_ids, corrupt_ids, params, n_head, metric):  # -> [n_writers]: activation patching's
+    """The true effect that each writer's score estimates, summed over positions: the metric of the corrupt run with
+    the writer's array (embed, a head's z, an MLP's output) copied from the clean run at every position, less the
+    corrupt run's. One forward pass per writer."""
+    clean = run_with_edits(clean_ids, params, n_head, [])
+    corrupt = metric(run_with_edits(corrupt_ids, params, n_head, [], names=["logits"]))[0]
+    effects = []
+    for name, head in writer_arrays(len(params["blocks"]), n_head):
+        value = clean[name] if head is None else clean[name][head]
+        patched = run_with_edits(corrupt_ids, params, n_head, [Edit(name, lambda _, value=value: value, head)],
+                                 names=["logits"])
+        effects.append(metric(patched)[0] - corrupt)
+    return np.array(effects)
+
+
+def writer_arrays(n_layer, n_head):  # -> [(trace name, head or None)]: each writer's array, in writer_nodes's order
+    return [("embed", None) if node.kind == "embed" else
+            (f"blocks.{node.layer}.attn.z", node.head) if node.kind == "attn_head_out" else
+            (f"blocks.{node.layer}.mlp.out", None) for node in writer_nodes(n_layer, n_head)]
+
+
 def mean_gradients(clean, corrupt, params, n_head, metric, edges, ig_steps):  # -> {name: gradient}, readers' or None
     # the gradients at the writers' arrays (and at the readers' inputs) on the corrupt run, or their mean over the
     # runs whose embedding goes from the corrupt one toward the clean one (EAP-IG)
@@ -144,3 +165,57 @@ def reader_gradients(run, grads, params, n_head):  # -> [n_readers, n_seq, n_emb
                                         block["ln_2"]["g"])[0]]
     readers.append(grads[f"blocks.{len(params['blocks']) - 1}.out"])
     return np.stack(readers)
+
+
+# --- What explain --attribution-patching prints ---
+
+TOP_EDGES = 20  # the table's strongest edges; --json has every one
+
+
+def node_label(node):  # -> "embed", "L1 H2", "L1 MLP", "L1 H2 q", "L1 MLP in", "logits": a table's name of a node
+    if node.kind in ("embed", "logits"):
+        return node.kind
+    suffix = {"mlp_in": " in", "q_input": " q", "k_input": " k", "v_input": " v"}.get(node.kind, "")
+    return f"L{node.layer} " + ("MLP" if node.head is None else f"H{node.head}") + suffix
+
+
+def attribution_patching_table(scores, effects, answers, label, ig_steps, clean_ids):  # -> the text explain prints
+    """effects: patching_effects's, each writer's true effect over all positions, beside its score."""
+    a, b = (label(answer) for answer in answers)
+    method = f"EAP-IG, {ig_steps} steps" if ig_steps > 1 else "one gradient, on the corrupt run"
+    lines = [f"Attribution patching ({method}): metric logit({a}) - logit({b}) at the last position:",
+             f"clean {scores.clean:.4f}, corrupt {scores.corrupt:.4f}",
+             "score: (clean - corrupt activation) · the metric's gradient on the corrupt run, the first-order estimate "
+             "of how", "much copying a node's clean value into the corrupt run raises the metric (TransformerLens's "
+             "sign); patched: what", "that copy, at every position, really does", "",
+             f"{'node':<10}{'score':>10}{'patched':>10}   {'the strongest position':>22}"]
+    for node, row, effect in zip(scores.writers, scores.nodes, effects):
+        lines.append(f"{node_label(node):<10}{row.sum():10.4f}{effect:10.4f}   {position_cells(row, label, clean_ids)}")
+    if scores.edges is not None:
+        lines += ["", f"The {TOP_EDGES} strongest edges (writer -> reader, at a position):"]
+        strongest = np.argsort(-np.abs(scores.edges), axis=None, kind="stable")[:TOP_EDGES]
+        for writer, reader, position in zip(*np.unravel_index(strongest, scores.edges.shape)):
+            edge = f"{node_label(scores.writers[writer])} -> {node_label(scores.readers[reader])}"
+            lines.append(f"{edge:<24}" + position_cells(scores.edges[writer, reader], label, clean_ids, position))
+    return "\n".join(lines) + "\n"
+
+
+def position_cells(row, label, clean_ids, position=None):  # -> "  5 'J'        -0.5738": a position and its score
+    position = int(np.argmax(np.abs(row))) if position is None else position  # the strongest, unless given
+    return f"{position:>4} {label(clean_ids[position]):<12}{row[position]:10.4f}"
+
+
+def attribution_patching_json(scores):  # -> {"clean", "corrupt", "nodes": [...], "edges": [...]}, JSON-ready
+    n_seq = scores.nodes.shape[-1]
+    nodes = [{**node_json(node, position), "score": float(row[position] if position is not None else row.sum())}
+             for node, row in zip(scores.writers, scores.nodes) for position in [*range(n_seq), None]]
+    edges = [] if scores.edges is None else [
+        {"writer": node_json(scores.writers[writer], position), "reader": node_json(scores.readers[reader], position),
+         "score": float(scores.edges[writer, reader, position])}
+        for writer, reader in zip(*np.nonzero(edge_mask(scores.writers, scores.readers))) for position in range(n_seq)]
+    return {"clean": scores.clean, "corrupt": scores.corrupt, "nodes": nodes, "edges": edges}
+
+
+def node_json(node, position):  # -> {"kind", "layer", "head", "position"}: null where a field does not apply
+    return {"kind": node.kind, "layer": node.layer, "head": node.head,
+            "position": None if position is None else int(position)}

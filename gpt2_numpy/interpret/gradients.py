@@ -30,6 +30,7 @@ from gpt2_numpy.backward import (
     softmax_backward,
     weighted_sum_backward,
 )
+from gpt2_numpy.interpret.attribution import check_answers
 from gpt2_numpy.interpret.edits import check_names, run_with_edits
 from gpt2_numpy.interpret.tracing import run_names
 from gpt2_numpy.model import merge_heads, split_heads
@@ -116,6 +117,7 @@ def logit_difference(answer, other, position=-1):  # -> metric: logit(answer) - 
     token `answer` than token `other` at `position` (the last by default)."""
     def metric(arrays):  # -> value, {"logits": d value / d logits}
         logits = arrays["logits"]  # [n_seq, n_vocab]
+        check_answers((answer, other), logits.shape[-1])  # a ValueError that names the token, not NumPy's
         d_logits = np.zeros_like(logits)
         d_logits[position, answer], d_logits[position, other] = 1, -1
         return float(logits[position, answer] - logits[position, other]), {"logits": d_logits}

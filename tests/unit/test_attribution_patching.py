@@ -3,6 +3,7 @@
 loaded by TransformerLens's TransformerBridge; node and edge granularity), in the library and through `explain
 --attribution-patching --json`; EAP-IG against the completeness of integrated gradients; the bad inputs."""
 import json
+import re
 import subprocess
 import sys
 
@@ -11,8 +12,11 @@ import pytest
 
 from gpt2_numpy import load_model
 from gpt2_numpy.commands import explain as explain_cli
-from gpt2_numpy.interpret.attribution_patching import attribution_patching, edge_mask, reader_nodes, writer_nodes
+from gpt2_numpy.interpret.attribution_patching import (
+    attribution_patching, edge_mask, patching_effects, reader_nodes, writer_nodes,
+)
 from gpt2_numpy.interpret.gradients import logit_difference
+from gpt2_numpy.interpret.patching import patching
 from tests.conftest import FIXTURES, REPO, assert_one_error_line
 
 RTOL = 1e-4  # relative to TransformerLens's number, as the issue asks
@@ -123,28 +127,50 @@ def test_explain_json_is_transformer_lens(capsys, name):
     close(edges, arrays[f"{name}/edges"])
 
 
-def test_explain_table_names_the_strongest_nodes(capsys):
-    arrays, _ = reference("one_layer")
-    clean, corrupt, answer, other = json.loads(str(arrays["one_layer/texts"]))
-    assert explain_cli.run(["--model", str(FIXTURES / "intervene_one_layer"), clean, "--attribution-patching",
-                            corrupt, "--answer", answer, other, "--edges", "--ig-steps", "2"]) == 0
+def test_explain_table_shows_each_node_s_score_beside_its_patched_effect(capsys):
+    arrays, (hparams, params, _) = reference("three_heads")
+    clean, corrupt, answer, other = json.loads(str(arrays["three_heads/texts"]))
+    assert explain_cli.run(["--model", str(FIXTURES / "intervene_three_heads"), clean, "--attribution-patching",
+                            corrupt, "--answer", answer, other, "--edges"]) == 0
     table = capsys.readouterr().out
-    assert "attribution patching" in table and "EAP-IG, 2 steps" in table and "L0 H" in table and "->" in table
+    rows = {line[:10].strip(): (float(line[10:20]), float(line[20:30])) for line in table.splitlines()
+            if line.startswith(("embed ", "L0 ", "L1 ")) and "->" not in line}
+    labels = ["embed", "L0 H0", "L0 H1", "L0 H2", "L0 MLP", "L1 H0", "L1 H1", "L1 H2", "L1 MLP"]
+    assert list(rows) == labels
+    for label, node in zip(labels, arrays["three_heads/nodes"]):
+        assert rows[label][0] == pytest.approx(node.sum(), abs=6e-5), label  # TransformerLens's, to 4 decimals
+    # copying the embedding at every position makes the clean run: its patched effect is the whole gap
+    clean_metric, corrupt_metric = map(float, re.search(r"clean (\S+), corrupt (\S+)", table).groups())
+    assert rows["embed"][1] == pytest.approx(clean_metric - corrupt_metric, abs=1e-4)
+    assert abs(clean_metric - corrupt_metric) > 0.1
+    edge_rows = table.split("The 20 strongest edges (writer -> reader, at a position):\n")[1].splitlines()
+    strongest = arrays["three_heads/edges"].flat[np.abs(arrays["three_heads/edges"]).argmax()]
+    assert len(edge_rows) == 20 and float(edge_rows[0].split()[-1]) == pytest.approx(strongest, abs=6e-5)
+
+
+def test_patched_effects_of_heads_are_activation_patching_s():
+    arrays, (hparams, params, _) = reference("four_heads")
+    clean_ids, corrupt_ids, answers = (arrays[f"four_heads/{key}"] for key in ("clean_ids", "corrupt_ids", "answers"))
+    effects = patching_effects(clean_ids, corrupt_ids, params, hparams["n_head"], logit_difference(*answers))
+    patched = patching(clean_ids, corrupt_ids, params, hparams["n_head"], answers)  # checked against TransformerLens
+    heads = np.array([effect for node, effect in zip(writer_nodes(3, 4), effects) if node.kind == "attn_head_out"])
+    np.testing.assert_allclose(heads, patched["heads"].ravel() * (patched["clean"] - patched["corrupt"]), atol=1e-5)
+    assert effects[0] == pytest.approx(patched["clean"] - patched["corrupt"], abs=1e-5)
 
 
 @pytest.mark.parametrize("argv, message", [
     (["--attribution-patching", "abcab"], "--attribution-patching needs --answer A B"),
     (["--edges"], "--edges belongs to --attribution-patching"),
     (["--ig-steps", "3"], "--ig-steps belongs to --attribution-patching"),
-    (["--attribution-patching", "abcabd", "--answer", "c", "d"], "the --attribution-patching prompt is 6 tokens"),
+    (["--attribution-patching", "abcabd", "--answer", "c", "d"], "but the --attribution-patching prompt 6 tokens"),
     (["--attribution-patching", "abcab", "--answer", "c", "d", "--ig-steps", "0"], "--ig-steps"),
     (["--attribution-patching", "abcab", "--patch", "abcab", "--answer", "c", "d"], "one corrupt prompt"),
 ])
 def test_bad_flags_get_one_error_line(capsys, argv, message):
-    with pytest.raises(SystemExit) as exit_info:
+    with pytest.raises(SystemExit) as exit_info:  # in this process: explain's main, as the command runs it
         explain_cli.main(["--model", str(FIXTURES / "intervene_one_layer"), "abcab", *argv])
-    assert exit_info.value.code == 2
-    assert_one_error_line(capsys.readouterr().err, message)
+    output = capsys.readouterr()
+    assert_one_error_line(subprocess.CompletedProcess([], exit_info.value.code, output.out, output.err), message)
 
 
 @pytest.mark.slow  # a Python of its own
