@@ -10,6 +10,7 @@ Every mutant must be caught. The test files that catch each part (the word befor
     train,commands,optim,save   tests/cli/test_train_resume.py tests/cli/test_train_vocab.py tests/unit/test_optim.py
     intervene                   tests/unit/test_edits.py
     gradients                   tests/unit/test_gradients.py
+    "attribution patching"      tests/unit/test_attribution_patching.py
     download                    tests/unit/test_fetch.py tests/unit/test_loading.py tests/unit/test_locks.py
     sampling,decode,tokenizer   tests/unit/test_sampling.py tests/unit/test_decode.py tests/cli/test_tokenizer.py
     vocabulary,score,checkpoint  tests/unit/test_tokenizer.py tests/unit/test_checkpoint.py tests/unit/test_tracing.py
@@ -34,6 +35,7 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+PATCHING_GRADIENTS = "gpt2_numpy/interpret/attribution_patching.py"
 MUTANTS = [  # (what, file, text, replacement)
     ("model: scores / d, not / √d", "gpt2_numpy/model.py", "/ math.sqrt(q.shape[-1])", "/ q.shape[-1]"),
     ("model: softmax without the max shift", "gpt2_numpy/model.py",
@@ -210,6 +212,26 @@ MUTANTS = [  # (what, file, text, replacement)
      "d_k = np.swapaxes(d_scores, -1, -2) @ q", "d_k = d_scores @ q"),
     ("gradients: d_v from the weights untransposed", "gpt2_numpy/backward.py",
      "np.swapaxes(weights, -1, -2) @ d_out  # out = weights v", "weights @ d_out  # out = weights v"),
+    # caught by tests/unit/test_attribution_patching.py
+    ("attribution patching: clean minus corrupt the wrong way round", PATCHING_GRADIENTS,
+     "for arrays in (clean, corrupt, grads)", "for arrays in (corrupt, clean, grads)"),
+    ("attribution patching: the gradient of the clean run", PATCHING_GRADIENTS, "run = corrupt if step == 0 else",
+     "run = clean if step == 0 else"),
+    ("attribution patching: EAP-IG's points at k + 1 of N, not k", PATCHING_GRADIENTS, "step / ig_steps, params",
+     "(step + 1) / ig_steps, params"),
+    ("attribution patching: a head's edges into its own layer's q, k, v", PATCHING_GRADIENTS,
+     "return np.array([[stage(writer) < stage(reader)", "return np.array([[stage(writer) <= stage(reader)"),
+    ("attribution patching: q, k, v's readers back through ln_2's gain", PATCHING_GRADIENTS,
+     'd_heads @ w_heads, run[resid_pre(layer)], block["ln_1"]["g"]',
+     'd_heads @ w_heads, run[resid_pre(layer)], block["ln_2"]["g"]'),
+    ("attribution patching: a head's write through W_O transposed", PATCHING_GRADIENTS,
+     "@ w_o.reshape(n_head, -1, w_o.shape[-1])", "@ w_o.T.reshape(n_head, -1, w_o.shape[-1])"),
+    ("attribution patching: the readers' q and k swapped", PATCHING_GRADIENTS,
+     'attn.{kind}"] for kind in "qkv"', 'attn.{kind}"] for kind in "kqv"'),
+    ("attribution patching: JSON's sum over positions is the last position", PATCHING_GRADIENTS,
+     "if position is not None else row.sum()", "if position is not None else row[-1]"),
+    ("attribution patching: a patched effect not less the corrupt run's metric", PATCHING_GRADIENTS,
+     "effects.append(metric(patched)[0] - corrupt)", "effects.append(metric(patched)[0])"),
     # caught by tests/unit/test_fast_backward.py and tests/unit/test_optim.py
     ("backward: GELU's slope at x = 0 taken as 0", "gpt2_numpy/fast_backward.py", "    out.fill(0.5)\n",
      "    out.fill(0.0)\n"),

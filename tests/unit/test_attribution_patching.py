@@ -15,7 +15,8 @@ from gpt2_numpy.commands import explain as explain_cli
 from gpt2_numpy.interpret.attribution_patching import (
     attribution_patching, edge_mask, patching_effects, reader_nodes, writer_nodes,
 )
-from gpt2_numpy.interpret.gradients import logit_difference
+from gpt2_numpy.interpret.edits import Edit, run_with_edits
+from gpt2_numpy.interpret.gradients import gradients, logit_difference
 from gpt2_numpy.interpret.patching import patching
 from tests.conftest import FIXTURES, REPO, assert_one_error_line
 
@@ -70,6 +71,21 @@ def test_one_ig_step_is_plain_attribution_patching_and_more_approach_the_gap():
     errors = [abs(library_scores("one_layer", ig_steps=steps)[1].nodes[0].sum() - gap) for steps in (1, 16, 256)]
     assert errors[0] > abs(gap) and errors[1] < errors[0] / 8 and errors[2] < errors[1] / 8, errors
     assert errors[2] < 0.02 * abs(gap)
+
+
+def test_two_ig_steps_average_the_corrupt_run_s_gradient_and_the_halfway_run_s():
+    arrays, (hparams, params, _) = reference("three_heads")
+    clean_ids, corrupt_ids, answers = (arrays[f"three_heads/{key}"] for key in ("clean_ids", "corrupt_ids", "answers"))
+    n_head, metric = hparams["n_head"], logit_difference(*answers)
+    clean, corrupt = (run_with_edits(ids, params, n_head, []) for ids in (clean_ids, corrupt_ids))
+    halfway = Edit("embed", lambda embed: (embed + clean["embed"]) / 2)
+    names = ["embed", "blocks.1.attn.z", "blocks.0.mlp.out"]
+    plain, half = (gradients(corrupt_ids, params, n_head, metric, names, edits)[1] for edits in ([], [halfway]))
+    scores = attribution_patching(clean_ids, corrupt_ids, params, n_head, metric, ig_steps=2).nodes
+    for row, name, head in [(0, "embed", None), (6, "blocks.1.attn.z", 1), (4, "blocks.0.mlp.out", None)]:
+        delta, g_plain, g_half = ((array if head is None else array[head]) for array in (
+            clean[name] - corrupt[name], plain[name], half[name]))
+        close(scores[row], np.sum(delta * (g_plain + g_half) / 2, axis=-1))
 
 
 def test_ig_edges_add_up_to_ig_nodes():
