@@ -190,7 +190,7 @@ def test_bad_flags_get_one_error_line(capsys, argv, message):
 
 
 @pytest.mark.slow  # a Python of its own
-def test_the_modules_import_no_torch():
+def test_the_modules_import_no_torch():  # attribution_patching.py and gradients.py, which it runs
     code = ("import sys, numpy as np; from gpt2_numpy.params import random_params; "
             "from gpt2_numpy.interpret.attribution_patching import attribution_patching; "
             "from gpt2_numpy.interpret.gradients import logit_difference; "

@@ -1,9 +1,8 @@
 """Gradients of any named activation (interpret/gradients.py) against torch autograd through Hugging Face's
 GPT2LMHeadModel (scripts/fixtures/make_activation_grad_reference.py: float64, at every trace name, on models of three
-shapes, for a logit difference, the next-token loss and a run with edits), and against finite differences and math."""
+shapes, for a logit difference, the next-token loss and a run with edits), and against finite differences and math.
+That gradients.py imports no torch is checked with attribution patching's (tests/unit/test_attribution_patching.py)."""
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -12,7 +11,7 @@ from gpt2_numpy.interpret.edits import Edit, run_with_edits
 from gpt2_numpy.interpret.gradients import gradients, logit_difference, next_token_loss
 from gpt2_numpy.interpret.tracing import run_names
 from gpt2_numpy.params import random_params
-from tests.conftest import FIXTURES, REPO
+from tests.conftest import FIXTURES
 
 RTOL = 1e-5  # the issue's tolerance
 REFERENCE = FIXTURES / "reference_activation_grads.npz"
@@ -114,15 +113,3 @@ def test_a_metric_of_an_earlier_array_is_carried_back_from_where_it_reads():
     for name, index in [("embed", (1, 4)), ("embed", (2, 0)), ("blocks.0.attn.k", (2, 1, 3))]:
         expected = finite_difference(ids, params, hparams["n_head"], metric, name, index)
         assert grads[name][index] == pytest.approx(expected, rel=1e-6, abs=1e-9)
-
-
-@pytest.mark.slow  # a Python of its own
-def test_the_module_imports_no_torch():
-    code = ("import sys, numpy as np; from gpt2_numpy.params import random_params; "
-            "from gpt2_numpy.interpret.gradients import gradients, logit_difference; "
-            "hp = dict(n_vocab=8, n_ctx=4, n_embd=4, n_head=2, n_layer=1); "
-            "gradients(np.array([1, 2, 3]), random_params(hp, 0), 2, logit_difference(1, 2)); "
-            "print(sorted(name for name in ('torch', 'transformers', 'transformer_lens') if name in sys.modules))")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "[]"
