@@ -34,7 +34,8 @@ from gpt2_numpy.loading import is_ready, prompt_ids
 from gpt2_numpy.interpret.ablation import ABLATIONS, REFERENCE_TOKENS, ablation, reference_windows
 from gpt2_numpy.interpret.attribution import attribution
 from gpt2_numpy.interpret.attribution_patching import (
-    attribution_patching, attribution_patching_json, attribution_patching_table, patching_effects,
+    attribution_patching, attribution_patching_json, attribution_patching_table, faithfulness_of_strongest,
+    patching_effects,
 )
 from gpt2_numpy.interpret.gradients import logit_difference
 from gpt2_numpy.interpret.heads import head_scores, repeat_length, repeated_tokens, repetition_problem
@@ -400,7 +401,13 @@ def attribution_patched(request):  # -> attribution_patching's scores, and for t
     scores = attribution_patching(request.ids, request.corrupt_ids, request.params, n_head, metric, args.edges,
                                   args.ig_steps or 1)
     effects = None if args.json else patching_effects(request.ids, request.corrupt_ids, request.params, n_head, metric)
-    return scores, effects
+    try:
+        faithful = faithfulness_of_strongest(request.ids, request.corrupt_ids, request.params, n_head, metric,
+                                             scores) if args.edges else []
+    except NothingToRecover as error:  # no gap to recover: the scores stand, the fractions do not
+        log(f"note: no faithfulness: {error}")
+        faithful = []
+    return scores, effects, faithful
 
 
 def sae_latents(request):  # -> --sae's result: each position's strongest latents, or the edits' effect
@@ -450,11 +457,13 @@ def patching_data(request, result):
 
 
 def attribution_patching_text(request, result):
-    return attribution_patching_table(*result, request.answers, request.label, request.args.ig_steps or 1, request.ids)
+    return attribution_patching_table(*result, request.answers, request.label, request.args.ig_steps or 1,
+                                      request.ids)
 
 
 def attribution_patching_data(request, result):
-    return attribution_patching_json(result[0])
+    scores, _, faithful = result
+    return attribution_patching_json(scores, faithful)
 
 
 MODES = {  # name (its flag, --NAME) -> Mode, in the order they print; each but the walkthrough has --json

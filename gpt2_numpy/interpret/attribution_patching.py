@@ -25,8 +25,14 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 from gpt2_numpy.backward import layer_norm_backward
+from gpt2_numpy.errors import NothingToRecover
 from gpt2_numpy.interpret.edits import Edit, resid_pre, run_with_edits
 from gpt2_numpy.interpret.gradients import run_gradients
+from gpt2_numpy.interpret.tracing import embedding, unembedding
+from gpt2_numpy.model import attention, causal_mask, ffn, layer_norm, linear, merge_heads
+
+
+FAITHFUL_EDGES = (10, 100, 1000)  # the circuits whose faithfulness explain reports: the k strongest edges
 
 
 class Node(NamedTuple):  # TransformerLens's Node(kind, position, layer, head), None where a field does not apply
@@ -109,6 +115,73 @@ def writer_arrays(n_layer, n_head):  # -> [(trace name, head or None)]: each wri
             (f"blocks.{node.layer}.mlp.out", None) for node in writer_nodes(n_layer, n_head)]
 
 
+def faithfulness(clean_ids, corrupt_ids, params, n_head, metric, kept):  # -> fraction of the gap recovered
+    """TransformerLens's faithfulness check, its corrupt ablation: the clean run with every edge outside the circuit
+    `kept` (bool [n_writers, n_readers, n_seq], as AttributionScores.edges) ablated, each reader then reading the
+    corrupt run's write of that writer in place of the live one; (m_ablated - m_corrupt) / (m_clean - m_corrupt): 1
+    when the circuit alone carries the clean behaviour, 0 when it carries none of it. NothingToRecover when the two
+    runs give the metric one value."""
+    n_layer = len(params["blocks"])
+    excluded = edge_mask(writer_nodes(n_layer, n_head), reader_nodes(n_layer, n_head))[..., None] & ~kept
+    clean, corrupt = (run_with_edits(ids, params, n_head, [], names=["logits"]) for ids in (clean_ids, corrupt_ids))
+    corrupt_writes = writer_writes(run_with_edits(corrupt_ids, params, n_head, []), params, n_head)
+    ablated = {"logits": ablated_logits(clean_ids, params, n_head, excluded, corrupt_writes)}
+    m_clean, m_corrupt, m_ablated = (metric(arrays)[0] for arrays in (clean, corrupt, ablated))
+    if m_clean == m_corrupt:  # every fraction would be 0 / 0
+        raise NothingToRecover(m_clean)
+    return (m_ablated - m_corrupt) / (m_clean - m_corrupt)
+
+
+def faithfulness_of_strongest(clean_ids, corrupt_ids, params, n_head, metric, scores):  # -> [(k, recovered)]
+    """faithfulness of the circuits of the k strongest edges, for each k of FAITHFUL_EDGES below the edges' count."""
+    n_edges = edge_mask(scores.writers, scores.readers).sum() * scores.edges.shape[-1]
+    return [(k, faithfulness(clean_ids, corrupt_ids, params, n_head, metric, strongest_edges(scores, k)))
+            for k in FAITHFUL_EDGES if k < n_edges]
+
+
+def strongest_edges(scores, k):  # -> bool [n_writers, n_readers, n_seq]: the k edges of largest |score|
+    # in TransformerLens's order where they tie (top_edges's stable sort): by position, then reader, then writer
+    edges = np.moveaxis(scores.edges, -1, 0).transpose(0, 2, 1)  # [n_seq, n_readers, n_writers]
+    valid = np.broadcast_to(edge_mask(scores.writers, scores.readers).T, edges.shape).ravel()
+    order = np.flatnonzero(valid)[np.argsort(-np.abs(edges.ravel()[valid]), kind="stable")[:k]]
+    kept = np.zeros(edges.size, bool)
+    kept[order] = True
+    return np.moveaxis(kept.reshape(edges.shape).transpose(0, 2, 1), 0, -1)
+
+
+def ablated_logits(ids, params, n_head, excluded, corrupt_writes):  # int [n_seq] -> [n_seq, n_vocab]
+    """The forward pass with each reader's input rebuilt: the stream, less the live writes of the writers whose edge
+    to it is excluded ([n_writers, n_readers, n_seq]), plus their corrupt_writes. Each head's q, k and v read inputs
+    of their own, so this pass runs the heads one by one (as TransformerLens's split q/k/v inputs do)."""
+    x = embedding(ids, params["wte"], params["wpe"])
+    live, first = [x], 0  # the writes made so far, in writer_nodes's order; the layer's first reader
+    for block in params["blocks"]:
+        n_readers = 3 * n_head + 1  # q, k, v of each head, then the MLP's input
+        inputs = reader_inputs(x, live, corrupt_writes, excluded[:, first:first + n_readers])
+        z = split_attention(inputs[:-1].reshape(3, n_head, *x.shape), block["ln_1"], block["attn"]["c_attn"])
+        w_o = block["attn"]["c_proj"]["w"]
+        live += list(z @ w_o.reshape(n_head, -1, w_o.shape[-1]))  # each head's write: writer_writes's
+        mid = x + linear(merge_heads(z), **block["attn"]["c_proj"])
+        mlp_in = reader_inputs(mid, live, corrupt_writes, excluded[:, first + n_readers - 1:first + n_readers])[0]
+        live.append(ffn(layer_norm(mlp_in, **block["ln_2"]), **block["mlp"]))
+        x, first = mid + live[-1], first + n_readers
+    final = reader_inputs(x, live, corrupt_writes, excluded[:, -1:])[0]  # the logits' reader
+    return unembedding(layer_norm(final, **params["ln_f"]), params["wte"])
+
+
+def reader_inputs(x, live, corrupt_writes, excluded):  # [n_seq, n_embd], [n_live] -> [n_readers, n_seq, n_embd]
+    swaps = np.stack(live) - corrupt_writes[:len(live)]  # a writer later than a reader has no edge to it
+    return x - np.einsum("wrp,wpe->rpe", excluded[:len(live)], swaps)
+
+
+def split_attention(inputs, ln_1, c_attn):  # [3, n_head, n_seq, n_embd] -> z [n_head, n_seq, d_head]
+    # mha's first lines, each head's q, k and v from an input of its own: c_attn's columns of that head alone
+    n_embd, n_head = c_attn["w"].shape[0], inputs.shape[1]
+    w_heads = np.moveaxis(c_attn["w"].reshape(n_embd, 3, n_head, -1), 0, 2)  # [3, n_head, n_embd, d_head]
+    q, k, v = layer_norm(inputs, **ln_1) @ w_heads + c_attn["b"].reshape(3, n_head, 1, -1)
+    return attention(q, k, v, causal_mask(inputs.shape[-2]))
+
+
 def mean_gradients(clean, corrupt, params, n_head, metric, edges, ig_steps):  # -> {name: gradient}, readers' or None
     # the gradients at the writers' arrays (and at the readers' inputs) on the corrupt run, or their mean over the
     # runs whose embedding goes from the corrupt one toward the clean one (EAP-IG)
@@ -179,8 +252,9 @@ def node_label(node):  # -> "embed", "L1 H2", "L1 MLP", "L1 H2 q", "L1 MLP in", 
     return f"L{node.layer} " + ("MLP" if node.head is None else f"H{node.head}") + suffix
 
 
-def attribution_patching_table(scores, effects, answers, label, ig_steps, clean_ids):  # -> the text explain prints
-    """effects: patching_effects's, each writer's true effect over all positions, beside its score."""
+def attribution_patching_table(scores, effects, faithful, answers, label, ig_steps, clean_ids):  # -> explain's text
+    """effects: patching_effects's, each writer's true effect over all positions, beside its score; faithful:
+    faithfulness_of_strongest's [(k, recovered)]."""
     a, b = (label(answer) for answer in answers)
     method = f"EAP-IG, {ig_steps} steps" if ig_steps > 1 else "one gradient, on the corrupt run"
     lines = [f"Attribution patching ({method}): metric logit({a}) - logit({b}) at the last position:",
@@ -197,6 +271,11 @@ def attribution_patching_table(scores, effects, answers, label, ig_steps, clean_
         for writer, reader, position in zip(*np.unravel_index(strongest, scores.edges.shape)):
             edge = f"{node_label(scores.writers[writer])} -> {node_label(scores.readers[reader])}"
             lines.append(f"{edge:<24}" + position_cells(scores.edges[writer, reader], label, clean_ids, position))
+    if faithful:  # none when the runs give the metric one value
+        lines += ["", "Faithfulness: the k strongest edges kept, every other edge's write replaced by the corrupt "
+                  "run's as its reader", "reads it (TransformerLens's), in the clean run; the fraction of the gap "
+                  "that remains:"]
+        lines += [f"{k:>8} edges {recovered:10.4f}" for k, recovered in faithful]
     return "\n".join(lines) + "\n"
 
 
@@ -205,7 +284,7 @@ def position_cells(row, label, clean_ids, position=None):  # -> "  5 'J'        
     return f"{position:>4} {label(clean_ids[position]):<12}{row[position]:10.4f}"
 
 
-def attribution_patching_json(scores):  # -> {"clean", "corrupt", "nodes": [...], "edges": [...]}, JSON-ready
+def attribution_patching_json(scores, faithful):  # -> {"clean", "corrupt", "nodes", "edges", "faithfulness"}
     n_seq = scores.nodes.shape[-1]
     nodes = [{**node_json(node, position), "score": float(row[position] if position is not None else row.sum())}
              for node, row in zip(scores.writers, scores.nodes) for position in [*range(n_seq), None]]
@@ -213,7 +292,8 @@ def attribution_patching_json(scores):  # -> {"clean", "corrupt", "nodes": [...]
         {"writer": node_json(scores.writers[writer], position), "reader": node_json(scores.readers[reader], position),
          "score": float(scores.edges[writer, reader, position])}
         for writer, reader in zip(*np.nonzero(edge_mask(scores.writers, scores.readers))) for position in range(n_seq)]
-    return {"clean": scores.clean, "corrupt": scores.corrupt, "nodes": nodes, "edges": edges}
+    return {"clean": scores.clean, "corrupt": scores.corrupt, "nodes": nodes, "edges": edges,
+            "faithfulness": [{"edges": k, "recovered": recovered} for k, recovered in faithful]}
 
 
 def node_json(node, position):  # -> {"kind", "layer", "head", "position"}: null where a field does not apply

@@ -13,8 +13,9 @@ import pytest
 from gpt2_numpy import load_model
 from gpt2_numpy.commands import explain as explain_cli
 from gpt2_numpy.interpret.attribution_patching import (
-    attribution_patching, edge_mask, patching_effects, reader_nodes, writer_nodes,
+    attribution_patching, edge_mask, faithfulness, patching_effects, reader_nodes, strongest_edges, writer_nodes,
 )
+from gpt2_numpy.errors import NothingToRecover
 from gpt2_numpy.interpret.edits import Edit, run_with_edits
 from gpt2_numpy.interpret.gradients import gradients, logit_difference
 from gpt2_numpy.interpret.patching import patching
@@ -93,6 +94,35 @@ def test_ig_edges_add_up_to_ig_nodes():
     assert np.abs(scores.edges.sum(axis=1) - scores.nodes).max() <= 1e-5 * np.abs(scores.nodes).max()
 
 
+@pytest.mark.parametrize("name", CASES)
+def test_faithfulness_and_the_strongest_edges_are_transformer_lens(name):
+    arrays, scores = library_scores(name, edges=True)
+    _, (hparams, params, _) = reference(name)
+    clean_ids, corrupt_ids, answers = (arrays[f"{name}/{key}"] for key in ("clean_ids", "corrupt_ids", "answers"))
+    recovered = []
+    for k in (10, 40, 100):
+        kept = arrays[f"{name}/kept_{k}"]  # TransformerLens's top_edges(k)
+        assert np.array_equal(strongest_edges(scores, k), kept), k
+        recovered.append(faithfulness(clean_ids, corrupt_ids, params, hparams["n_head"],
+                                      logit_difference(*answers), kept))
+        theirs = float(arrays[f"{name}/recovered_{k}"])
+        assert recovered[-1] == pytest.approx(theirs, abs=RTOL * max(1, abs(theirs))), k  # a fraction: 1e-4 of 1
+    assert len(set(np.round(recovered, 3))) > 1 or name == "one_layer"  # circuits that recover different amounts
+
+
+def test_every_edge_kept_is_the_clean_run_and_none_the_corrupt_run():
+    arrays, scores = library_scores("four_heads", edges=True)
+    _, (hparams, params, _) = reference("four_heads")
+    clean_ids, corrupt_ids, answers = (arrays[f"four_heads/{key}"] for key in ("clean_ids", "corrupt_ids", "answers"))
+    every = strongest_edges(scores, scores.edges.size)
+    assert every.sum() == edge_mask(scores.writers, scores.readers).sum() * len(clean_ids)
+    for kept, expected in ((every, 1), (np.zeros_like(every), 0)):
+        recovered = faithfulness(clean_ids, corrupt_ids, params, hparams["n_head"], logit_difference(*answers), kept)
+        assert recovered == pytest.approx(expected, abs=1e-4)
+    with pytest.raises(NothingToRecover):
+        faithfulness(clean_ids, clean_ids, params, hparams["n_head"], logit_difference(*answers), every)
+
+
 def test_bad_arguments_are_refused_by_name():
     arrays, (hparams, params, _) = reference("one_layer")
     clean, metric = arrays["one_layer/clean_ids"], logit_difference(1, 2)
@@ -141,6 +171,10 @@ def test_explain_json_is_transformer_lens(capsys, name):
         edges[index], seen[index] = edge["score"], True
     assert np.array_equal(seen, np.broadcast_to(arrays[f"{name}/edge_mask"][..., None], seen.shape))
     close(edges, arrays[f"{name}/edges"])
+    faithful = {entry["edges"]: entry["recovered"] for entry in printed["faithfulness"]}
+    assert list(faithful) == [10, 100, 1000]
+    for k in (10, 100):  # the fixture's circuits of the same sizes
+        assert faithful[k] == pytest.approx(float(arrays[f"{name}/recovered_{k}"]), abs=RTOL * max(1, abs(faithful[k])))
 
 
 def test_explain_table_shows_each_node_s_score_beside_its_patched_effect(capsys):
@@ -159,9 +193,11 @@ def test_explain_table_shows_each_node_s_score_beside_its_patched_effect(capsys)
     clean_metric, corrupt_metric = map(float, re.search(r"clean (\S+), corrupt (\S+)", table).groups())
     assert rows["embed"][1] == pytest.approx(clean_metric - corrupt_metric, abs=1e-4)
     assert abs(clean_metric - corrupt_metric) > 0.1
-    edge_rows = table.split("The 20 strongest edges (writer -> reader, at a position):\n")[1].splitlines()
+    edge_rows = table.split("The 20 strongest edges (writer -> reader, at a position):\n")[1].split("\n\n")[0]
+    edge_rows = edge_rows.splitlines()
     strongest = arrays["three_heads/edges"].flat[np.abs(arrays["three_heads/edges"]).argmax()]
     assert len(edge_rows) == 20 and float(edge_rows[0].split()[-1]) == pytest.approx(strongest, abs=6e-5)
+    assert f"100 edges {float(arrays['three_heads/recovered_100']):10.4f}" in table  # TransformerLens's faithfulness
 
 
 def test_patched_effects_of_heads_are_activation_patching_s():
