@@ -27,8 +27,12 @@ def one_hot(ids, n):  # int [...] -> [..., n]
     return (np.asarray(ids)[..., None] == np.arange(n)).astype(np.float32)
 
 
+def linear_input_backward(d_out, w):  # [..., n_out], [n_in, n_out] -> [..., n_in]
+    return d_out @ w.T  # y = x w + b; the gradient with respect to x alone (interpret/gradients.py's)
+
+
 def linear_backward(d_out, x, w):  # [..., n_out], [..., n_in], [n_in, n_out] -> [..., n_in], {"w", "b"}
-    d_x = d_out @ w.T  # y = x w + b
+    d_x = linear_input_backward(d_out, w)
     d_w = summed_outer(x, d_out)
     return d_x, {"w": d_w, "b": sum_positions(d_out)}
 

@@ -25,8 +25,7 @@ from gpt2_numpy.backward import (
     cross_entropy,
     gelu_backward,
     layer_norm_backward,
-    linear_backward,
-    lm_head_backward,
+    linear_input_backward,
     softmax_backward,
     weighted_sum_backward,
 )
@@ -38,7 +37,7 @@ from gpt2_numpy.model import merge_heads, split_heads
 
 def gradients(ids, params, n_head, metric, names=None, edits=()):  # int [n_seq] -> value, {name: gradient}
     """The metric's value on the run of ids with `edits` in place, and its gradient with respect to each array in
-    `names` (trace's names; every array of the run when None), each of its array's shape and float32.
+    `names` (trace's names; every array of the run when None), each of its array's shape and dtype.
     ValueError, before anything runs, for a name the run does not make (and run_with_edits's for a bad edit)."""
     check_names(names or [], run_names(len(params["blocks"])))
     return run_gradients(run_with_edits(ids, params, n_head, edits), params, n_head, metric, names, edits)
@@ -76,7 +75,7 @@ def backward_walk(arrays, params, n_head, at):  # -> None; at(name, d) for each 
     the gradient to carry back from it (d itself, or d with an edit's share held fixed)."""
     n_blocks = len(params["blocks"])
     d_logits = at("logits", np.zeros_like(arrays["logits"]))
-    d_ln_f = at("ln_f", lm_head_backward(d_logits, arrays["ln_f"], params["wte"])[0])  # logits = ln_f wteᵀ
+    d_ln_f = at("ln_f", linear_input_backward(d_logits, params["wte"].T))  # logits = ln_f wteᵀ
     d_x = layer_norm_backward(d_ln_f, arrays[f"blocks.{n_blocks - 1}.out"], params["ln_f"]["g"])[0]
     for i in reversed(range(n_blocks)):
         steps = {name.partition(f"blocks.{i}.")[2]: array for name, array in arrays.items()
@@ -95,21 +94,18 @@ def block_backward(d_out, x, steps, ln_1, attn, ln_2, mlp, n_head, at):  # [n_se
     """block_trace's steps in reverse: from the gradient at the block's output to the gradient at its input x, calling
     at(step, d) at each step's array, whose answer is carried back."""
     d_mlp_out = at("mlp.out", d_out)  # out = mid + mlp.out
-    d_hidden = linear_backward(d_mlp_out, steps["mlp.hidden"], mlp["c_proj"]["w"])[0]
+    d_hidden = linear_input_backward(d_mlp_out, mlp["c_proj"]["w"])
     d_pre = at("mlp.pre", gelu_backward(at("mlp.hidden", d_hidden), steps["mlp.pre"]))
-    d_ln_2 = at("ln_2", linear_backward(d_pre, steps["ln_2"], mlp["c_fc"]["w"])[0])
+    d_ln_2 = at("ln_2", linear_input_backward(d_pre, mlp["c_fc"]["w"]))
     d_mid = at("mid", d_out + layer_norm_backward(d_ln_2, steps["mid"], ln_2["g"])[0])  # both of mid's readers
-    d_z = at("attn.z", attn_out_backward(at("attn.out", d_mid), steps["attn.z"], attn["c_proj"], n_head))
+    # attn.out = merge_heads(z) c_proj: back through the product, then split into heads as z is
+    d_z = at("attn.z", split_heads(linear_input_backward(at("attn.out", d_mid), attn["c_proj"]["w"]), n_head))
     d_weights, d_v = weighted_sum_backward(d_z, steps["attn.weights"], steps["attn.v"])
     d_scores = at("attn.scores", softmax_backward(at("attn.weights", d_weights), steps["attn.weights"]))
     d_q, d_k = attention_scores_backward(d_scores, steps["attn.q"], steps["attn.k"])
     d_qkv = np.concatenate([merge_heads(at(f"attn.{name}", d)) for name, d in zip("qkv", (d_q, d_k, d_v))], axis=-1)
-    d_ln_1 = at("ln_1", linear_backward(d_qkv, steps["ln_1"], attn["c_attn"]["w"])[0])
+    d_ln_1 = at("ln_1", linear_input_backward(d_qkv, attn["c_attn"]["w"]))
     return d_mid + layer_norm_backward(d_ln_1, x, ln_1["g"])[0]  # mid = x + attn.out, x = ln_1's input
-
-
-def attn_out_backward(d_attn_out, z, c_proj, n_head):  # [n_seq, n_embd], [n_head, n_seq, d_head] -> d_z like z
-    return split_heads(linear_backward(d_attn_out, merge_heads(z), c_proj["w"])[0], n_head)
 
 
 def logit_difference(answer, other, position=-1):  # -> metric: logit(answer) - logit(other) at `position`
