@@ -53,9 +53,10 @@ def fetch_all(folder, staging, size, source, missing):  # -> None: each missing 
                 fetch(session, file_url(size, source, name), staging / name)
             except Unreachable as error:  # most often no network at all: what to do first, the URLs last
                 urls = " ".join(file_url(size, source, each) for each in missing)
-                raise DownloadError(f"{error}: without a network, train a tiny model and pass --model my-gpt "
-                                    '(README.md, "A first run, offline"); to download from a mirror, set '
-                                    "GPT2_NUMPY_BASE_URL (docs/weights-and-formats.md); to install by hand, download "
+                raise DownloadError(f"{error}: without a network, train a tiny model on the package's own text "
+                                    "(gpt2-numpy train --data sample: --out my-gpt --n-layer 2 --n-embd 32 --steps "
+                                    "20) and pass --model my-gpt; to download from a mirror, set GPT2_NUMPY_BASE_URL "
+                                    f"to its address (it serves ADDRESS/{size}/FILE); to install by hand, download "
                                     f"{urls} into {folder}/") from None
             except KeyboardInterrupt:
                 raise stopped(staging, missing) from None

@@ -29,7 +29,7 @@ from gpt2_numpy.disk import atomic_write, disk_fix, made_folders, move_in
 from gpt2_numpy.errors import CheckpointError, DownloadError, Interrupted, TokenizerError, UsageError
 from gpt2_numpy.fast import inference_layout
 from gpt2_numpy.formats import SETTINGS_LIMIT, parse_json, read_regular
-from gpt2_numpy.formats.checkpoint import load_params
+from gpt2_numpy.formats.checkpoint import FOLDER_KINDS, folder_kind, load_params
 from gpt2_numpy.locks import only_the_lock, open_lock, release_lock
 from gpt2_numpy.tokenizer import Tokenizer, check_in_vocabulary, load_tokenizer
 
@@ -70,6 +70,9 @@ def read_model(folder, name=None, source=None):  # -> (hparams, params, tokenize
         problem = "is a file" if folder.exists() else "does not exist"
         raise UsageError(f"{name} {problem}: pass a model folder (model.safetensors + config.json + vocab.json + "
                          f"merges.txt, or OpenAI's checkpoint files) or an official size ({', '.join(MODEL_SIZES)})")
+    if folder_kind(folder) == "sae":  # else: "no vocabulary in it, download the model there first"
+        raise UsageError(f"{name} is {FOLDER_KINDS['sae']}, not a GPT-2 model: pass a model folder or an official "
+                         f"size ({', '.join(MODEL_SIZES)}); an SAE goes to --sae (explain, sae features, sae eval)")
     tokenizer = load_tokenizer(folder)
     hparams, params = load_params(folder, verify=source is not None, n_tokens=tokenizer.n_vocab)
     return hparams, params, tokenizer

@@ -35,7 +35,7 @@ from typing import Callable, NamedTuple, Optional
 import numpy as np
 
 from gpt2_numpy.cores import threads
-from gpt2_numpy.formats.checkpoint import load_params
+from gpt2_numpy.formats.checkpoint import FOLDER_KINDS, folder_kind, load_params
 from gpt2_numpy.errors import Gpt2NumpyError, Interrupted, TrainingFailed, UsageError
 from gpt2_numpy.formats import parse_json
 from gpt2_numpy.formats.safetensors import read_metadata
@@ -158,17 +158,25 @@ def diverged(out, step, what, order=SAVE_ORDER):  # -> TrainingFailed for a run 
                           "--out with a lower --lr" + (" or a longer --warmup" if order == SAVE_ORDER else ""))
 
 
-def check_out(out, resume):  # -> True when out holds a run of ours, to be claimed (and judged there) before anything
-    # else; False when it is empty or missing; UsageError when this run cannot write there
+def check_out(out, resume, kind=None):  # -> True when out holds a run of ours, to be claimed (and judged there)
+    # before anything else; False when it is empty or missing; UsageError when this run cannot write there
     # A run of ours is a folder holding train_state.npz: only a save writes it, beside the weights of its step. Any
     # other folder with files in it is someone else's (a model, an OpenAI checkpoint, notes), never written over. Our
-    # lock file does not count, and a save cut off midway (.train.save/) makes the folder ours.
+    # lock file does not count, and a save cut off midway (.train.save/) makes the folder ours. kind: what this run
+    # writes, "model" (train) or "sae" (sae train): a folder of the other kind is named as such, run or not; None:
+    # not looked at (claimed's second look)
     check_folder_path(out, "--out")
     try:
         names = sorted(path.name for path in out.iterdir() if path.name != LOCK) if out.is_dir() else []
     except OSError as error:
         raise UsageError(f"cannot read --out {out} ({error.strerror or error}): fix its permissions or choose another "
                          "folder") from None
+    found = folder_kind(out) if names and kind else None
+    if found not in (None, kind):
+        other = {"model": "train", "sae": "sae train"}
+        saved = f"; the run saved there continues with gpt2-numpy {other[found]} --resume" * (STATE in names)
+        raise UsageError(f"--out {out} is {FOLDER_KINDS[found]}, and {other[kind]} writes "
+                         f"{FOLDER_KINDS[kind].partition(' (')[0]}: give --out a new or empty folder{saved}")
     if STATE in names or STAGING in names:
         return True
     if resume:

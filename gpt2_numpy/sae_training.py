@@ -15,6 +15,7 @@ no constraint: its L1 penalty is weighted by each row's norm, so growing a row n
 import json
 import math
 import time
+import zipfile
 from typing import NamedTuple, Optional
 
 import numpy as np
@@ -123,7 +124,7 @@ def load_sae_run(out):  # -> (SAE, state arrays, saved settings dict) of the run
                     problem = problem or f"the moment {moment}/{name} is not shaped as {name}"
         if state["since_fired"].shape != (sae.d_sae,):
             problem = problem or "since_fired is not one count per latent"
-    except (OSError, EOFError, ValueError, KeyError, TypeError) as error:
+    except (OSError, EOFError, ValueError, KeyError, TypeError, zipfile.BadZipFile) as error:
         problem = f"it cannot be read: {error}"
     if problem:
         raise UsageError(f"--resume: {out / STATE} is damaged ({problem}): start a new run in another folder")

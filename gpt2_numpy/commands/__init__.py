@@ -21,7 +21,7 @@ COMMANDS = {  # name -> what it does, in one line; each is gpt2_numpy/commands/<
     "train": "train a model on a text file, from scratch or from an official GPT-2",
     "tokenizer": "train a byte-level BPE tokenizer on a text file, as Hugging Face's trainer does",
     "download": "fetch an official GPT-2 (124M to 1558M), resuming and verifying it",
-    "sae": "sparse autoencoders: train one on an activation, evaluate it spliced in (sae train, sae eval)",
+    "sae": "sparse autoencoders: sae train, sae eval (spliced in), sae features (a page of the latents)",
 }
 
 

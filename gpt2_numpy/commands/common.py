@@ -25,6 +25,10 @@ from gpt2_numpy.formats import read_text
 from gpt2_numpy.loading import load_model, where
 
 DEFAULT_SIZE = "124M"
+# `--data sample:` (and --mean-over) reads a short text that ships with the package: a first run needs no file of
+# its own, from a clone or an installed wheel alike; a colon, so that it names no file a user would have made
+SAMPLE_NAME = "sample:"
+SAMPLE_TEXT = Path(__file__).resolve().parents[1] / "data" / "sample.txt"
 
 # --- The parser and its argument types ---
 
@@ -138,10 +142,16 @@ positive_float = number_between(0, math.inf, "positive number")
 fraction = number_between(0, 1, "fraction between 0 and 1")
 
 
+def repeated(items):  # -> the first item given a second time, or None: a flag's list that names one thing twice
+    return next((item for number, item in enumerate(items) if item in items[:number]), None)
+
+
 def path_argument(text):  # -> an argparse type: a Path, never of "" (Path("") would be the current folder)
+    # "~/x" is the home folder's x, as a shell makes it unquoted and as --models-dir and $GPT2_NUMPY_WEIGHTS always
+    # meant it: a quoted --out '~/x' made a folder named "~" in the current one
     if not text:
         raise argparse.ArgumentTypeError("is empty: name a file or folder")
-    return Path(text)
+    return Path(text).expanduser()
 
 
 def size_name(text):  # -> an argparse type: an official size in any case as its name ("124m" -> "124M"), else text
@@ -286,13 +296,13 @@ def loaded_name(size, hparams):  # -> "GPT-2 124M", or the shape of what a folde
 # --- The prompt ---
 
 
-def read_data(path, flag="--data"):  # -> the UTF-8 text of the file a flag names; UsageError when it cannot be
-    def fail(error):
+def read_data(path, flag="--data"):  # -> the UTF-8 text of the file a flag names (or the package's sample:)
+    def fail(error):  # a UsageError saying why the file cannot be read
         if isinstance(error, UnicodeDecodeError):
             return UsageError(f"{flag} {path} is not UTF-8 text (byte {error.start} cannot be decoded): convert it to "
                               "UTF-8 first")
         return UsageError(f"cannot read {flag} {path}: {error.strerror or error}")
-    return read_text(path, fail)
+    return read_text(SAMPLE_TEXT if str(path) == SAMPLE_NAME else path, fail)
 
 
 def read_prompt(argument, what="the prompt"):  # -> the text of a command-line argument; "-" reads stdin

@@ -25,7 +25,7 @@ from typing import Callable, NamedTuple, Optional
 from gpt2_numpy.catalog import OFFICIAL_HPARAMS
 from gpt2_numpy.commands.common import (
     ArgumentParser, add_model_args, model_from_args, model_size, open_stdout, path_argument, read_data, read_prompt,
-    run_model_cli, whole_number, write_stdout,
+    repeated, run_model_cli, whole_number, write_stdout,
 )
 from gpt2_numpy.commands.sae_features import add_explain_arguments, explain_compute, explain_json, explain_table
 from gpt2_numpy.console import log, plural, progress_bar
@@ -136,9 +136,9 @@ def parse_args(argv):  # -> argparse.Namespace, checked
                         help="with --ablate: set the heads' outputs (attn.z) to zero (the default), or to their mean "
                         "at each position over the text of --mean-over")
     parser.add_argument("--mean-over", type=path_argument, metavar="FILE",
-                        help=f"with --ablation mean: the text whose windows, as long as the prompt, give each "
-                        f"position's mean (its first {REFERENCE_TOKENS} tokens at most); never the prompt itself, "
-                        "whose later tokens a mean over its positions would let in")
+                        help=f"with --ablation mean: the text whose windows, each as long as the model's context "
+                        f"(or the whole text), give each position's mean (its first {REFERENCE_TOKENS} tokens at "
+                        "most); never the prompt itself, whose later tokens a mean over its positions would let in")
     parser.add_argument("--attribute", nargs=2, type=text_word, metavar=("A", "B"),
                         help="split logit(A) - logit(B) at the last position into what each head, each MLP, the "
                         "embeddings and the biases wrote into the residual stream; A and B are texts of one token "
@@ -174,15 +174,15 @@ def parse_args(argv):  # -> argparse.Namespace, checked
     args = parser.parse_args(mark_texts(sys.argv[1:] if argv is None else argv, parser._option_string_actions))
     if args.seed is not None and not args.heads:
         raise UsageError("--seed belongs to --heads: add --heads, or drop --seed")
-    twice = [head for number, head in enumerate(args.ablate or ()) if head in args.ablate[:number]]
-    if twice:  # more likely a typo for another head than meant: ablating a head twice is ablating it once
-        raise UsageError(f"--ablate names head {'.'.join(map(str, twice[0]))} more than once: give each head once")
+    twice = repeated(args.ablate or [])
+    if twice is not None:  # more likely a typo for another head than meant: ablating a head twice is ablating it once
+        raise UsageError(f"--ablate names head {'.'.join(map(str, twice))} more than once: give each head once")
     if args.ablation is not None and args.ablate is None:
         raise UsageError("--ablation belongs to --ablate: add --ablate L.H, or drop --ablation")
     if args.ablation == "mean" and args.mean_over is None:
         raise UsageError("--ablation mean needs --mean-over FILE, a text whose mean at each position replaces the "
                          "heads' outputs (a mean over the prompt would let each position see later tokens): add "
-                         "--mean-over README.md, say")
+                         "--mean-over sample: (a short text that ships with the package), or a long text of your own")
     if args.mean_over is not None and args.ablation != "mean":
         raise UsageError("--mean-over belongs to --ablation mean: add --ablate L.H --ablation mean, or drop "
                          "--mean-over")
@@ -323,7 +323,7 @@ def make_request(args, hparams, params, tokenizer, text, corrupt, reference):  #
     corrupt_ids = None if corrupt is None else check_corrupt(ids, tokenizer, corrupt, n_vocab, corrupt_prompt(args)[0])
     attribute, answers = (None if given is None else answer_ids(tokenizer, given, flag, n_vocab)
                           for given, flag in ((args.attribute, "--attribute"), (args.answer, "--answer")))
-    windows = None if reference is None else mean_windows(args, tokenizer, reference, n_vocab, len(ids))
+    windows = None if reference is None else mean_windows(args, tokenizer, reference, hparams, len(ids))
     eot_id, problem = tokenizer.eot_id, repetition_problem(n_vocab, hparams["n_ctx"], tokenizer.eot_id)
     # the page shows the head scores whenever they can be computed
     repeated = (repeated_tokens(n_vocab, eot_id, repeat_length(hparams["n_ctx"]), args.seed)
@@ -335,14 +335,15 @@ def make_request(args, hparams, params, tokenizer, text, corrupt, reference):  #
                    tokenizer.token_text, corrupt_ids, attribute, answers, repeated, windows, steps)
 
 
-def mean_windows(args, tokenizer, reference, n_vocab, n_seq):  # -> --mean-over's windows [n_windows, n_seq]
-    token_ids = prompt_ids(tokenizer, reference, n_vocab, f"--mean-over {args.mean_over}")
-    try:
-        return reference_windows(token_ids, n_seq)
-    except ValueError:
+def mean_windows(args, tokenizer, reference, hparams, n_seq):  # -> --mean-over's windows [n_windows, n_ref]
+    # n_ref: the model's context, or the whole text when shorter; never the prompt's length, which a prefix's means
+    # would then depend on
+    token_ids = prompt_ids(tokenizer, reference, hparams["n_vocab"], f"--mean-over {args.mean_over}")
+    if len(token_ids) < n_seq:
         raise UsageError(f"--mean-over {args.mean_over} is {plural(len(token_ids), 'token')}, fewer than the "
                          f"prompt's {n_seq}: each position's mean comes from that position of the text, so give a "
-                         "longer text") from None
+                         "longer text")
+    return reference_windows(token_ids, hparams["n_ctx"])
 
 
 # --- The modes: what each computes and prints ---

@@ -6,10 +6,10 @@ measure it spliced into the model (gpt2_numpy/interpret/sae*.py hold the math, t
     gpt2-numpy sae eval --sae my-sae --model my-gpt --data held-out.txt
     gpt2-numpy sae features --sae my-sae --model my-gpt --data plays.txt --html features.html
 """
+import difflib
 import hashlib
 import importlib
 import importlib.util
-import math
 import sys
 from contextlib import ExitStack
 from typing import Callable, NamedTuple, Optional
@@ -25,7 +25,7 @@ from gpt2_numpy.errors import UsageError
 from gpt2_numpy.interpret.edits import run_with_edits
 from gpt2_numpy.interpret.sae import explained_variance
 from gpt2_numpy.interpret.sae_activations import (
-    Stream, array_windows, check_hook, hook_rows, model_rows, splice, zeroed,
+    Stream, array_windows, check_hook, check_sae_hook, hook_rows, model_rows, splice, zeroed,
 )
 from gpt2_numpy.interpret.sae_files import check_fits, load_sae, our_hook
 from gpt2_numpy.sae_training import (
@@ -80,6 +80,8 @@ def eval_parser():  # -> the parser of `sae eval`
     parser.add_argument("--sae", required=True, type=path_argument, metavar="DIR", help="the SAE folder")
     add_model_args(parser)
     parser.add_argument("--data", required=True, type=path_argument, metavar="FILE", help="UTF-8 held-out text")
+    parser.add_argument("--hook", metavar="NAME", help="the activation the SAE reads, for a folder whose cfg.json "
+                        "names none (a trace name, or TransformerLens's)")
     parser.add_argument("--seq-len", type=whole_number(2), default=128, metavar="T", help="tokens per window (128)")
     parser.add_argument("--windows", type=whole_number(1), default=32, metavar="N",
                         help="evaluate the text's first N windows at most (32)")
@@ -96,6 +98,14 @@ def model_tokens(model, path):  # -> int32 [n]: the text's tokens, each in the m
                                         "use a text of the model's vocabulary"), dtype=np.int64)
 
 
+def hook_flag(name):  # -> the trace name --hook gives (ours, or TransformerLens's); None when not given
+    hook = None if name is None else our_hook(name)
+    if name is not None and hook is None:
+        raise UsageError(f"--hook {name!r} names no activation of GPT-2: give a trace name (blocks.0.out, ...) or "
+                         "TransformerLens's (blocks.1.hook_resid_pre, ...)")
+    return hook
+
+
 def resolve_hook(hook, n_layer):  # -> the trace name of --hook (ours, or TransformerLens's), checked
     name = our_hook(hook) or hook
     check_hook(name, n_layer)
@@ -107,15 +117,18 @@ def read_activations(path):  # -> float [n, d_in] memory-mapped, checked; UsageE
         array = np.load(path, mmap_mode="r", allow_pickle=False)
     except OSError as error:
         raise UsageError(f"cannot read --activations {path}: {error.strerror or error}") from None
-    except ValueError:  # not the .npy format, or an array of Python objects (which is never loaded: pickles run code)
+    except (ValueError, EOFError):  # not the .npy format (EOFError: empty), or an array of Python objects (which is
+        # never loaded: pickles run code)
         raise UsageError(f"--activations {path} is not an .npy array of numbers: save one of shape [n, d_in] with "
                          "numpy.save") from None
     if not isinstance(array, np.ndarray) or array.ndim != 2 or array.dtype.kind != "f" or 0 in array.shape:
         what = f"an array of {array.dtype} {list(array.shape)}" if isinstance(array, np.ndarray) else "not an array"
         raise UsageError(f"--activations {path} is {what}: it must hold floats of shape [n, d_in], n and d_in >= 1")
     for start in range(0, len(array), 2**16):
-        if not np.isfinite(array[start:start + 2**16]).all():
-            raise UsageError(f"--activations {path} holds NaN or infinite values (row {start} onward): fix the file")
+        bad = ~np.isfinite(array[start:start + 2**16]).all(axis=1)
+        if bad.any():
+            raise UsageError(f"--activations {path} holds NaN or infinite values (first in row "
+                             f"{start + int(np.argmax(bad)):,}): fix the file")
     return array
 
 
@@ -148,10 +161,9 @@ def activation_source(args):  # -> Source of the flags given
                              "--activations to read them from the model")
         array = read_activations(args.activations)
         window, n_windows = array_windows(array)
-        hook = None if args.hook is None else our_hook(args.hook)
-        if args.hook is not None and hook is None:
-            raise UsageError(f"--hook {args.hook!r} names no activation of GPT-2: give a trace name (blocks.0.out, "
-                             "...) or TransformerLens's (blocks.1.hook_resid_pre, ...), or drop --hook")
+        hook = hook_flag(args.hook)
+        if hook is not None:
+            check_sae_hook(hook)
         return Source(window, n_windows, len(array), array.shape[1], hook, None, str(args.activations),
                       file_digest(args.activations), None)
     missing = [flag for flag, value in (("--model", args.model), ("--hook", args.hook), ("--data", args.data))
@@ -160,7 +172,11 @@ def activation_source(args):  # -> Source of the flags given
         raise UsageError(f"{missing[0]} is missing: give --model DIR --hook NAME --data FILE, or --activations FILE")
     model = model_from_args(args)
     hook = resolve_hook(args.hook, model.hparams["n_layer"])
-    seq_len = min(args.seq_len or DEFAULTS["seq_len"], model.hparams["n_ctx"])
+    n_ctx = model.hparams["n_ctx"]
+    if args.seq_len is not None and args.seq_len > n_ctx:  # as train refuses it; only the default is cut to fit
+        raise UsageError(f"--seq-len {args.seq_len} is over the model's context of {n_ctx} tokens: give at most "
+                         f"{n_ctx}")
+    seq_len = min(args.seq_len or DEFAULTS["seq_len"], n_ctx)
     tokens = model_tokens(model, args.data)
     n_windows = len(tokens) // seq_len
     if n_windows < 1:
@@ -183,13 +199,13 @@ def train(argv):  # -> exit status
     args = train_parser().parse_args(argv)
     with ExitStack() as lock:
         out = args.out
-        ours = check_out(out, args.resume)
+        ours = check_out(out, args.resume, kind="sae")
         if ours:
             lock.enter_context(claimed(out, args.resume, SAE_ORDER))
         source = activation_source(args)
         if args.resume:
             sae, state, saved = load_sae_run(out)
-            settings = resumed_settings(args, saved, source.digest, source.hook)
+            settings = resumed_settings(args, saved, source)
         else:
             settings, sae, state = new_settings(args, source), None, None
         stream = Stream(source.window, source.n_windows, settings.batch_size, settings.buffer, settings.seed)
@@ -228,12 +244,19 @@ def new_settings(args, source):  # -> SaeSettings of a new run, checked
                        save_every=args.save_every)
 
 
-def resumed_settings(args, saved, digest, hook):  # -> the saved run's SaeSettings with this run's steps, save_every
-    if saved["data_sha256"] != digest:
+def resumed_settings(args, saved, source):  # -> the saved run's SaeSettings with this run's steps, save_every
+    if saved["d_in"] != source.d_in:
+        raise UsageError(f"the activations have {source.d_in} numbers each, but the run in {args.out} trained on "
+                         f"{saved['d_in']}: pass its --model and --hook (or --activations) to --resume")
+    # a model run records its model as its source; the same text through another model has the same tokens
+    if source.model_name is not None and saved["seq_len"] is not None and saved["source"] != source.name:
+        raise UsageError(f"--model {source.name} is not the model the run in {args.out} trained on "
+                         f"({saved['source']}): pass its --model to --resume")
+    if saved["data_sha256"] != source.digest:
         raise UsageError(f"the activations are not the ones the run in {args.out} trained on: pass the same --data "
                          "(or --activations) to --resume")
     given = {name: getattr(args, name, None) for name in KEPT}
-    given.update(d_sae=args.d_sae, hook=hook)
+    given.update(d_sae=args.d_sae, hook=source.hook)
     for name, value in given.items():
         if value is not None and value != saved.get(name):
             raise UsageError(f"--{name.replace('_', '-')} {value} differs from the saved run's {saved.get(name)}: a "
@@ -265,7 +288,8 @@ def evaluate(sae, model, tokens, seq_len, n_windows):  # -> {name: number}: the 
         n_targets += len(targets)
     x, x_hat, active = (np.concatenate(part) for part in zip(*rows))
     losses = {name: total / n_targets for name, total in totals.items()}
-    recovered = (losses["zero"] - losses["sae"]) / (losses["zero"] - losses["clean"])
+    change = losses["zero"] - losses["clean"]  # none: zeroing the activation leaves the loss as it is
+    recovered = (losses["zero"] - losses["sae"]) / (losses["zero"] - losses["clean"]) if change else None
     return {"L_clean": losses["clean"], "L_sae": losses["sae"], "L_zero": losses["zero"],
             "loss_recovered": recovered, "mse": float(np.mean(np.sum((x_hat - x) ** 2, axis=-1))),
             "explained_variance": explained_variance(x_hat, x), "l0": float(np.mean(active)),
@@ -275,9 +299,7 @@ def evaluate(sae, model, tokens, seq_len, n_windows):  # -> {name: number}: the 
 def eval_command(argv):  # -> exit status
     args = eval_parser().parse_args(argv)
     sae = load_sae(args.sae)
-    if sae.hook is None:
-        raise UsageError(f"--sae {args.sae}'s cfg.json names no hook: add metadata.hook_name (a trace name, or "
-                         "TransformerLens's) so that it can be spliced in")
+    sae.hook = eval_hook(args, sae.hook)
     model = model_from_args(args)
     check_hook(sae.hook, model.hparams["n_layer"])
     seq_len = min(args.seq_len, model.hparams["n_ctx"])
@@ -294,13 +316,24 @@ def eval_command(argv):  # -> exit status
     return 0
 
 
+def eval_hook(args, saved):  # -> the trace name the SAE reads: its cfg.json's, or --hook's where it names none
+    hook = hook_flag(args.hook)
+    if saved is None and hook is None:
+        raise UsageError(f"--sae {args.sae}'s cfg.json names no hook: give the activation it reads with --hook NAME "
+                         "(or add metadata.hook_name to its cfg.json)")
+    if saved is not None and hook not in (None, saved):
+        raise UsageError(f"--hook {hook} differs from {saved}, the hook --sae {args.sae}'s cfg.json names: drop "
+                         "--hook")
+    return saved or hook
+
+
 def report(numbers):  # -> the text sae eval prints
     recovered = numbers["loss_recovered"]
     return "\n".join([
         f"{numbers['tokens']:,} tokens, the SAE spliced in at {numbers['hook']}:",
         f"  L_clean {numbers['L_clean']:.4f}  L_sae {numbers['L_sae']:.4f}  L_zero {numbers['L_zero']:.4f} "
         "(nats per token)",
-        f"  loss recovered {recovered:.4f} ((L_zero - L_sae) / (L_zero - L_clean))" if math.isfinite(recovered)
+        f"  loss recovered {recovered:.4f} ((L_zero - L_sae) / (L_zero - L_clean))" if recovered is not None
         else "  loss recovered: undefined (zeroing the activation does not change the loss)",
         f"  mse {numbers['mse']:.6g}  explained variance {numbers['explained_variance']:.4f}  L0 {numbers['l0']:.2f}",
         f"  dead latents {numbers['dead_latents']:,} of {numbers['d_sae']:,} "
@@ -330,7 +363,9 @@ def run(argv=None):  # -> exit status
             write_stdout("usage: gpt2-numpy sae {train,eval,features} [flags]\n\n" + "\n".join(
                 f"  {name:<{width}}  {what}" for name, what in SUBCOMMANDS.items()) + "\n")
             return 0
+        guesses = difflib.get_close_matches(argv[0], SUBCOMMANDS, n=1) if argv else []
         given = f"unknown subcommand {argv[0]!r}" if argv else "no subcommand given"
+        given += "".join(f" (did you mean {guess}?)" for guess in guesses)
         raise UsageError(f"{given}: choose one of {', '.join(SUBCOMMANDS)} (gpt2-numpy sae train --help, ...)")
     return HANDLERS[argv[0]](argv[1:])
 

@@ -16,12 +16,14 @@ import math
 
 import numpy as np
 
-from gpt2_numpy.commands.common import add_model_args, model_from_args, path_argument, read_data, whole_number
+from gpt2_numpy.commands.common import add_model_args, model_from_args, path_argument, read_data, repeated
+from gpt2_numpy.commands.common import whole_number
 from gpt2_numpy.console import log, plural
 from gpt2_numpy.errors import UsageError
 from gpt2_numpy.interpret.features import busiest_latents, check_latents, latent_activations, latent_edit_effect
 from gpt2_numpy.interpret.features import strongest_latents
 from gpt2_numpy.interpret.features_page import features_data, features_html
+from gpt2_numpy.interpret.sae import decoder_norms
 from gpt2_numpy.interpret.sae_activations import check_hook, model_rows
 from gpt2_numpy.interpret.sae_files import check_fits, load_sae
 from gpt2_numpy.interpret.present import before_after_json, before_after_table
@@ -31,6 +33,7 @@ from gpt2_numpy.tokenizer import check_in_vocabulary
 
 STRONGEST = 5  # latents shown per position by explain --sae
 HTML_SUFFIXES = (".html", ".htm")
+FLOAT32_MAX = float(np.finfo(np.float32).max)  # a steered row beyond it is infinite in the model's float32
 
 
 # --- sae features ---
@@ -67,8 +70,14 @@ def run(args):  # -> exit status
     if not latents:
         raise UsageError(f"no latent of --sae {args.sae} fires anywhere in --data {args.data}: nothing to show")
     title = f"{plural(len(latents), 'latent')} of the SAE {args.sae.name} on {args.data.name}"
-    page = features_html(features_data(windows, params, n_head, sae, latents, lambda t: token_text(model, t),
-                                       title, args.contexts))
+    data = features_data(windows, params, n_head, sae, latents, lambda t: token_text(model, t), title, args.contexts)
+    silent = [latent["id"] for latent in data["latents"] if latent["fired"] == 0]
+    if silent:  # asked for by --latents: drawn, with no context, so that the page answers what was asked
+        log(f"{'latent' if len(silent) == 1 else 'latents'} {', '.join(map(str, silent))} of --latents never "
+            f"fire{'s' * (len(silent) == 1)} in --data {args.data}: drawn without contexts")
+    if data["no_logits"]:
+        log(f"no logit table on the page: {data['no_logits']}")
+    page = features_html(data)
     write_atomically(args.html, lambda file: file.write(page.encode("utf-8")), "the page")
     log(f"wrote {args.html}: {plural(len(latents), 'latent')} over {plural(windows.size, 'token')}")
     return 0
@@ -104,7 +113,10 @@ def loaded_sae(folder, params, hparams):  # -> the SAE in folder, fit for the mo
     return sae
 
 
-def checked(latents, sae, flag):  # -> latents; UsageError for one that is not a latent of the SAE
+def checked(latents, sae, flag):  # -> latents; UsageError for one that is not a latent of the SAE, or is given twice
+    twice = repeated(latents)
+    if twice is not None:  # more likely a typo for another latent: taking one out twice would subtract it twice
+        raise UsageError(f"{flag} names latent {twice} more than once: give each latent once")
     try:
         check_latents(latents, sae.d_sae, flag)
     except ValueError as error:
@@ -121,9 +133,18 @@ def steer_pair(text):  # -> (latent, scale) from "F:SCALE"; argparse turns the e
         pair = int(latent), float(scale)
     except ValueError:
         pair = None
-    if not colon or pair is None or pair[0] < 0 or not math.isfinite(pair[1]):
+    # int() and float() read "1_0" as 10: a latent id and a scale are written without underscores
+    if not colon or pair is None or "_" in text or pair[0] < 0 or not math.isfinite(pair[1]):
         raise argparse.ArgumentTypeError(f"{text!r} is not F:SCALE (a latent id and a finite number, e.g. 12:4.0)")
     return pair
+
+
+def check_steers(steers, sae):  # -> None; UsageError for a scale that overflows float32 on its decoder row
+    for latent, scale in steers:
+        norm = float(decoder_norms(sae.params["W_dec"][latent]))
+        if not abs(scale) * norm < FLOAT32_MAX:
+            raise UsageError(f"--steer {latent}:{scale:g} overflows: the scale times the row's norm {norm:.4g} is "
+                             f"beyond float32's largest number ({FLOAT32_MAX:.3g}): give a smaller scale")
 
 
 def add_explain_arguments(parser):  # -> None; explain's SAE flags
@@ -153,6 +174,7 @@ def explain_compute(args, model):  # -> {"sae", "top"} or {"sae", "ablate", "ste
     ablate, steers = args.sae_ablate or [], args.steer or []
     checked(ablate, sae, "--sae-ablate")
     checked([latent for latent, _ in steers], sae, "--steer")
+    check_steers(steers, sae)
     n_head = model.hparams["n_head"]
     if not (ablate or steers):
         return {"sae": sae, "top": strongest_latents(latent_activations(model.ids, model.params, n_head, sae),

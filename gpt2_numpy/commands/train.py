@@ -50,7 +50,8 @@ def parse_args(argv):  # -> argparse.Namespace
         "model folder that every command loads with --model DIR.")
     parser.add_argument("--data", required=True, type=path_argument, metavar="FILE",
                         help="UTF-8 text to train on, tokenized with GPT-2's tokenizer (or the one --vocab-size "
-                        "trains, or --init DIR's own); <|endoftext|> in it is the end-of-text token")
+                        "trains, or --init DIR's own); <|endoftext|> in it is the end-of-text token; "
+                        "sample: is a few KB of English that ships with the package, for a first run")
     parser.add_argument("--out", required=True, type=path_argument, metavar="DIR",
                         help="the model folder to write (Hugging Face layout), with the resume state and log.csv")
     parser.add_argument("--resume", action="store_true", help="continue the run saved in --out")
@@ -162,7 +163,7 @@ def run_holding(argv, lock):  # -> exit status; lock: the ExitStack that holds o
     args = parse_args(argv)
     check_flags(args)
     out = args.out
-    ours = check_out(out, args.resume)
+    ours = check_out(out, args.resume, kind="model")
     if ours:  # locked before anything is read, so that a run still going there is named as such
         lock.enter_context(claimed(out, args.resume))
     text = read_data(args.data)

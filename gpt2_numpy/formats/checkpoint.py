@@ -20,6 +20,9 @@ from gpt2_numpy.params import block_shapes, nest, top_shapes
 
 OPENAI_FILES = ("checkpoint", "hparams.json", "model.ckpt.index", "model.ckpt.data-00000-of-00001")
 HF_FILES = ("model.safetensors", "config.json")
+SAE_FILES = ("cfg.json", "sae_weights.safetensors")  # SAELens's SAE folder (interpret/sae_files.py), not a model
+FOLDER_KINDS = {"model": f"a GPT-2 model folder ({', '.join(HF_FILES)}, or OpenAI's {OPENAI_FILES[0]} files)",
+                "sae": f"an SAE folder ({', '.join(SAE_FILES)})"}
 HPARAM_NAMES = {  # the hparams file's own key -> ours
     "hparams.json": {key: key for key in ("n_vocab", "n_ctx", "n_embd", "n_head", "n_layer")},
     "config.json": {"vocab_size": "n_vocab", "n_positions": "n_ctx", "n_embd": "n_embd", "n_head": "n_head",
@@ -69,6 +72,11 @@ def load_params(model_dir, verify=False, n_tokens=None):  # -> (hparams, params)
         vocab = vocabulary_files(model_dir)[0]
         check_model_vocabulary(n_tokens, hparams["n_vocab"], vocab, files=(vocab, hparams_path))
     return hparams, to_params(tensors, hparams, Path(weights_path), hparams_path)
+
+
+def folder_kind(folder):  # -> "model", "sae" (FOLDER_KINDS's) or None: what the files in folder make it
+    present = files_in(Path(folder), ("checkpoint", HF_FILES[0], SAE_FILES[1]))
+    return "model" if present & {"checkpoint", HF_FILES[0]} else "sae" if present else None
 
 
 def files_in(model_dir, names):  # -> the names present in model_dir; CheckpointError if it cannot be read

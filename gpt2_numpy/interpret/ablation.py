@@ -8,8 +8,12 @@ position, in the run itself (edits.py), so later layers see the change:
 
 The mean never reads the prompt, so the logits at position i still depend on tokens 0 .. i alone, as the model's do;
 a mean over the prompt's own positions would let position i see the tokens after it, the one it is scored against
-among them. Position i's mean comes from position i, since z carries the position's embedding: a reference shorter
-than the prompt is refused, not stretched. reference_windows cuts a text's token ids into such windows.
+among them. Nor does it depend on the prompt's length: the windows have one fixed length, the model's context (or the
+whole text, when it is shorter), so a prompt and its prefix get the same means at the positions they share, and the
+prefix's numbers never depend on what follows it. Only the first len(prompt) positions of each window are run: the
+model is causal, so they are the whole window's first positions. Position i's mean comes from position i, since z
+carries the position's embedding: a reference shorter than the prompt is refused, not stretched. reference_windows
+cuts a text's token ids into such windows.
 
 The effect is read twice, before (trace) and after (run_with_edits):
     loss        mean over positions i < n_seq - 1 of -log softmax(logits[i])[ids[i + 1]], the next-token loss
@@ -78,13 +82,13 @@ def reference_means(reference, params, n_head, heads, n_seq, how):  # -> {layer:
     return {layer: names[f"blocks.{layer}.attn.z"].mean(axis=0) for layer in layers}
 
 
-def reference_windows(token_ids, n_seq):  # int [n] -> int [n_windows, n_seq]: consecutive windows of the text's ids
-    """The first windows of n_seq consecutive ids (REFERENCE_TOKENS at most, at least one window); ValueError when the
-    text has fewer than n_seq tokens."""
+def reference_windows(token_ids, n_ctx):  # int [n] -> int [n_windows, min(n_ctx, n)]: the text's consecutive windows
+    """The first windows of min(n_ctx, n) consecutive ids (REFERENCE_TOKENS at most, at least one window): one length
+    whatever the prompt, the model's context n_ctx, or the whole text when it is shorter. ValueError for no token."""
     token_ids = np.asarray(token_ids)
-    if len(token_ids) < n_seq:
-        raise ValueError(f"the reference text is {len(token_ids)} tokens, fewer than the prompt's {n_seq}: a "
-                         "position's mean comes from that position, so give a longer text")
+    if len(token_ids) == 0:
+        raise ValueError("the reference text has no token: a position's mean comes from that position of other text")
+    n_seq = min(n_ctx, len(token_ids))
     n_windows = min(len(token_ids) // n_seq, max(1, REFERENCE_TOKENS // n_seq))
     return token_ids[:n_windows * n_seq].reshape(n_windows, n_seq)
 

@@ -25,7 +25,8 @@ import numpy as np
 
 from gpt2_numpy.interpret.ablation import prediction
 from gpt2_numpy.interpret.edits import Edit, run_with_edits
-from gpt2_numpy.interpret.tracing import block_traces, embedding, trace
+from gpt2_numpy.interpret.sae_activations import hook_rows, model_rows, rows_back
+from gpt2_numpy.interpret.tracing import trace
 
 RESIDUAL_STEPS = ("mid", "out", "attn.out", "mlp.out")  # a block's arrays in the residual stream's space
 HISTOGRAM_BINS = 20
@@ -35,42 +36,13 @@ CONTEXT_BEFORE, CONTEXT_AFTER = 12, 4  # tokens around a top activation that a c
 # --- The SAE's input at its hook ---
 
 
-def sae_input(array, hook):  # trace's array at hook -> [..., n_seq, d_in]: attn.z's heads side by side
-    if hook.endswith(".attn.z"):  # [..., n_head, n_seq, d_head], flattened as SAELens's hook_z is (heads in order)
-        return merge(array)
-    return array
-
-
-def merge(z):  # [..., n_head, n_seq, d_head] -> [..., n_seq, n_head * d_head]
-    moved = np.moveaxis(z, -3, -2)
-    return moved.reshape(*moved.shape[:-2], moved.shape[-2] * moved.shape[-1])
-
-
-def unmerge(x, like):  # [..., n_seq, n_head * d_head], like [..., n_head, n_seq, d_head] -> like's shape
-    n_head, n_seq, d_head = like.shape[-3:]
-    return np.moveaxis(x.reshape(*x.shape[:-1], n_head, d_head), -2, -3)
-
-
-def at_hook(function, hook):  # -> edit function: function([..., n_seq, d_in]) applied to the array at hook, reshaped
-    def edit(array):
-        x = function(sae_input(array, hook))
-        return unmerge(x, array) if hook.endswith(".attn.z") else x
-    return edit
-
-
-def hook_activation(ids, params, n_head, hook):  # int [n_seq] -> trace's array named hook, computed up to there
-    # the blocks after the hook, and GPT-2's 50,257 logits per token, would cost more than everything a page needs
-    if hook == "embed":
-        return embedding(ids, params["wte"], params["wpe"])
-    if not hook.startswith("blocks."):
-        return trace(ids, params, n_head)[hook]
-    layer, step = int(hook.split(".")[1]), hook.split(".", 2)[2]
-    *_, last = block_traces(embedding(ids, params["wte"], params["wpe"]), params["blocks"][: layer + 1], n_head)
-    return last[step]  # the hook's block's arrays: the blocks run up to it, and no further
+def at_hook(function, hook):  # -> edit function: function([n_seq, d_in]) applied to hook's rows, put back in its shape
+    # a per-head array [n_head, n_seq, d_head] is read as training reads it: each position's heads side by side
+    return lambda array: rows_back(function(hook_rows(array, hook)), array, hook)
 
 
 def latent_activations(ids, params, n_head, sae):  # int [n_seq] -> [n_seq, d_sae]: the SAE's latents at its hook
-    return sae.encode(sae_input(hook_activation(ids, params, n_head, sae.hook), sae.hook))
+    return sae.encode(model_rows(ids, params, n_head, sae.hook))
 
 
 def strongest_latents(f, top):  # [n_seq, d_sae] -> (ids int [n_seq, top], activations [n_seq, top]), strongest first
@@ -116,18 +88,24 @@ def edited_logits(ids, params, n_head, edits):  # -> ([n_seq, n_vocab] clean, [n
 # --- What a latent writes to the logits ---
 
 
+def no_direct_effect(hook):  # -> why the logits read nothing an SAE at hook writes directly; None when they do
+    if hook == "embed" or hook.split(".", 2)[-1] in RESIDUAL_STEPS or hook.endswith((".attn.z", ".mlp.hidden")):
+        return None
+    return (f"an SAE at {hook} writes nothing the logits read directly: the direct effect is defined for the residual "
+            f"stream ({', '.join(RESIDUAL_STEPS)}, embed), attn.z and mlp.hidden")
+
+
 def residual_direction(sae, params, latents):  # -> [n_latents, n_embd]: the decoder rows, in the residual stream
     rows = sae.params["W_dec"][list(latents)]
     hook = sae.hook
-    if hook == "embed" or hook.split(".", 2)[-1] in RESIDUAL_STEPS:
-        return rows
-    layer = int(hook.split(".")[1]) if hook.startswith("blocks.") else None
+    problem = no_direct_effect(hook)
+    if problem:
+        raise ValueError(problem)
     if hook.endswith(".attn.z"):
-        return rows @ params["blocks"][layer]["attn"]["c_proj"]["w"]
+        return rows @ params["blocks"][int(hook.split(".")[1])]["attn"]["c_proj"]["w"]
     if hook.endswith(".mlp.hidden"):
-        return rows @ params["blocks"][layer]["mlp"]["c_proj"]["w"]
-    raise ValueError(f"an SAE at {hook} writes nothing the logits read directly: the direct effect is defined for the "
-                     f"residual stream ({', '.join(RESIDUAL_STEPS)}, embed), attn.z and mlp.hidden")
+        return rows @ params["blocks"][int(hook.split(".")[1])]["mlp"]["c_proj"]["w"]
+    return rows
 
 
 def logit_effects(sae, params, latents, top):  # -> (promoted, suppressed): each [n_latents] of [(token id, effect)]

@@ -8,7 +8,7 @@ histogram of its activations above 0, and the tokens its decoder row promotes an
 import json
 from importlib import resources
 
-from gpt2_numpy.interpret.features import context_span, logit_effects, scan
+from gpt2_numpy.interpret.features import context_span, logit_effects, no_direct_effect, scan
 
 DATA_SLOT = "/*DATA*/null"  # the template's placeholder for the JSON data: valid JavaScript before it is filled
 TOP_TOKENS = 10  # promoted and suppressed tokens shown per latent
@@ -21,9 +21,13 @@ def features_html(data):  # -> the page's text: features.html with data (feature
 
 
 def features_data(windows, params, n_head, sae, latents, text, title, n_contexts=10, progress=None):
-    """The page's data for `latents` of `sae` over token ids [n_windows, n_seq]; text(token_id) -> a token's text."""
+    """The page's data for `latents` of `sae` over token ids [n_windows, n_seq]; text(token_id) -> a token's text.
+    An SAE whose hook the logits do not read directly (q, k, v, a layer norm's output, ...) gets no logit table: its
+    latents' "promoted" and "suppressed" are None, and "no_logits" says why (None otherwise)."""
     found = scan(windows, params, n_head, sae, latents, n_contexts, progress=progress)
-    promoted, suppressed = logit_effects(sae, params, latents, TOP_TOKENS)
+    no_logits = no_direct_effect(sae.hook)
+    blank = [None] * len(latents)
+    promoted, suppressed = (blank, blank) if no_logits else logit_effects(sae, params, latents, TOP_TOKENS)
     column = {latent: i for i, latent in enumerate(latents)}
     shown = []
     for latent, up, down in zip(latents, promoted, suppressed):
@@ -37,9 +41,11 @@ def features_data(windows, params, n_head, sae, latents, text, title, n_contexts
                              "acts": found["activations"][window, start:stop, column[latent]].tolist()})
         shown.append({"id": int(latent), "fired": seen["fired"], "max": contexts[0]["value"] if contexts else 0.0,
                       "contexts": contexts, "histogram": {"counts": counts.tolist(), "edges": edges.tolist()},
-                      "promoted": [[text(t), effect] for t, effect in up],
-                      "suppressed": [[text(t), effect] for t, effect in down]})
+                      "promoted": None if up is None else [[text(t), effect] for t, effect in up],
+                      "suppressed": None if down is None else [[text(t), effect] for t, effect in down]})
+    effect = (f"No logit table: {no_logits}." if no_logits else
+              "Direct effect: W_dec[f], centred and scaled by ln_f's gain, @ wte.T.")
     summary = (f"{len(latents)} latents of an SAE at {sae.hook} ({sae.d_in} -> {sae.d_sae}), over {found['positions']} "
-               f"positions ({len(windows)} windows of {windows.shape[1]} tokens). Direct effect: W_dec[f], centred and "
-               "scaled by ln_f's gain, @ wte.T.")
-    return {"title": title, "summary": summary, "positions": found["positions"], "latents": shown}
+               f"positions ({len(windows)} windows of {windows.shape[1]} tokens). {effect}")
+    return {"title": title, "summary": summary, "positions": found["positions"], "no_logits": no_logits,
+            "latents": shown}

@@ -90,6 +90,11 @@ def l1_penalty(f, W_dec):  # [n, d_sae], [d_sae, d_in] -> float: Σ_j f_j ‖W_d
     return float(np.mean(np.sum(np.abs(f) * decoder_norms(W_dec), axis=-1)))
 
 
+def has_aux(d_in, dead):  # bool [d_sae] or None -> True when the AuxK loss applies: some latents dead, and SAELens's
+    # k_aux = d_in // 2 at least 1 (an activation of one number leaves no dead latent to use)
+    return dead is not None and bool(dead.any()) and d_in // 2 > 0
+
+
 def aux_k(d_in, n_dead):  # -> (k_aux, scale): SAELens's k_aux = d_in / 2 dead latents, at most as many as are dead,
     # and the loss scaled down when fewer than d_in / 2 are dead
     return min(d_in // 2, n_dead), min(n_dead / (d_in // 2), 1.0)
@@ -122,7 +127,7 @@ def loss_and_grads(x, params, architecture, k=None, l1=0.0, dead=None, apply_b_d
         d_f = d_f + l1 * norms / n  # l1 · (1/n) Σ f_j ‖W_dec[j]‖, with f ≥ 0
         d_W_dec = d_W_dec + l1 * (f.sum(axis=0) / n / norms)[:, None] * W_dec  # ∂‖w‖/∂w = w / ‖w‖
     d_pre = d_f * (f > 0)  # ReLU, and topk's mask: f = pre where a latent is kept and positive, else 0
-    if architecture == "topk" and dead is not None and dead.any():
+    if architecture == "topk" and has_aux(x.shape[-1], dead):
         k_aux, scale = aux_k(x.shape[-1], int(dead.sum()))
         aux = aux_activations(pre, dead, k_aux)  # [n, d_sae]
         residual = x - x_hat  # what the live latents missed: a target, no gradient flows into it

@@ -47,7 +47,8 @@ def trace_names(n_layer):  # -> every name trace makes in a model of n_layer blo
     return ["embed", *(f"blocks.{i}.{step}" for i in range(n_layer) for step in steps), "ln_f", "logits"]
 
 
-def check_hook(hook, n_layer):  # -> None; UsageError naming the valid names when trace makes no activation `hook`
+def check_hook(hook, n_layer):  # -> None; UsageError naming the valid names when trace makes no activation `hook`,
+    # or one an SAE cannot stand in for
     names = trace_names(n_layer)
     if hook not in names:
         shown = ", ".join(names[:3] + ["...", names[-1]]) if len(names) > 12 else ", ".join(names)
@@ -55,6 +56,14 @@ def check_hook(hook, n_layer):  # -> None; UsageError naming the valid names whe
                          f"blocks.L.STEP for L from 0 to {n_layer - 1} and STEP one of ln_1, attn.q, attn.k, attn.v, "
                          f"attn.scores, attn.weights, attn.z, attn.out, mid, ln_2, mlp.pre, mlp.hidden, mlp.out, out; "
                          f"ln_f and logits (in order: {shown})")
+    check_sae_hook(hook)
+
+
+def check_sae_hook(hook):  # -> None; UsageError for attn.scores and attn.weights, whose rows an SAE cannot stand in for
+    if hook.split(".", 2)[-1] in ("attn.scores", "attn.weights"):
+        raise UsageError(f"an SAE cannot read {hook}: each position's row holds a number for every key, the later "
+                         "positions' too, so the SAE would read the future and its splice would leak it into the "
+                         "loss; choose another hook (blocks.L.attn.z holds the heads' outputs)")
 
 
 def model_rows(ids, params, n_head, hook):  # int [n_seq] -> [n_seq, d_in]: hook's activation on one window of tokens

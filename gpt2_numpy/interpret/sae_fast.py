@@ -5,7 +5,7 @@ tests/unit/test_sae.py holds the two equal; sae.py is the one to read.
 import numpy as np
 
 from gpt2_numpy import cores
-from gpt2_numpy.interpret.sae import AUX_COEFFICIENT, aux_k, batch_stats, mse, top_k_indices
+from gpt2_numpy.interpret.sae import AUX_COEFFICIENT, aux_k, batch_stats, has_aux, mse, top_k_indices
 
 GROUP = 8  # latents per group in top_k_grouped
 
@@ -48,7 +48,7 @@ def topk_loss_and_grads(x, params, k, dead=None):  # -> (losses, grads, stats), 
     # than [d_sae, n] by [n, d_in]
     d_W_dec = scattered(values, latents, d_sae).T @ d_x_hat
     d_pre = scattered(d_values, latents, d_sae)
-    if dead is not None and dead.any():  # the AuxK loss, from each row's k_aux dead latents in the same way
+    if has_aux(x.shape[-1], dead):  # the AuxK loss, from each row's k_aux dead latents in the same way
         dead_ids = np.flatnonzero(dead)
         k_aux, scale = aux_k(x.shape[-1], len(dead_ids))
         dead_pre = pre[:, dead_ids]  # [n, n_dead]: the sort runs on the dead latents alone

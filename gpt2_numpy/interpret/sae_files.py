@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from gpt2_numpy.errors import CheckpointError, Gpt2NumpyError, UsageError
-from gpt2_numpy.formats import parse_json, shown
+from gpt2_numpy.formats import SETTINGS_LIMIT, parse_json, read_regular, shown
 from gpt2_numpy.formats.safetensors import read_safetensors, to_float32, write_safetensors
 from gpt2_numpy.interpret.sae import ARCHITECTURES, SAE, decoder_norms
 from gpt2_numpy.disk import atomic_write
@@ -98,15 +98,16 @@ def load_sae(folder):  # -> SAE, every file checked; CheckpointError (one line) 
                          "SAE.save_model or gpt2-numpy sae train writes")
     cfg = read_cfg(folder / CFG)
     params = read_weights(folder / WEIGHTS, cfg)
-    if cfg.get("rescale_acts_by_decoder_norm"):
-        cfg, params = folded(cfg, params)
+    if cfg["architecture"] == "topk" and cfg.get("rescale_acts_by_decoder_norm"):  # SAELens's TopKSAE alone reads
+        cfg, params = folded(cfg, params)  # the key: its StandardSAE and JumpReLUSAE ignore it
     return SAE(cfg, params, cfg_hook(folder / CFG, cfg))
 
 
 def folded(cfg, params):  # -> (cfg, params) of a topk SAE that rescales by its decoder's norms, with them folded in
     # SAELens's rescale_acts_by_decoder_norm multiplies the pre-activations by ‖W_dec[j]‖ and divides f by it again
     # before decoding: the same function as the plain SAE with W_enc's columns and b_enc scaled by the norms and W_dec's
-    # rows divided by them (SAELens's own _fold_norm_topk), which the math here computes
+    # rows divided by them (SAELens's own _fold_norm_topk), which the math here computes. W_dec's rows are then the
+    # unit rows that SAELens's decode applies (f / ‖W_dec[j]‖ @ W_dec): the rows that ablation and steering use
     norms = decoder_norms(params["W_dec"])
     if not (norms > 0).all():
         raise CheckpointError("a decoder row is zero, so rescale_acts_by_decoder_norm divides by zero: use another "
@@ -122,7 +123,7 @@ def damaged(path, problem):  # -> CheckpointError for an SAE file that cannot be
 
 def read_cfg(path):  # -> cfg.json's object, checked: an architecture of ours, sizes, and only math we compute
     try:
-        cfg = parse_json(path.read_bytes())
+        cfg = parse_json(read_regular(path, SETTINGS_LIMIT))  # as a model's config.json: a FIFO never hangs
     except OSError as error:
         raise damaged(path, f"cannot be read ({error.strerror or error}): pass a folder holding SAELens's {CFG}") \
             from None

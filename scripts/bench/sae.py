@@ -10,6 +10,7 @@ SAELens's time is fit()'s, its trainer built beforehand. scripts/benchmark.py ru
 at least 2x SAELens's activations per second.
 """
 import argparse
+import importlib.util
 import time
 
 import numpy as np
@@ -67,14 +68,16 @@ def sae_lens_measure(data):  # -> measure(): seconds of SAELens's SAETrainer.fit
 def sae_rows(repeats, theirs=SAE_LENS):  # -> the table's rows (SAELens's values under theirs, where installed;
     # scripts/benchmark.py's table has one column for the other engine, so there the row names SAELens)
     data = batches()
-    measures = {OURS: our_measure(data)}
+    measures, missing = {OURS: our_measure(data)}, None
     try:
         measures[theirs] = sae_lens_measure(data)
-    except ImportError:
-        pass  # ours alone; the row says how to compare
+    except ImportError as error:  # ours alone; the row says how to compare
+        missing = error
     seconds = in_turns(measures, repeats)
     metric = f"topk SAE training, {D_IN} -> {D_SAE} latents, k {K}, batch {BATCH:,}: activations/s"
-    if theirs not in seconds:
+    if theirs not in seconds and importlib.util.find_spec("sae_lens") is not None:  # installed, but broken
+        metric += f" (sae-lens is installed but fails to import: {missing}; fix it to compare with SAELens's)"
+    elif theirs not in seconds:
         metric += " (pip install sae-lens to compare with SAELens's SAETrainer)"
     elif theirs != SAE_LENS:
         metric += f" ({theirs}'s column: SAELens's SAETrainer)"

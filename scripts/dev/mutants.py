@@ -8,17 +8,20 @@ Every mutant must be caught. The test files that catch each part (the word befor
     model,fast,cores (default)  tests/unit/test_model.py tests/unit/test_fast.py tests/unit/test_cores.py
     backward                    tests/unit/test_fast_backward.py
     train,commands,optim,save   tests/cli/test_train_resume.py tests/cli/test_train_vocab.py tests/unit/test_optim.py
+                                tests/cli/test_commands.py
     intervene                   tests/unit/test_edits.py
     gradients                   tests/unit/test_gradients.py
     "attribution patching"      tests/unit/test_attribution_patching.py
     download                    tests/unit/test_fetch.py tests/unit/test_loading.py tests/unit/test_locks.py
     sampling,decode,tokenizer   tests/unit/test_sampling.py tests/unit/test_decode.py tests/cli/test_tokenizer.py
     vocabulary,score,checkpoint  tests/unit/test_tokenizer.py tests/unit/test_checkpoint.py tests/unit/test_tracing.py
-    explain                     tests/unit/test_tracing.py
+    explain                     tests/unit/test_tracing.py tests/unit/test_heads.py
     "explain page"              tests/unit/test_page.py
     threads                     tests/unit/test_cores_threads.py
     sae                         tests/unit/test_sae.py tests/cli/test_sae_commands.py
     sae                         tests/unit/test_features.py tests/cli/test_sae_features.py
+    sae                         tests/unit/test_features_page.py
+    paths                       tests/cli/test_common.py
 
 for example `python -m scripts.dev.mutants --only download tests/unit/test_fetch.py tests/unit/test_loading.py
 tests/unit/test_locks.py`. A test earns its place by failing
@@ -85,6 +88,14 @@ MUTANTS = [  # (what, file, text, replacement)
      'openblas()[0](passes["n_threads"])', "pass"),
     ("cores: a forked child restores the count only for a counted pass", "gpt2_numpy/cores.py",
      '(passes["running"] > own or passes_lock.locked())', 'passes["running"] > own'),
+    # caught by tests/unit/test_cores_threads.py (threads)
+    ("threads: a few rows' product at 2 OpenBLAS threads computes one thread's width of each piece",
+     "gpt2_numpy/fast.py", "np.matmul(w_t[start : start + step], rows.T, out=out_t[start : start + step])",
+     "np.matmul(w_t[start : start + FEW_ROWS_PIECE], rows.T, out=out_t[start : start + FEW_ROWS_PIECE])"),
+    ("threads: blas_threads with no OpenBLAS found", "gpt2_numpy/cores.py", "return blas[1]() if blas else 1",
+     "return blas[1]()"),
+    ("threads: set_threads with no OpenBLAS found", "gpt2_numpy/cores.py",
+     "        if blas is None:\n            return\n", ""),
     # their tests are in tests/unit/test_fetch.py, test_loading.py and test_locks.py, not among the default TEST_FILEs
     # the SAE's: tests/unit/test_sae.py tests/cli/test_sae_commands.py tests/unit/test_features.py
     # tests/cli/test_sae_features.py, not among the default TEST_FILEs
@@ -106,6 +117,80 @@ MUTANTS = [  # (what, file, text, replacement)
      'return x - f @ sae.params["W_dec"][latents]', 'return x + f @ sae.params["W_dec"][latents]'),
     ("sae: steering ignores its scale", "gpt2_numpy/interpret/features.py",
      'sum(scale * sae.params["W_dec"][latent] for', 'sum(sae.params["W_dec"][latent] for'),
+    # issue 54's: each fix of the SAE's training, eval and files undone
+    ("sae: a resume from another model of the same width goes on", "gpt2_numpy/commands/sae.py",
+     'if source.model_name is not None and saved["seq_len"] is not None and saved["source"] != source.name:',
+     "if False:"),
+    ("sae: a resume from activations of another width goes on", "gpt2_numpy/commands/sae.py",
+     'if saved["d_in"] != source.d_in:', "if False:"),
+    ("sae: attn.scores and attn.weights taken as an SAE's hook", "gpt2_numpy/interpret/sae_activations.py",
+     'if hook.split(".", 2)[-1] in ("attn.scores", "attn.weights"):', "if False:"),
+    ("sae: loss recovered divides by an unchanged loss", "gpt2_numpy/commands/sae.py",
+     ' if change else None', ""),
+    ("sae: an empty .npy file unchecked", "gpt2_numpy/commands/sae.py", "except (ValueError, EOFError):",
+     "except ValueError:"),
+    ("sae: a truncated train_state.npz unchecked", "gpt2_numpy/sae_training.py",
+     "TypeError, zipfile.BadZipFile) as error:", "TypeError) as error:"),
+    ("sae: the AuxK loss for an activation of one number", "gpt2_numpy/interpret/sae.py",
+     " and d_in // 2 > 0", ""),
+    ("sae: cfg.json read whatever it is", "gpt2_numpy/interpret/sae_files.py",
+     "parse_json(read_regular(path, SETTINGS_LIMIT))", "parse_json(path.read_bytes())"),
+    ("sae: cfg.json read at any size", "gpt2_numpy/interpret/sae_files.py",
+     "parse_json(read_regular(path, SETTINGS_LIMIT))", "parse_json(read_regular(path, 2**40))"),
+    ("sae: train's --seq-len over the context cut to it", "gpt2_numpy/commands/sae.py",
+     "if args.seq_len is not None and args.seq_len > n_ctx:", "if False:"),
+    ("sae: a non-finite row named by its piece's first", "gpt2_numpy/commands/sae.py",
+     "f\"{start + int(np.argmax(bad)):,}): fix the file\")", "f\"{start:,}): fix the file\")"),
+    ("sae: eval's --hook ignored", "gpt2_numpy/commands/sae.py", "    return saved or hook\n", "    return saved\n"),
+    ("sae: a misspelt subcommand gets no guess", "gpt2_numpy/commands/sae.py",
+     '        given += "".join(f" (did you mean {guess}?)" for guess in guesses)\n', ""),
+    ("sae: the benchmark says install sae-lens when it is installed", "scripts/bench/sae.py",
+     'if theirs not in seconds and importlib.util.find_spec("sae_lens") is not None:', "if False:"),
+    ("sae: a latent's idle count counts steps", "gpt2_numpy/sae_training.py", "since_fired += len(x)",
+     "since_fired += 1"),
+    ("sae: a latent dead only past DEAD_AFTER", "gpt2_numpy/sae_training.py", "since_fired >= DEAD_AFTER)",
+     "since_fired > DEAD_AFTER)"),
+    ("sae: a save cut after its weights settled as GPT-2's", "gpt2_numpy/commands/sae.py",
+     "lock.enter_context(claimed(out, args.resume, SAE_ORDER))", "lock.enter_context(claimed(out, args.resume))"),
+    ("sae: --resume keeps the saved --save-every", "gpt2_numpy/commands/sae.py",
+     '"steps": args.steps, "save_every": args.save_every})', '"steps": args.steps})'),
+    ("sae: eval's targets the inputs", "gpt2_numpy/commands/sae.py",
+     "inputs, targets = window[:-1], window[1:]", "inputs, targets = window[:-1], window[:-1]"),
+    ("sae: eval's dead latents from the last window", "gpt2_numpy/commands/sae.py",
+     "fired |= (f > 0).any(axis=0)", "fired = (f > 0).any(axis=0)"),
+    ("sae: TransformerLens's mlp.hook_post read as mlp.out", "gpt2_numpy/interpret/sae_files.py",
+     '"mlp.hook_post": "mlp.hidden"', '"mlp.hook_post": "mlp.out"'),
+    ("sae: an SAE at attn.z writes no hook_z reshape", "gpt2_numpy/interpret/sae_files.py",
+     '"reshape_activations": "hook_z" if hook and hook.endswith(".attn.z") else "none",',
+     '"reshape_activations": "none",'),
+    ("sae: a cfg.json without apply_b_dec_to_input leaves x uncentred", "gpt2_numpy/interpret/sae.py",
+     'bool(cfg.get("apply_b_dec_to_input", True))', 'bool(cfg.get("apply_b_dec_to_input"))'),
+    ("sae: a latent given twice passes when it is latent 0", "gpt2_numpy/commands/sae_features.py",
+     "    if twice is not None:  # more likely a typo for another latent", "    if twice:  # more likely a typo"),
+    ("sae: rescale_acts_by_decoder_norm folded into a standard SAE too", "gpt2_numpy/interpret/sae_files.py",
+     'if cfg["architecture"] == "topk" and cfg.get("rescale_acts_by_decoder_norm"):',
+     'if cfg.get("rescale_acts_by_decoder_norm"):'),
+    ("sae: an edit at a per-head hook applied to the heads unmerged", "gpt2_numpy/interpret/features.py",
+     "return lambda array: rows_back(function(hook_rows(array, hook)), array, hook)",
+     "return lambda array: function(array)"),
+    ("sae: the page's logit table drawn for any hook", "gpt2_numpy/interpret/features_page.py",
+     "    no_logits = no_direct_effect(sae.hook)", "    no_logits = None"),
+    ("sae: a steered row's overflow judged by the scale alone", "gpt2_numpy/commands/sae_features.py",
+     "if not abs(scale) * norm < FLOAT32_MAX:", "if not abs(scale) < FLOAT32_MAX:"),
+    ("sae: --steer 1_0:2 read as latent 10", "gpt2_numpy/commands/sae_features.py", 'or "_" in text or', "or"),
+    ("sae: the page draws latents that never fire", "gpt2_numpy/interpret/features.py",
+     "return [int(latent) for latent in order[:count] if fired[latent] > 0]",
+     "return [int(latent) for latent in order[:count]]"),
+    ("sae: latents of --latents that never fire drawn unsaid", "gpt2_numpy/commands/sae_features.py",
+     '    silent = [latent["id"] for latent in data["latents"] if latent["fired"] == 0]', "    silent = []"),
+    ("sae: a model folder taken for an SAE run's --out and back", "gpt2_numpy/runs.py",
+     "found = folder_kind(out) if names and kind else None", "found = None"),
+    ("sae: an SAE folder loaded as a model", "gpt2_numpy/loading.py", 'if folder_kind(folder) == "sae":',
+     "if False:"),
+    ("intervene: a mean ablation's windows as long as the prompt", "gpt2_numpy/commands/explain.py",
+     'return reference_windows(token_ids, hparams["n_ctx"])', "return reference_windows(token_ids, n_seq)"),
+    ("paths: --out '~/x' makes a folder named ~", "gpt2_numpy/commands/common.py", "return Path(text).expanduser()",
+     "return Path(text)"),
     ("download: the SHA-256 compared on its first 32 digits", "gpt2_numpy/fetch.py", "if actual == digest:",
      "if actual[:32] == digest[:32]:"),
     ('download: a weak X-Linked-Etag (W/"...") leaves the file unchecked', "gpt2_numpy/fetch.py",
@@ -145,10 +230,19 @@ MUTANTS = [  # (what, file, text, replacement)
      'rows = [row for row in read_log(path) if name == LOG or int(row["step"]) <= step]'),
     ("train: a Ctrl-C in the last step asks for --resume", "gpt2_numpy/training.py",
      "if stop.requested and step < steps:", "if stop.requested:"),
+    ("train: a Ctrl-C stops a run started with SIGINT ignored", "gpt2_numpy/training.py",
+     "    if previous is signal.SIG_IGN:  # e.g.", "    if False:  # e.g."),
     ("train: a resumed run keeps its weights file mapped", "gpt2_numpy/commands/train.py",
      "    params = map_leaves(np.array, params)\n", "    loaded, params = params, map_leaves(np.array, params)\n"),
     ("train: --vocab-size 257 loads a vocabulary from --out", "gpt2_numpy/commands/train.py",
      "own = merges is not None", "own = bool(merges)"),
+    ("download: a marker holding a list or null is a traceback", "gpt2_numpy/loading.py",
+     "except (OSError, ValueError, KeyError, TypeError):  # no marker",
+     "except (OSError, ValueError, KeyError):  # no marker"),
+    ("download: the read-only folder's hint leaves its --models-dir unquoted", "gpt2_numpy/loading.py",
+     "--models-dir {shlex.quote(str(folder.parent))}", "--models-dir {folder.parent}"),
+    ("commands: stdin's '-' taken for a text that begins with '-'", "gpt2_numpy/commands/common.py",
+     'if word.startswith("-") and word != "-" and not', 'if word.startswith("-") and not'),
     ("download: a waiter keeps a lock file its holder deleted", "gpt2_numpy/locks.py",
      "if os.path.samestat(os.fstat(lock.fileno()), os.stat(path)):", "if True:"),
     ("download: a failed first download leaves its folders", "gpt2_numpy/disk.py",
@@ -189,6 +283,8 @@ MUTANTS = [  # (what, file, text, replacement)
      'step("attn.z", weighted_sum(softmax(scores + causal_mask(len(x))), v))'),
     ("intervene: a patched resid_pre one layer late", "gpt2_numpy/interpret/edits.py",
      'return "embed" if layer == 0 else f"blocks.{layer - 1}.out"', 'return f"blocks.{layer}.out"'),
+    ("intervene: a run cannot start at n_layer, at ln_f", "gpt2_numpy/interpret/edits.py",
+     "0 <= start_at_layer <= n_layer):", "0 <= start_at_layer < n_layer):"),
     # caught by tests/unit/test_gradients.py
     ("gradients: mid's gradient without the residual's share", "gpt2_numpy/interpret/gradients.py",
      'd_out + layer_norm_backward(d_ln_2, steps["mid"], ln_2["g"])[0]', 'layer_norm_backward(d_ln_2, steps["mid"], '
@@ -274,6 +370,8 @@ MUTANTS = [  # (what, file, text, replacement)
      "value = config.get(option, values[0])", "value = values[0]"),
     ("explain: trace's blocks take any n_head", "gpt2_numpy/interpret/tracing.py",
      "    check_heads(n_head, x.shape[-1])  # the error", "    pass  # the error"),
+    ("explain: NaN weights on the repeated sequence alone scored as NaN", "gpt2_numpy/interpret/heads.py",
+     "    check_finite(repeat)\n", ""),
     # caught by tests/unit/test_page.py (a page of 300 tokens, whose map pixels cover 2 x 2 weights)
     ("explain page: a map pixel shows the last weight it covers, not the largest", "gpt2_numpy/interpret/page.html",
      "cells[cell] = Math.max(cells[cell], values[s] / DATA.scale);", "cells[cell] = values[s] / DATA.scale;"),

@@ -12,6 +12,7 @@ import pytest
 
 from gpt2_numpy.commands import COMMANDS
 from gpt2_numpy.commands import main as commands_main
+from gpt2_numpy.errors import UsageError
 from gpt2_numpy.commands.common import model_from_args, model_choice
 from gpt2_numpy.params import random_params
 from gpt2_numpy.save import save_model
@@ -111,6 +112,12 @@ def test_help_is_no_prompt_but_the_help(argv, same_as):  # as `git help` and `pi
 def test_help_for_an_unknown_command_says_so():  # not the general help and status 0, as if it had been understood
     assert_one_error_line(run("-m", "gpt2_numpy", "help", "gnerate"),
                           "help: unknown command 'gnerate' (did you mean generate?): choose one of generate, score")
+
+
+def test_the_help_lists_every_sae_command():  # sae features was missing
+    from gpt2_numpy.commands import help_text
+
+    assert all(f"sae {name}" in help_text() for name in ("train", "eval", "features"))
 
 
 def test_generate_s_usage_says_a_prompt_is_required():
@@ -264,6 +271,20 @@ def test_a_usage_error_gets_the_hints_that_apply_to_it_and_no_other(argv, messag
     result = run("-m", "gpt2_numpy", *argv)
     assert_one_error_line(result, message)
     assert [text for text in absent if text in result.stderr] == []
+
+
+@pytest.mark.parametrize("argv, hinted", [
+    (["-", "--stride"], False),  # "-" reads the text from stdin: it is no text that begins with '-'
+    (["-", "--tokens", "3"], False),
+    (["-", "-x"], True),  # "-x" is
+    (["--per-token", "-x"], True),
+])
+def test_stdin_s_dash_gets_no_dash_hint_and_text_beside_it_does(argv, hinted):
+    from gpt2_numpy.commands import score
+
+    with pytest.raises(UsageError) as caught:
+        score.parse_args(argv)
+    assert (DASH_HINT in str(caught.value)) == hinted, str(caught.value)
 
 
 @pytest.mark.slow

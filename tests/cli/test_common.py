@@ -308,3 +308,15 @@ def test_more_new_tokens_than_any_official_context_are_refused_before_any_downlo
                              str(tmp_path / "models"), base_url=server.url)
     assert server.requests  # 1023 may fit an official model: it is downloaded, then the tiny one's 64 refuse it
     assert_one_error_line(allowed, "more than the model's context of 64 tokens")
+
+
+def test_a_path_flag_reads_a_leading_tilde_as_home_as_models_dir_always_did(monkeypatch, tmp_path):
+    # --out '~/x' (quoted: no shell expanded it) made a folder named "~" here, while --models-dir '~/x' meant home
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert cli.path_argument("~/x") == tmp_path / "x"
+    assert cli.path_argument("~") == tmp_path
+    assert cli.path_argument("a/~/x") == cli.Path("a/~/x")  # only a leading ~ is the home folder, as in a shell
+    monkeypatch.setenv("GPT2_NUMPY_WEIGHTS", "")
+    args = cli.ArgumentParser(prog="t")
+    cli.add_models_dir(args)
+    assert args.parse_args(["--models-dir", "~/m"]).models_dir == tmp_path / "m"

@@ -13,6 +13,7 @@ import io
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -618,3 +619,22 @@ def test_hugging_face_reads_the_saved_epsilon_and_computes_our_logits(tmp_path):
     loaded_hparams, params = load_params(tmp_path)
     ours = fast.gpt2(reference["ids"], **params, n_head=loaded_hparams["n_head"])
     np.testing.assert_allclose(ours, theirs, rtol=0, atol=HF_TOLERANCE)
+
+
+def test_ctrl_c_stops_leaves_an_ignored_sigint_ignored_and_puts_a_handler_back():
+    # whoever started the run with SIGINT ignored (a script's background job, nohup) meant it: a Ctrl-C at the
+    # terminal must not stop that run, nor the run leave SIGINT handled after it
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        with training.ctrl_c_stops() as stop:
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+            signal.raise_signal(signal.SIGINT)
+        assert not stop.requested and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        with training.ctrl_c_stops() as stop:
+            signal.raise_signal(signal.SIGINT)  # the first Ctrl-C asks for a stop after the step, raising nothing
+            assert stop.requested
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, before)

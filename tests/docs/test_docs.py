@@ -8,6 +8,7 @@ the package is this checkout; the models dir is empty and downloads go to a clos
 fetched. Each block must exit 0 within BLOCK_SECONDS.
 """
 import ast
+import fnmatch
 import importlib
 import inspect
 import os
@@ -258,3 +259,49 @@ def test_the_tokenizer_page_prints_the_textbook_code_as_it_is(function):  # as R
     listings = [code for _, info, code in blocks((REPO / "docs" / "tokenizer.md").read_text(encoding="utf-8"))
                 if info == "python"]
     assert textwrap.dedent(inspect.getsource(target)) in listings
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_the_readme_says_what_greedy_decoding_of_the_tiny_model_writes(first_run):
+    # the README once said "20 blank lines" where the model wrote 20 spaces
+    from gpt2_numpy import complete, load_model
+
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    claim = re.search(r'greedy \(the default\) repeats the likeliest token: for the 20-step model, ("[^"]*") 20 times',
+                      readme)
+    assert claim, "the README's Python block no longer says what greedy decoding writes"
+    assert complete(load_model(first_run / "my-gpt"), "The model", n_tokens=20) == ast.literal_eval(claim[1]) * 20
+
+
+# --- Following the docs leaves a clone clean ---
+
+WRITES = re.compile(r"(?:--out|--html|--plot|--screenshot|-o|>)\s+([^\s`'\"]+)")  # a command's output path
+PLACEHOLDER = re.compile(r"^(?:OUT|DIR|FILE|PNG)(?:$|[-/])")  # the reader's own name: OUT, OUT-sae/sae
+
+
+def written_paths(text):  # -> the paths the commands of a page's shell blocks write, relative to where they run
+    return sorted({path for _, info, code in blocks(text) if info.split()[:1] in (["bash"], ["console"], ["sh"])
+                   for path in WRITES.findall(code)
+                   if not PLACEHOLDER.match(path) and not path.startswith(("../", "/", "~"))})
+
+
+def ignored(path, gitignore):  # -> whether .gitignore's lines ignore path, written from the root of a clone
+    patterns = [line.strip("/") for line in gitignore.splitlines() if line and not line.startswith(("#", "!"))]
+    return any(fnmatch.fnmatch(path.rstrip("/"), pattern) or fnmatch.fnmatch(path.split("/")[0], pattern)
+               for pattern in patterns)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=page_name)
+def test_following_the_docs_from_a_clone_writes_only_ignored_files(page):
+    # docs/sae.md once had a demo write docs/sae-features.png, a tracked file, and left my-sae/ and features.html
+    gitignore = (REPO / ".gitignore").read_text(encoding="utf-8")
+    assert [path for path in written_paths(page.read_text(encoding="utf-8")) if not ignored(path, gitignore)] == []
+
+
+def test_the_written_paths_are_found_and_a_tracked_one_is_not_ignored():
+    text = ("```bash\npython -m x --out my-sae --html features.html --plot FILE\npython -m y --screenshot "
+            "docs/sae-features.png > samples.jsonl\ncurl -o ../elsewhere.txt URL\n```\n--out prose.txt\n")
+    assert written_paths(text) == ["docs/sae-features.png", "features.html", "my-sae", "samples.jsonl"]
+    assert not ignored("docs/sae-features.png", "/my-sae/\n/features.html\n# docs/\n")
+    assert ignored("my-sae", "/my-sae/\n") and ignored("weights/124M", "weights/*\n")

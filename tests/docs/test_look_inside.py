@@ -1,18 +1,19 @@
 """docs/look-inside.md prints what its commands print: every output block of `my-gpt` is marked with its command, and a
-fresh run of README's first-run training and of each command (scripts/dev/look_inside_outputs.py) prints the same
+fresh run of README's first-run training and of each command (scripts/dev/page_outputs.py) prints the same
 numbers. The page's numbers had gone stale: "6.6100 before, 6.6155 after" where a fresh run gave 8.6261 and 8.6234."""
 import re
 
 import pytest
 
-from scripts.dev import look_inside_outputs as outputs
+from scripts.dev import page_outputs as outputs
 
-PAGE = outputs.PAGE.read_text(encoding="utf-8")
+PATH = outputs.REPO / "docs" / "look-inside.md"
+PAGE = PATH.read_text(encoding="utf-8")
 
 
 @pytest.fixture(scope="module")
 def fresh(tmp_path_factory):  # -> the page with every marked block's output made afresh
-    return outputs.fresh_page(PAGE, tmp_path_factory.mktemp("look-inside"))
+    return outputs.fresh_page(PATH, tmp_path_factory.mktemp("look-inside"))
 
 
 def output_blocks(text):  # -> [(the line above, the block's lines)] of each fenced block with no language: outputs

@@ -193,6 +193,37 @@ def test_set_threads_sets_openblas_outside_a_pass_and_the_team_within(openblas):
         assert (openblas[1](), cores.team_size()) == (1, 1)
 
 
+def batch_step_products(rng):  # -> [(a batch decode step's product, in float64 from its operands)]: lm head, linear
+    x = rng.standard_normal((5, 1, 16), dtype=np.float32)  # 5 rows: few_rows_product's path
+    wte = rng.standard_normal((23, 16), dtype=np.float32)
+    w, b = np.asfortranarray(rng.standard_normal((16, 23), dtype=np.float32)), rng.standard_normal(23, dtype=np.float32)
+    exact = x.astype(np.float64)
+    return [(fast.lm_head(x, wte), exact @ wte.T.astype(np.float64)),
+            (fast.linear(x, w, b), exact @ w.astype(np.float64) + b)]
+
+
+def test_a_batch_step_s_few_rows_product_covers_every_piece_at_two_openblas_threads(openblas, monkeypatch):
+    # its pieces hold FEW_ROWS_PIECE columns per OpenBLAS thread: at 1 thread, which the other tests pin, a piece
+    # computed at one thread's width would pass; at 2 it leaves columns unwritten
+    monkeypatch.setattr(fast, "FEW_ROWS_PIECE", 3)  # 23 outputs: pieces of 6 at 2 threads, and a shorter last one
+    cores.set_threads(2)
+    assert openblas[1]() == 2 and cores.blas_threads() == 2
+    for made, exact in batch_step_products(np.random.default_rng(0)):
+        np.testing.assert_allclose(made.astype(np.float64), exact, rtol=1e-5, atol=1e-5)
+
+
+def test_with_no_openblas_found_the_thread_helpers_and_a_batch_step_run(monkeypatch):
+    monkeypatch.setattr(cores, "openblas", lambda: None)  # NumPy on another BLAS, or an OpenBLAS we cannot find
+    monkeypatch.setattr(fast, "FEW_ROWS_PIECE", 3)
+    assert cores.set_threads(3) == 3 and cores.threads() == 3
+    assert cores.blas_threads() == 1  # its pieces then hold FEW_ROWS_PIECE columns
+    with cores.all_cores():
+        assert cores.blas_threads() == 1 and cores.threads() == 3
+        products = batch_step_products(np.random.default_rng(1))
+    for made, exact in products:
+        np.testing.assert_allclose(made.astype(np.float64), exact, rtol=1e-5, atol=1e-5)
+
+
 def test_set_threads_during_a_pass_takes_effect_when_it_ends(openblas):
     cores.set_threads(2)
     with cores.all_cores():

@@ -146,6 +146,15 @@ def test_a_run_started_at_a_layer_is_the_rest_of_the_whole_run(model):
     assert sorted(kept) == ["blocks.1.attn.z", "ln_f"] and np.array_equal(kept["ln_f"], names["ln_f"])
 
 
+def test_a_run_started_at_n_layer_is_ln_f_of_the_last_block_s_output(model):
+    # start_at_layer=n_layer: the stream after the last block, through ln_f alone (the logit lens's last row)
+    params, ids = model
+    names = trace(ids, params, 3)
+    rest = run_with_edits(names["blocks.1.out"], params, 3, [], start_at_layer=2, names=["ln_f"])
+    assert list(rest) == ["ln_f"] and np.array_equal(rest["ln_f"], names["ln_f"])
+    assert list(run_with_edits(names["blocks.1.out"], params, 3, [], start_at_layer=2)) == ["ln_f", "logits"]
+
+
 def test_a_head_edit_of_a_batch_of_runs_edits_each_run_s_head(model):
     # the head axis is third from the end: a leading batch axis must not be taken for it
     params, ids = model
@@ -176,7 +185,7 @@ def test_the_library_refuses_indices_numpy_would_wrap(model):
 def test_a_mean_ablation_lets_no_position_see_a_later_token(model):
     # the mean over the prompt's own positions moved earlier positions' logits when the last token changed
     params, ids = model
-    reference = reference_windows(np.random.default_rng(8).integers(0, HPARAMS["n_vocab"], 200), len(ids))
+    reference = reference_windows(np.random.default_rng(8).integers(0, HPARAMS["n_vocab"], 200), HPARAMS["n_ctx"])
     heads = [(0, 1), (1, 2)]
     changed = ids.copy()
     changed[-1] = (changed[-1] + 1) % HPARAMS["n_vocab"]
@@ -184,9 +193,10 @@ def test_a_mean_ablation_lets_no_position_see_a_later_token(model):
         reference, params, 3, heads, len(ids), "mean")))["logits"] for prompt in (ids, changed)]
     np.testing.assert_allclose(logits[0][:-1], logits[1][:-1], atol=1e-6)
     assert not np.allclose(logits[0][-1], logits[1][-1])
-    # and the mean is the reference's, position by position: the first window alone gives its own z
+    # and the mean is the reference's, position by position: the first window alone gives its own z, the whole
+    # window's first positions (only those are run)
     alone = reference_means(reference[:1], params, 3, heads, len(ids), "mean")
-    assert np.array_equal(alone[1], trace(reference[0], params, 3)["blocks.1.attn.z"])
+    np.testing.assert_allclose(alone[1], trace(reference[0], params, 3)["blocks.1.attn.z"][:, :len(ids)], atol=1e-6)
 
 
 def test_a_mean_ablation_needs_a_reference_as_long_as_the_prompt(model):
@@ -195,9 +205,11 @@ def test_a_mean_ablation_needs_a_reference_as_long_as_the_prompt(model):
         ablation(ids, params, 3, [(0, 0)], "mean")
     with pytest.raises(ValueError, match="shorter than the prompt's 17"):
         ablation(ids, params, 3, [(0, 0)], "mean", reference=np.zeros((4, 16), int))
-    with pytest.raises(ValueError, match="fewer than the prompt's 17"):
-        reference_windows(np.arange(16), 17)
+    # windows of the model's context whatever the prompt, or the whole text when it is shorter
     assert reference_windows(np.arange(40), 17).tolist() == [list(range(17)), list(range(17, 34))]
+    assert reference_windows(np.arange(16), 17).tolist() == [list(range(16))]
+    with pytest.raises(ValueError, match="no token"):
+        reference_windows(np.arange(0), 17)
 
 
 # --- The three techniques, from the math ---
@@ -364,11 +376,11 @@ def test_the_ablation_heading_says_what_was_done(capsys, tmp_path):
     assert explain_cli.run([*common, "2.3"]) == 0
     assert capsys.readouterr().out.splitlines()[0] == ("Ablation of head 2.3 (layer.head): its attn.z set to zero at "
                                                        "every position")
-    (tmp_path / "text.txt").write_text(PROMPT * 3, encoding="utf-8")  # 3 windows of the prompt's 26 tokens
+    (tmp_path / "text.txt").write_text(PROMPT * 7, encoding="utf-8")  # 182 tokens: 4 windows of the context's 40
     mean_over = ["--ablation", "mean", "--mean-over", str(tmp_path / "text.txt")]
     assert explain_cli.run([*common, "2.3", "0.1", *mean_over]) == 0
     assert capsys.readouterr().out.splitlines()[0] == ("Ablation of heads 2.3, 0.1 (layer.head): each head's attn.z "
-                                                       "replaced by its mean at each position over 3 windows of the "
+                                                       "replaced by its mean at each position over 4 windows of the "
                                                        "reference text")
 
 
@@ -443,6 +455,27 @@ def test_bad_input_is_one_error_line_with_exit_2(args, fragment, tmp_path):
     (tmp_path / "short.txt").write_text("a cat", encoding="utf-8")
     args = [arg.format(tmp=tmp_path) for arg in args]
     assert_one_error_line(run_explain(PROMPT, "--model", str(FOLDER), *args, models_dir=tmp_path), fragment)
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_a_mean_ablated_prompt_s_loss_is_its_prefix_s_plus_the_last_token_s_surprisal(name, capsys, tmp_path):
+    # the means came from windows as long as the prompt: one more token changed them at every earlier position, and
+    # the difference of the two losses was not the last token's surprisal (0.2-0.34 nats off on a byte-level model)
+    folder, texts, _ = reference(name)
+    (tmp_path / "reference.txt").write_text(texts["reference"], encoding="utf-8")
+    how, heads = next(ablation for ablation in texts["ablations"] if ablation[0] == "mean")
+    ablate = ["--ablate", *[f"{layer}.{head}" for layer, head in heads], "--ablation", "mean", "--mean-over",
+              tmp_path / "reference.txt"]
+    prefix = explain_json(capsys, texts["clean"], "--model", folder, *ablate)
+    # the prefix's likeliest next tokens after the ablation, those of whole characters (a text to append)
+    followers = [row for row in prefix["next_token"]["after"] if "\\x" not in row["token"]]
+    assert followers
+    for following in followers:
+        whole = explain_json(capsys, texts["clean"] + following["token"], "--model", folder, *ablate)
+        assert whole["prompt_ids"] == prefix["prompt_ids"] + [following["id"]]
+        n = len(whole["prompt_ids"])
+        total = whole["loss"]["after"] * (n - 1)
+        assert total == pytest.approx(prefix["loss"]["after"] * (n - 2) - np.log(following["prob"]), abs=2e-4)
 
 
 def test_a_one_token_prompt_s_loss_is_null_as_the_docs_say(capsys):

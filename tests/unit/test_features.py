@@ -2,6 +2,9 @@
 functions: the strongest latents, a latent's ablation (with the error term kept) and steering as edits in the run,
 attn.z's heads flattened as SAELens's hook_z, the direct effect on the logits against a finite difference through
 layer_norm, and the scan of a text against a brute-force search."""
+import json
+import shutil
+
 import numpy as np
 import pytest
 
@@ -12,12 +15,15 @@ from gpt2_numpy.interpret.features import (
     latent_activations,
     logit_effects,
     scan,
+    steered,
     steering_edit,
     strongest_latents,
 )
+from gpt2_numpy.interpret.sae_files import CFG, WEIGHTS, load_sae, read_weights
 from gpt2_numpy.interpret.tracing import trace
 from gpt2_numpy.model import block, layer_norm, merge_heads, split_heads
 from gpt2_numpy.params import random_params
+from tests.conftest import FIXTURES
 from tests.sae_helpers import random_sae
 
 HPARAMS = {"n_vocab": 40, "n_ctx": 16, "n_embd": 16, "n_head": 4, "n_layer": 2}
@@ -85,6 +91,20 @@ def test_an_sae_on_attn_z_reads_the_heads_side_by_side_as_hook_z(model):
     np.testing.assert_allclose(edited["blocks.1.attn.z"], expected, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("step", ["q", "k", "v"])
+def test_an_sae_on_attn_q_k_or_v_reads_the_heads_side_by_side_as_training_does(model, step):
+    # training (sae_activations.hook_rows) flattens every per-head hook; reading or editing it was attn.z's alone
+    sae = random_sae(16, 24, f"blocks.1.attn.{step}", seed=8)
+    heads = trace(IDS, model, HPARAMS["n_head"])[f"blocks.1.attn.{step}"]  # [n_head, n_seq, d_head]
+    flat = merge_heads(heads)
+    f = sae.encode(flat)
+    np.testing.assert_allclose(latent_activations(IDS, model, HPARAMS["n_head"], sae), f)
+    edited = run_with_edits(IDS, model, HPARAMS["n_head"], [ablation_edit(sae, [0, 5]), steering_edit(sae, [(3, 2.0)])])
+    expected = flat - f[:, [0, 5]] @ sae.params["W_dec"][[0, 5]] + 2.0 * sae.params["W_dec"][3]
+    np.testing.assert_allclose(edited[f"blocks.1.attn.{step}"], split_heads(expected, HPARAMS["n_head"]), rtol=1e-5,
+                               atol=1e-6)
+
+
 @pytest.mark.parametrize("latent", [-1, 24, 3.0, True])
 def test_a_latent_out_of_range_is_refused_by_name(latent):
     sae = random_sae(16, 24, "blocks.0.out")
@@ -148,3 +168,37 @@ def test_the_scan_finds_each_latent_s_strongest_contexts_and_its_histogram(model
         assert edges[0] == 0 and np.isclose(edges[-1], positive.max())
         assert counts.tolist() == [int(((positive >= lo) & (positive < hi)).sum() + (i == 3) * (positive == hi).sum())
                                    for i, (lo, hi) in enumerate(zip(edges[:-1], edges[1:]))]
+
+
+# --- rescale_acts_by_decoder_norm, as SAELens 6 reads it ---
+
+
+@pytest.mark.parametrize("architecture", ["standard", "jumprelu"])
+def test_rescale_acts_by_decoder_norm_is_ignored_but_by_a_topk_sae(architecture, tmp_path):
+    # SAELens's StandardSAE and JumpReLUSAE never read the key; folding a standard SAE's norms in changed its encode
+    folder = shutil.copytree(FIXTURES / "sae" / f"sae_lens_{architecture}", tmp_path / "sae")
+    cfg = json.loads((folder / CFG).read_text())
+    (folder / CFG).write_text(json.dumps({**cfg, "rescale_acts_by_decoder_norm": True}))
+    file_params = read_weights(folder / WEIGHTS, cfg)
+    x = np.random.default_rng(0).standard_normal((6, cfg["d_in"])).astype(np.float32)
+    pre = (x - file_params["b_dec"]) @ file_params["W_enc"] + file_params["b_enc"]
+    expected = np.maximum(pre, 0) * (pre > file_params.get("threshold", 0))
+    sae = load_sae(folder)
+    np.testing.assert_allclose(sae.encode(x), expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(sae.params["W_dec"], file_params["W_dec"])
+
+
+def test_steering_a_rescaled_topk_sae_adds_the_row_its_decode_applies():
+    # SAELens's TopKSAE.decode with the key: (f / ‖W_dec[j]‖) @ W_dec + b_dec, W_dec the file's; steering by SCALE adds
+    # what raising latent F by SCALE adds to that decode (docs/sae.md): SCALE times the file's row over its norm
+    folder = FIXTURES / "sae" / "sae_lens_topk_rescaled"
+    cfg = json.loads((folder / CFG).read_text())
+    W_dec = read_weights(folder / WEIGHTS, cfg)["W_dec"].astype(np.float64)
+    assert cfg["rescale_acts_by_decoder_norm"] and not np.allclose(np.linalg.norm(W_dec, axis=-1), 1, atol=0.05)
+    sae = load_sae(folder)
+    x = np.random.default_rng(1).standard_normal((4, cfg["d_in"])).astype(np.float32)
+    f = sae.encode(x).astype(np.float64)
+    raised = f.copy()
+    raised[:, 3] += 4.0
+    decode = lambda acts: (acts / np.linalg.norm(W_dec, axis=-1)) @ W_dec  # noqa: E731 (b_dec cancels)
+    np.testing.assert_allclose(steered(sae, [(3, 4.0)], x) - x, decode(raised) - decode(f), rtol=1e-5, atol=1e-6)

@@ -94,6 +94,25 @@ def test_the_page_is_self_contained_and_its_data_cannot_end_its_script(case):
     assert html.count("<script") == 1 and html.count("</script>") == 1  # the context's "</script>" came in escaped
 
 
+@pytest.fixture(scope="module")
+def q_page(tmp_path_factory):  # -> (data, page path) of an SAE at attn.q, whose latents write nothing the logits read
+    params = random_params(HPARAMS, 4)
+    sae = random_sae(16, 24, "blocks.1.attn.q", seed=9)
+    windows = np.random.default_rng(3).integers(4, 40, (2, N_SEQ))
+    data = features_data(windows, params, HPARAMS["n_head"], sae, [0, 1], text_of, "q", n_contexts=2)
+    path = tmp_path_factory.mktemp("q") / "features.html"
+    path.write_text(features_html(data), encoding="utf-8")
+    return data, path
+
+
+def test_an_sae_the_logits_do_not_read_gets_a_page_without_the_logit_table(q_page):
+    # it raised "writes nothing the logits read directly" instead of drawing the contexts and histograms
+    data, _ = q_page
+    assert data["no_logits"].startswith("an SAE at blocks.1.attn.q writes nothing the logits read directly")
+    assert "No logit table: an SAE at blocks.1.attn.q" in data["summary"]
+    assert [(latent["promoted"], latent["suppressed"]) for latent in data["latents"]] == [(None, None)] * 2
+
+
 # --- In a browser ---
 
 
@@ -161,3 +180,15 @@ def test_hostile_text_runs_nothing_and_nothing_is_fetched(opened):
     events = [json.loads(entry["message"])["message"] for entry in opened.get_log("performance")]
     assert [e for e in events if e["method"] == "Network.requestWillBeSent"
             and not e["params"]["request"]["url"].startswith("file:")] == []
+
+
+def test_a_page_without_logits_says_why_in_place_of_the_table(browser, q_page):  # noqa: F811
+    # last: it moves the browser off the page the tests above share
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    data, path = q_page
+    browser.get(path.as_uri())
+    WebDriverWait(browser, 30).until(lambda driver: driver.execute_script("return document.body.dataset.ready"))
+    notes = browser.execute_script("return [...document.querySelectorAll('.no-logits')].map(n => n.textContent)")
+    assert notes == [f"no logit table: {data['no_logits']}"] * 2
+    assert browser.execute_script("return document.querySelectorAll('table.logits').length") == 0

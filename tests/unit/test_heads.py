@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from gpt2_numpy.errors import OutOfVocabulary
+from gpt2_numpy.errors import NonFiniteError, OutOfVocabulary
 from gpt2_numpy.interpret.heads import PATTERNS, head_scores, repeat_length, repeated_tokens, repetition_problem
 from gpt2_numpy.interpret.present import heads_json, heads_table
 from gpt2_numpy.interpret.tracing import attention_weights, logit_lens
@@ -209,3 +209,16 @@ def test_lens_json_is_the_logit_lens_at_every_position(byte_model):
         texts = [EOT if token_id == 256 else bytes([byte_order[token_id]]).decode("utf-8", "backslashreplace")
                  for token_id in layer["top_ids"]]
         assert layer["top_texts"] == texts
+
+
+def test_nan_weights_on_the_repeated_sequence_alone_are_refused_not_scored():
+    # the prompt's weights finite, <|endoftext|> R R's not (a token of R alone has a NaN embedding): the model is
+    # refused as it is for the prompt's, not given NaN duplicate_token and induction scores
+    params = random_params(BYTES, 6)
+    ids = np.array(list(PROMPT.encode()), np.int64)
+    repeated = repeated_tokens(BYTES["n_vocab"], 256, repeat_length(BYTES["n_ctx"]), 0)
+    token = next(int(token) for token in repeated[1:] if token not in ids)
+    params["wte"][token] = np.nan
+    assert np.isfinite(attention_weights(ids, params, BYTES["n_head"])).all()
+    with pytest.raises(NonFiniteError):
+        head_scores(ids, repeated, params, BYTES["n_head"])

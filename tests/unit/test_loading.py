@@ -8,6 +8,8 @@ folders the documented rule (<models dir>/<size>, ~ being the home folder), neve
 import errno
 import json
 import os
+import re
+import shlex
 import shutil
 import sys
 from collections import Counter
@@ -563,3 +565,31 @@ def test_a_file_as_new_as_the_record_is_verified_again(tmp_path, monkeypatch):
     os.utime(data, ns=(times.st_atime_ns, times.st_mtime_ns))  # the rewrite within the same tick: the time unchanged
     with pytest.raises(CheckpointError, match="fails its CRC32C check"):
         ready_folder("124M", tmp_path)
+
+
+@pytest.mark.parametrize("marker", ["[1, 2]", "null", '"verified"', "{}"])
+def test_a_marker_of_another_shape_means_verify_again(tmp_path, monkeypatch, capsys, marker):
+    # valid JSON, but no {file name: stamp} object: the files are verified again and the marker rewritten, no traceback
+    monkeypatch.setenv("GPT2_NUMPY_BASE_URL", "http://127.0.0.1:9")
+    folder = tmp_path / "124M"
+    place_by_hand(folder, official_layout_files())
+    (folder / MARKER).write_text(marker)
+    assert not loading.is_complete(folder, SOURCES["openai"].files)
+    assert ready_folder("124M", tmp_path) == folder
+    assert f"verifying the files already in {folder}" in capsys.readouterr().err
+    assert json.loads((folder / MARKER).read_text()).keys() == set(OPENAI_FILES)
+
+
+def test_the_read_only_folder_s_hint_quotes_a_models_dir_holding_a_space(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("GPT2_NUMPY_BASE_URL", "http://127.0.0.1:9")
+    models_dir = tmp_path / "shared models"
+    models_dir.mkdir()
+    folder = models_dir / "124M"
+    place_by_hand(folder, official_layout_files())
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: real_access(path, mode) and not (
+        Path(path) == folder and mode & os.W_OK))  # read-only to this user (the tests run as root)
+    assert ready_folder("124M", models_dir) == folder
+    [command] = re.findall(r"run `([^`]+)` once with write access", capsys.readouterr().err)
+    argv = shlex.split(command)
+    assert argv[argv.index("--models-dir") + 1] == str(models_dir)  # pasted into a shell, the same folder

@@ -1,5 +1,6 @@
 """The SAE's math (gpt2_numpy/interpret/sae.py) against torch autograd and SAELens, through committed fixtures
 (scripts/fixtures/make_sae_reference.py), and its training on planted features."""
+import json
 import subprocess
 import sys
 
@@ -10,7 +11,7 @@ from gpt2_numpy import cores
 from gpt2_numpy.interpret.sae import loss_and_grads
 from gpt2_numpy.interpret.sae_activations import hook_rows, model_rows, rows_back
 from gpt2_numpy.interpret.sae_fast import team_loss_and_grads, top_k_grouped, topk_loss_and_grads
-from gpt2_numpy.interpret.sae_files import load_sae, new_sae, our_hook, save_sae
+from gpt2_numpy.interpret.sae_files import load_sae, new_sae, our_hook, save_sae, tl_hook
 from gpt2_numpy.interpret.tracing import trace
 from gpt2_numpy.params import random_params
 from scripts.sae.planted import train_planted
@@ -151,3 +152,85 @@ def test_the_activations_read_for_training_are_traces(hook):
     hparams = {"n_vocab": 50, "n_ctx": 16, "n_embd": 8, "n_head": 2, "n_layer": 2}
     params, ids = random_params(hparams, 1), np.arange(10) % 50
     assert np.array_equal(model_rows(ids, params, 2, hook), hook_rows(trace(ids, params, 2)[hook], hook))
+
+
+@pytest.mark.parametrize("step", ["textbook", "tuned"])
+def test_a_topk_sae_of_one_number_has_no_auxk_loss(step):
+    # SAELens's k_aux = d_in // 2 dead latents: 0 for d_in 1, so nothing reconstructs the residual (nor divides by 0)
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((64, 1)).astype(np.float32)
+    params = {"W_enc": rng.standard_normal((1, 8)).astype(np.float32), "b_enc": np.zeros(8, np.float32),
+              "W_dec": rng.standard_normal((8, 1)).astype(np.float32), "b_dec": np.zeros(1, np.float32)}
+    dead = np.arange(8) >= 4
+    if step == "textbook":
+        losses, grads, _ = loss_and_grads(x, params, "topk", k=1, dead=dead)
+        alive_losses, alive_grads, _ = loss_and_grads(x, params, "topk", k=1)
+    else:
+        losses, grads, _ = topk_loss_and_grads(x, params, 1, dead)
+        alive_losses, alive_grads, _ = topk_loss_and_grads(x, params, 1)
+    assert losses == alive_losses and "aux" not in losses
+    for name in grads:
+        assert np.array_equal(grads[name], alive_grads[name]), name
+
+
+# TransformerLens's hook names in a block (its HookedTransformer's hook_dict), and the trace names of the same arrays
+TL_NAMES = {"hook_resid_mid": "mid", "hook_resid_post": "out", "attn.hook_z": "attn.z", "hook_mlp_out": "mlp.out",
+            "hook_attn_out": "attn.out", "attn.hook_q": "attn.q", "attn.hook_k": "attn.k", "attn.hook_v": "attn.v",
+            "mlp.hook_pre": "mlp.pre", "mlp.hook_post": "mlp.hidden", "ln1.hook_normalized": "ln_1",
+            "ln2.hook_normalized": "ln_2"}
+
+
+@pytest.mark.parametrize("theirs", TL_NAMES)
+def test_every_transformer_lens_name_in_a_block_round_trips(theirs):
+    ours = f"blocks.2.{TL_NAMES[theirs]}"
+    assert our_hook(f"blocks.2.{theirs}") == ours
+    assert tl_hook(ours) == f"blocks.2.{theirs}"
+    assert new_sae({"architecture": "standard"}, exact_params(4), ours).cfg["metadata"]["hook_name"] == \
+        f"blocks.2.{theirs}"
+
+
+def test_the_names_outside_the_blocks_round_trip():
+    assert (our_hook("blocks.0.hook_resid_pre"), tl_hook("embed")) == ("embed", "blocks.0.hook_resid_pre")
+    assert (our_hook("ln_final.hook_normalized"), tl_hook("ln_f")) == ("ln_f", "ln_final.hook_normalized")
+
+
+def exact_params(d_in):  # -> a standard SAE's params that reconstruct their input: relu(x) - relu(-x) = x
+    eye = np.eye(d_in, dtype=np.float32)
+    return {"W_enc": np.concatenate([eye, -eye], axis=1), "b_enc": np.zeros(2 * d_in, np.float32),
+            "W_dec": np.concatenate([eye, -eye]), "b_dec": np.zeros(d_in, np.float32)}
+
+
+@pytest.mark.parametrize("hook, reshape", [("blocks.1.attn.z", "hook_z"), ("blocks.1.attn.q", "none"),
+                                           ("blocks.1.out", "none"), (None, "none")])
+def test_an_sae_at_attn_z_writes_sae_lens_reshape_of_hook_z(hook, reshape, tmp_path):
+    save_sae(new_sae({"architecture": "standard"}, exact_params(4), hook), tmp_path)
+    assert json.loads((tmp_path / "cfg.json").read_text())["reshape_activations"] == reshape
+
+
+def test_a_cfg_without_apply_b_dec_to_input_centres_the_input_as_sae_lens_does(tmp_path):
+    # SAELens's SAEConfig: apply_b_dec_to_input defaults to True
+    params = exact_params(4)
+    params["b_dec"] = np.array([1.0, -2.0, 3.0, 0.5], np.float32)
+    save_sae(new_sae({"architecture": "standard"}, params, "blocks.0.out"), tmp_path)
+    cfg = json.loads((tmp_path / "cfg.json").read_text())
+    del cfg["apply_b_dec_to_input"]
+    (tmp_path / "cfg.json").write_text(json.dumps(cfg))
+    x = np.array([[0.5, 0.5, 0.5, 0.5]], np.float32)
+    centred = x - params["b_dec"]
+    expected = np.concatenate([np.maximum(centred, 0), np.maximum(-centred, 0)], axis=1)
+    assert np.array_equal(load_sae(tmp_path).encode(x), expected)
+
+
+def test_the_benchmark_shows_why_an_installed_sae_lens_does_not_import(monkeypatch):
+    from scripts.bench import sae as bench
+
+    def broken(data):
+        raise ImportError("No module named 'torch'")
+    monkeypatch.setattr(bench, "batches", lambda: [])
+    monkeypatch.setattr(bench, "our_measure", lambda data: lambda: 1.0)
+    monkeypatch.setattr(bench, "sae_lens_measure", broken)
+    monkeypatch.setattr(bench.importlib.util, "find_spec", lambda name: object() if name == "sae_lens" else None)
+    metric = bench.sae_rows(1)[0]["metric"]
+    assert "fails to import: No module named 'torch'" in metric and "pip install" not in metric
+    monkeypatch.setattr(bench.importlib.util, "find_spec", lambda name: None)
+    assert "pip install sae-lens" in bench.sae_rows(1)[0]["metric"]
