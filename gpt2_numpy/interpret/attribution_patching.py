@@ -35,9 +35,9 @@ from gpt2_numpy.model import attention, causal_mask, ffn, layer_norm, linear, me
 FAITHFUL_EDGES = (10, 100, 1000)  # the circuits whose faithfulness explain reports: the k strongest edges
 
 
-class Node(NamedTuple):  # TransformerLens's Node(kind, position, layer, head), None where a field does not apply
-    kind: str  # a writer ("embed", "attn_head_out", "mlp_out") or a reader ("q_input", "k_input", "v_input",
-    layer: Optional[int] = None  # "mlp_in", "logits")
+class Node(NamedTuple):  # TransformerLens's Node(kind, position, layer, head) less its position: the arrays' last axis
+    kind: str  # writers: embed, attn_head_out, mlp_out; readers: q_input, k_input, v_input, mlp_in, logits
+    layer: Optional[int] = None  # None where a field does not apply
     head: Optional[int] = None
 
 
