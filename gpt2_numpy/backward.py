@@ -27,8 +27,12 @@ def one_hot(ids, n):  # int [...] -> [..., n]
     return (np.asarray(ids)[..., None] == np.arange(n)).astype(np.float32)
 
 
+def linear_input_backward(d_out, w):  # [..., n_out], [n_in, n_out] -> [..., n_in]
+    return d_out @ w.T  # y = x w + b; the gradient with respect to x alone (interpret/gradients.py's)
+
+
 def linear_backward(d_out, x, w):  # [..., n_out], [..., n_in], [n_in, n_out] -> [..., n_in], {"w", "b"}
-    d_x = d_out @ w.T  # y = x w + b
+    d_x = linear_input_backward(d_out, w)
     d_w = summed_outer(x, d_out)
     return d_x, {"w": d_w, "b": sum_positions(d_out)}
 
@@ -52,13 +56,21 @@ def softmax_backward(d_out, y):  # [..., n], softmax's output [..., n] -> [..., 
     return y * (d_out - np.sum(d_out * y, axis=-1, keepdims=True))  # the Jacobian diag(y) - y yᵀ applied to dy
 
 
-def attention_backward(d_out, q, k, v, mask):  # [..., n_head, n_q, d_head], q, k, v, [n_q, n_k] -> dq, dk, dv
-    weights = softmax(attention_scores(q, k) + mask)  # model.attention's, again: [..., n_head, n_q, n_k]
-    d_v = np.swapaxes(weights, -1, -2) @ d_out  # out = weights v
-    d_scores = softmax_backward(d_out @ np.swapaxes(v, -1, -2), weights)  # the mask is a constant: no gradient
+def weighted_sum_backward(d_out, weights, v):  # [..., n_head, n_q, d_head], weights, v -> d_weights, d_v
+    return d_out @ np.swapaxes(v, -1, -2), np.swapaxes(weights, -1, -2) @ d_out  # out = weights v
+
+
+def attention_scores_backward(d_scores, q, k):  # [..., n_head, n_q, n_k], q, k -> d_q, d_k
     d_q = d_scores @ k / math.sqrt(q.shape[-1])  # scores = q kᵀ / √d_head
     d_k = np.swapaxes(d_scores, -1, -2) @ q / math.sqrt(q.shape[-1])
-    return d_q, d_k, d_v
+    return d_q, d_k
+
+
+def attention_backward(d_out, q, k, v, mask):  # [..., n_head, n_q, d_head], q, k, v, [n_q, n_k] -> dq, dk, dv
+    weights = softmax(attention_scores(q, k) + mask)  # model.attention's, again: [..., n_head, n_q, n_k]
+    d_weights, d_v = weighted_sum_backward(d_out, weights, v)
+    d_scores = softmax_backward(d_weights, weights)  # the mask is a constant: no gradient
+    return (*attention_scores_backward(d_scores, q, k), d_v)
 
 
 def lm_head_backward(d_logits, x, wte):  # [..., n_seq, n_vocab], [..., n_seq, n_embd], [n_vocab, n_embd] -> dx, dwte

@@ -1,9 +1,11 @@
 """`gpt2-numpy explain PROMPT [--layer L] [--head H] [--lens] [--heads] [--ablate L.H ... [--ablation zero|mean
---mean-over FILE]] [--attribute A B] [--patch CORRUPT --answer A B] [--json] [--plot FILE] [--html FILE]
-[--walkthrough]`: look inside GPT-2 on a prompt (gpt2_numpy/interpret/ computes what it shows).
+--mean-over FILE]] [--attribute A B] [--patch CORRUPT --answer A B] [--attribution-patching CORRUPT --answer A B
+[--edges] [--ig-steps N]] [--json] [--plot FILE] [--html FILE] [--walkthrough]`: look inside GPT-2 on a prompt
+(gpt2_numpy/interpret/ computes what it shows).
 
 stdout gets what is asked for: the logit lens's table (--lens), the head scores (--heads), an ablation (--ablate), a
-direct logit attribution (--attribute), activation patching (--patch), each one JSON object with --json, and the
+direct logit attribution (--attribute), activation patching (--patch), attribution patching
+(--attribution-patching), each one JSON object with --json, and the
 walkthrough (the prompt's tokens, the shape of every step, one head's attention step by step, the
 next-token prediction). The walkthrough prints when nothing else is asked for, or with --walkthrough; a command that
 writes a file (--plot, --html) otherwise prints only, on stderr, where the file went. Long stages show a progress bar
@@ -32,6 +34,11 @@ from gpt2_numpy.errors import NothingToRecover, UsageError
 from gpt2_numpy.loading import is_ready, prompt_ids
 from gpt2_numpy.interpret.ablation import ABLATIONS, REFERENCE_TOKENS, ablation, reference_windows
 from gpt2_numpy.interpret.attribution import attribution
+from gpt2_numpy.interpret.attribution_patching import (
+    attribution_patching, attribution_patching_json, attribution_patching_table, faithfulness_of_strongest,
+    patching_effects,
+)
+from gpt2_numpy.interpret.gradients import logit_difference
 from gpt2_numpy.interpret.heads import head_scores, repeat_length, repeated_tokens, repetition_problem
 from gpt2_numpy.interpret.lens import LENS_COLUMNS, first_shown, top_tokens
 from gpt2_numpy.interpret.page import page_html
@@ -78,7 +85,8 @@ def steer_pair(text):  # -> (latent, scale) from "F:SCALE"; argparse turns the e
 
 # the options whose words are texts (answers, a prompt), with their names: as getopt does, those words are taken as
 # given even when they begin with '-' ("--attribute -- -"), which argparse alone would read as options
-TEXT_OPTIONS = {"--attribute": ("A", "B"), "--answer": ("A", "B"), "--patch": ("CORRUPT",)}
+TEXT_OPTIONS = {"--attribute": ("A", "B"), "--answer": ("A", "B"), "--patch": ("CORRUPT",),
+                "--attribution-patching": ("CORRUPT",)}
 TEXT_MARK = "\0"  # put before each such word so that argparse takes it as a value; no command-line word holds NUL
 
 
@@ -155,9 +163,19 @@ def parse_args(argv):  # -> argparse.Namespace, checked
                         help="activation patching: run the CORRUPT prompt (as many tokens as PROMPT) with each head's "
                         "output, and the residual stream at each layer and position, copied in from PROMPT's run; "
                         "print how much of logit(A) - logit(B) (--answer) each recovers; CORRUPT may begin with '-'")
+    parser.add_argument("--attribution-patching", type=text_word, metavar="CORRUPT",
+                        help="attribution patching (TransformerLens's): score every head, MLP and embedding at each "
+                        "position by (PROMPT's activation - CORRUPT's) · the gradient of logit(A) - logit(B) "
+                        "(--answer) on CORRUPT's run, from one backward pass; CORRUPT as with --patch")
+    parser.add_argument("--edges", action="store_true",
+                        help="with --attribution-patching: score every edge too, from a writer (embedding, head, MLP) "
+                        "to a later reader (a head's q, k or v input, an MLP's input, the logits) at each position")
+    parser.add_argument("--ig-steps", type=whole_number(1), metavar="N",
+                        help="with --attribution-patching: EAP-IG, the gradients averaged over N runs whose "
+                        "embedding goes from CORRUPT's toward PROMPT's (1: plain attribution patching, the default)")
     parser.add_argument("--answer", nargs=2, type=text_word, metavar=("A", "B"),
-                        help="with --patch: the two answers, texts of one token each as with --attribute, whose "
-                        "logit difference is measured")
+                        help="with --patch or --attribution-patching: the two answers, texts of one token each as "
+                        "with --attribute, whose logit difference is measured")
     parser.add_argument("--json", action="store_true",
                         help="print one JSON object instead of a table: with --heads, the scores and the token ids "
                         "they come from; with --lens, the top next token's id, text and probability after each layer "
@@ -193,15 +211,17 @@ def parse_args(argv):  # -> argparse.Namespace, checked
                          "--mean-over")
     if (args.sae_ablate or args.steer) and args.sae is None:
         raise UsageError(f"{'--sae-ablate' if args.sae_ablate else '--steer'} edits an SAE's latents: add --sae DIR")
+    check_attribution_patching(args)
     if args.patch is not None and args.answer is None:
         raise UsageError("--patch needs --answer A B: the two one-token answers whose logit difference it measures")
-    if args.answer is not None and args.patch is None:
-        raise UsageError("--answer belongs to --patch: add --patch CORRUPT, or drop --answer")
-    if args.patch == "-" and args.prompt == "-":
-        raise UsageError('"-" reads stdin once: give the prompt or the --patch prompt as an argument')
-    asked = [f"--{name}" for name in OUTPUTS if getattr(args, name) not in (None, False)]
+    if args.answer is not None and args.patch is None and args.attribution_patching is None:
+        raise UsageError("--answer belongs to --patch and --attribution-patching: add one, or drop --answer")
+    flag, corrupt = corrupt_prompt(args)
+    if corrupt == "-" and args.prompt == "-":
+        raise UsageError(f'"-" reads stdin once: give the prompt or the {flag} prompt as an argument')
+    asked = [flag_of(name) for name in OUTPUTS if getattr(args, name) not in (None, False)]
     if args.json and not asked:
-        raise UsageError(f"--json belongs to {', '.join('--' + name for name in OUTPUTS)}: add one of them, or drop "
+        raise UsageError(f"--json belongs to {', '.join(map(flag_of, OUTPUTS))}: add one of them, or drop "
                          "--json")
     if args.json and (len(asked) > 1 or args.walkthrough):
         fixes = [f"keep one of {' '.join(asked)}"] * (len(asked) > 1) + ["drop --walkthrough"] * args.walkthrough
@@ -213,6 +233,29 @@ def parse_args(argv):  # -> argparse.Namespace, checked
     args.ablation = args.ablation or "zero"
     args.seed = HEADS_SEED if args.seed is None else args.seed
     return args
+
+
+def check_attribution_patching(args):  # -> None; UsageError for its flags without it, or with --patch
+    if args.attribution_patching is None:
+        for flag, given in (("--edges", args.edges), ("--ig-steps", args.ig_steps is not None)):
+            if given:
+                raise UsageError(f"{flag} belongs to --attribution-patching: add --attribution-patching CORRUPT "
+                                 f"--answer A B, or drop {flag}")
+        return
+    if args.patch is not None:
+        raise UsageError("--patch and --attribution-patching take one corrupt prompt each, and explain reads one "
+                         "corrupt prompt: give one of them (run explain twice for both)")
+    if args.answer is None:
+        raise UsageError("--attribution-patching needs --answer A B: the two one-token answers whose logit "
+                         "difference it scores")
+
+
+def corrupt_prompt(args):  # -> (flag, CORRUPT): --patch's or --attribution-patching's; (None, None) for neither
+    if args.patch is not None:
+        return "--patch", args.patch
+    if args.attribution_patching is not None:
+        return "--attribution-patching", args.attribution_patching
+    return None, None
 
 
 def check_layer_and_head(args):  # -> None; UsageError for a --layer or --head that no output shows
@@ -238,7 +281,7 @@ class Request(NamedTuple):  # what every mode reads: the arguments, the model, a
     heads: list  # the heads --head shows
     label: Callable  # token id -> a quoted label for tables (token_label)
     text_of: Callable  # token id -> its text, for JSON (Tokenizer.token_text)
-    corrupt_ids: Optional[list]  # --patch's prompt's ids
+    corrupt_ids: Optional[list]  # --patch's or --attribution-patching's prompt's ids
     attribute: Optional[tuple]  # --attribute's answer ids (A, B)
     answers: Optional[tuple]  # --answer's answer ids (A, B)
     repeated: Optional[list]  # <|endoftext|> R R, for the head scores (--heads, and the page's)
@@ -256,7 +299,8 @@ def run(argv=None):  # -> exit status
     args = parse_args(argv)
     open_stdout()  # a closed stdout is refused before the model loads
     text = read_prompt(args.prompt)
-    corrupt = None if args.patch is None else read_prompt(args.patch, "the --patch prompt")
+    flag, corrupt = corrupt_prompt(args)
+    corrupt = None if flag is None else read_prompt(corrupt, f"the {flag} prompt")
     reference = None if args.mean_over is None else read_data(args.mean_over, "--mean-over")
     # the output files first: a typo in a file name should not cost a model load
     if args.plot is not None:
@@ -283,6 +327,10 @@ def run(argv=None):  # -> exit status
     return 0
 
 
+def flag_of(name):  # -> a mode's flag: "--attribution-patching" for "attribution_patching"
+    return "--" + name.replace("_", "-")
+
+
 def asks(args, name):  # -> whether the arguments ask for mode `name`: its flag, args.NAME, is given
     return getattr(args, name) not in (None, False)
 
@@ -295,7 +343,7 @@ def make_request(args, hparams, params, tokenizer, text, corrupt, reference):  #
     ids, layer, heads = check_request(args, hparams, tokenizer, text)
     n_vocab = hparams["n_vocab"]
     # every check before the first computation: bad input costs no forward pass
-    corrupt_ids = None if corrupt is None else check_corrupt(ids, tokenizer, corrupt, n_vocab)
+    corrupt_ids = None if corrupt is None else check_corrupt(ids, tokenizer, corrupt, n_vocab, corrupt_prompt(args)[0])
     attribute, answers = (None if given is None else answer_ids(tokenizer, given, flag, n_vocab)
                           for given, flag in ((args.attribute, "--attribute"), (args.answer, "--answer")))
     windows = None if reference is None else mean_windows(args, tokenizer, reference, hparams, len(ids))
@@ -372,6 +420,20 @@ def patched(request):  # -> patching's result; UsageError when the prompts leave
     return result
 
 
+def attribution_patched(request):  # -> attribution_patching's scores, and for the table each node's patched effect
+    args, n_head, metric = request.args, request.hparams["n_head"], logit_difference(*request.answers)
+    scores = attribution_patching(request.ids, request.corrupt_ids, request.params, n_head, metric, args.edges,
+                                  args.ig_steps or 1)
+    effects = None if args.json else patching_effects(request.ids, request.corrupt_ids, request.params, n_head, metric)
+    try:
+        faithful = faithfulness_of_strongest(request.ids, request.corrupt_ids, request.params, n_head, metric,
+                                             scores) if args.edges else []
+    except NothingToRecover as error:  # no gap to recover: the scores stand, the fractions do not
+        log(f"note: no faithfulness: {error}")
+        faithful = []
+    return scores, effects, faithful
+
+
 def sae_latents(request):  # -> --sae's result: each position's strongest latents, or the edits' effect
     args = request.args
     sae = sae_for_model(args.sae, request.params, request.hparams)
@@ -432,6 +494,16 @@ def patching_data(request, result):
     return patching_json(request.ids, request.corrupt_ids, request.answers, result)
 
 
+def attribution_patching_text(request, result):
+    return attribution_patching_table(*result, request.answers, request.label, request.args.ig_steps or 1,
+                                      request.ids)
+
+
+def attribution_patching_data(request, result):
+    scores, _, faithful = result
+    return attribution_patching_json(scores, faithful)
+
+
 MODES = {  # name (its flag, --NAME) -> Mode, in the order they print; each but the walkthrough has --json
     "walkthrough": Mode(walkthrough_steps, walkthrough_table, None),
     "lens": Mode(lens_top, lens_text, lens_data),
@@ -439,6 +511,7 @@ MODES = {  # name (its flag, --NAME) -> Mode, in the order they print; each but 
     "ablate": Mode(ablated, ablation_text, ablation_data),
     "attribute": Mode(attributed, attribution_text, attribution_data),
     "patch": Mode(patched, patching_text, patching_data),
+    "attribution_patching": Mode(attribution_patched, attribution_patching_text, attribution_patching_data),
     "sae": Mode(sae_latents, sae_text, sae_data),
 }
 OUTPUTS = tuple(name for name, mode in MODES.items() if mode.json)  # each prints a table, or with --json one object
@@ -468,11 +541,11 @@ def check_request(args, hparams, tokenizer, text):  # -> prompt ids, layer, head
     return ids, layer, heads
 
 
-def check_corrupt(ids, tokenizer, corrupt, n_vocab):  # -> the --patch prompt's ids, as many as the prompt's
-    corrupt_ids = prompt_ids(tokenizer, corrupt, n_vocab, "the --patch prompt")
+def check_corrupt(ids, tokenizer, corrupt, n_vocab, flag):  # -> the corrupt prompt's ids, as many as the prompt's
+    corrupt_ids = prompt_ids(tokenizer, corrupt, n_vocab, f"the {flag} prompt")
     if len(corrupt_ids) != len(ids):
-        raise UsageError(f"the prompt is {plural(len(ids), 'token')} but the --patch prompt "
-                         f"{plural(len(corrupt_ids), 'token')}: patching copies position by position, so give "
+        raise UsageError(f"the prompt is {plural(len(ids), 'token')} but the {flag} prompt "
+                         f"{plural(len(corrupt_ids), 'token')}: patching compares position by position, so give "
                          "prompts of the same number of tokens")
     return corrupt_ids
 

@@ -10,6 +10,8 @@ Every mutant must be caught. The test files that catch each part (the word befor
     train,commands,optim,save   tests/cli/test_train_resume.py tests/cli/test_train_vocab.py tests/unit/test_optim.py
     commands                    tests/cli/test_commands.py
     intervene                   tests/unit/test_edits.py
+    gradients                   tests/unit/test_gradients.py
+    "attribution patching"      tests/unit/test_attribution_patching.py
     download                    tests/unit/test_fetch.py tests/unit/test_loading.py tests/unit/test_locks.py
     sampling,decode,tokenizer   tests/unit/test_sampling.py tests/unit/test_decode.py tests/cli/test_tokenizer.py
     vocabulary,score,checkpoint  tests/unit/test_tokenizer.py tests/unit/test_checkpoint.py tests/unit/test_tracing.py
@@ -37,6 +39,7 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+PATCHING_GRADIENTS = "gpt2_numpy/interpret/attribution_patching.py"
 MUTANTS = [  # (what, file, text, replacement)
     ("model: scores / d, not / √d", "gpt2_numpy/model.py", "/ math.sqrt(q.shape[-1])", "/ q.shape[-1]"),
     ("model: softmax without the max shift", "gpt2_numpy/model.py",
@@ -283,6 +286,58 @@ MUTANTS = [  # (what, file, text, replacement)
      'return "embed" if layer == 0 else f"blocks.{layer - 1}.out"', 'return f"blocks.{layer}.out"'),
     ("intervene: a run cannot start at n_layer, at ln_f", "gpt2_numpy/interpret/edits.py",
      "0 <= start_at_layer <= n_layer):", "0 <= start_at_layer < n_layer):"),
+    # caught by tests/unit/test_gradients.py
+    ("gradients: mid's gradient without the residual's share", "gpt2_numpy/interpret/gradients.py",
+     'd_out + layer_norm_backward(d_ln_2, steps["mid"], ln_2["g"])[0]', 'layer_norm_backward(d_ln_2, steps["mid"], '
+     'ln_2["g"])[0]'),
+    ("gradients: the last block's output skips ln_f's backward", "gpt2_numpy/interpret/gradients.py",
+     'layer_norm_backward(d_ln_f, arrays[f"blocks.{n_blocks - 1}.out"], params["ln_f"]["g"])[0]', "d_ln_f"),
+    ("gradients: the block's input through ln_2's gain", "gpt2_numpy/interpret/gradients.py",
+     'layer_norm_backward(d_ln_1, x, ln_1["g"])', 'layer_norm_backward(d_ln_1, x, ln_2["g"])'),
+    ("gradients: z's gradient reshaped, not split into heads", "gpt2_numpy/interpret/gradients.py",
+     'split_heads(linear_input_backward(at("attn.out", d_mid), attn["c_proj"]["w"]), n_head)',
+     'linear_input_backward(at("attn.out", d_mid), attn["c_proj"]["w"]).reshape(steps["attn.z"].shape)'),
+    ("gradients: an edited array passes its gradient on", "gpt2_numpy/interpret/gradients.py",
+     "        return np.zeros_like(d)\n", "        return d\n"),
+    ("gradients: a head edit holds every head fixed", "gpt2_numpy/interpret/gradients.py",
+     "d[..., heads, :, :] = 0", "d[...] = 0"),
+    ("gradients: a metric's seed recorded but not carried back", "gpt2_numpy/interpret/gradients.py",
+     "return held_fixed(d, [", "return held_fixed(d - seeds.get(name, 0), ["),
+    ("gradients: the loss's targets are the inputs", "gpt2_numpy/interpret/gradients.py",
+     "np.asarray(ids)[1:]", "np.asarray(ids)[:-1]"),
+    ("gradients: d_k from the scores' gradient untransposed", "gpt2_numpy/backward.py",
+     "d_k = np.swapaxes(d_scores, -1, -2) @ q", "d_k = d_scores @ q"),
+    ("gradients: d_v from the weights untransposed", "gpt2_numpy/backward.py",
+     "np.swapaxes(weights, -1, -2) @ d_out  # out = weights v", "weights @ d_out  # out = weights v"),
+    # caught by tests/unit/test_attribution_patching.py
+    ("attribution patching: clean minus corrupt the wrong way round", PATCHING_GRADIENTS,
+     "for arrays in (clean, corrupt, grads)", "for arrays in (corrupt, clean, grads)"),
+    ("attribution patching: the gradient of the clean run", PATCHING_GRADIENTS, "run = corrupt if step == 0 else",
+     "run = clean if step == 0 else"),
+    ("attribution patching: EAP-IG's points at k + 1 of N, not k", PATCHING_GRADIENTS, "step / ig_steps, params",
+     "(step + 1) / ig_steps, params"),
+    ("attribution patching: a head's edges into its own layer's q, k, v", PATCHING_GRADIENTS,
+     "return np.array([[stage(writer) < stage(reader)", "return np.array([[stage(writer) <= stage(reader)"),
+    ("attribution patching: q, k, v's readers back through ln_2's gain", PATCHING_GRADIENTS,
+     'd_heads @ w_heads, run[resid_pre(layer)], block["ln_1"]["g"]',
+     'd_heads @ w_heads, run[resid_pre(layer)], block["ln_2"]["g"]'),
+    ("attribution patching: a head's write through W_O transposed", PATCHING_GRADIENTS,
+     "@ w_o.reshape(n_head, -1, w_o.shape[-1])", "@ w_o.T.reshape(n_head, -1, w_o.shape[-1])"),
+    ("attribution patching: the readers' q and k swapped", PATCHING_GRADIENTS,
+     'attn.{kind}"] for kind in "qkv"', 'attn.{kind}"] for kind in "kqv"'),
+    ("attribution patching: JSON's sum over positions is the last position", PATCHING_GRADIENTS,
+     "if position is not None else row.sum()", "if position is not None else row[-1]"),
+    ("attribution patching: a patched effect not less the corrupt run's metric", PATCHING_GRADIENTS,
+     "effects.append(metric(patched)[0] - corrupt)", "effects.append(metric(patched)[0])"),
+    ("attribution patching: faithfulness rebuilds a reader's input without the corrupt write", PATCHING_GRADIENTS,
+     "swaps = np.stack(live) - corrupt_writes[:len(live)]", "swaps = np.stack(live)"),
+    ("attribution patching: each head's q, k, v from one shared input", PATCHING_GRADIENTS,
+     "z = split_attention(inputs[:-1].reshape(3, n_head, *x.shape)",
+     "z = split_attention(np.broadcast_to(inputs[0], (3, n_head, *x.shape))"),
+    ("attribution patching: the MLP reads the q input's rebuild", PATCHING_GRADIENTS,
+     "excluded[:, first + n_readers - 1:first + n_readers])[0]", "excluded[:, first:first + 1])[0]"),
+    ("attribution patching: the strongest edges tie in writer order", PATCHING_GRADIENTS,
+     "edges = np.moveaxis(scores.edges, -1, 0).transpose(0, 2, 1)", "edges = np.moveaxis(scores.edges, -1, 0)"),
     # caught by tests/unit/test_fast_backward.py and tests/unit/test_optim.py
     ("backward: GELU's slope at x = 0 taken as 0", "gpt2_numpy/fast_backward.py", "    out.fill(0.5)\n",
      "    out.fill(0.0)\n"),

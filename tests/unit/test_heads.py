@@ -165,8 +165,8 @@ def test_the_context_caps_the_repeated_sequence(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("args, fragment", [
-    (["--json"], "--json belongs to --lens, --heads, --ablate, --attribute, --patch, --sae: add one of them, or drop "
-                 "--json"),
+    (["--json"], "--json belongs to --lens, --heads, --ablate, --attribute, --patch, --attribution-patching, --sae: "
+                 "add one of them, or drop --json"),
     (["--seed", "3"], "--seed belongs to --heads: add --heads, or drop --seed"),
     (["--heads", "--json", "--lens"], "and nothing else: keep one of --lens --heads, or drop --json"),
     (["--lens", "--json", "--walkthrough"], "and nothing else: drop --walkthrough, or drop --json"),
