@@ -9,7 +9,7 @@ import pytest
 
 from gpt2_numpy.interpret.edits import Edit, run_with_edits
 from gpt2_numpy.interpret.gradients import gradients, logit_difference, next_token_loss
-from gpt2_numpy.interpret.tracing import run_names
+from gpt2_numpy.interpret.names import run_names
 from gpt2_numpy.params import random_params
 from tests.conftest import FIXTURES
 

@@ -93,7 +93,7 @@ def test_an_sae_on_attn_z_reads_the_heads_side_by_side_as_hook_z(model):
 
 @pytest.mark.parametrize("step", ["q", "k", "v"])
 def test_an_sae_on_attn_q_k_or_v_reads_the_heads_side_by_side_as_training_does(model, step):
-    # training (sae_activations.hook_rows) flattens every per-head hook; reading or editing it was attn.z's alone
+    # training (sae/activations.py's hook_rows) flattens every per-head hook; reading or editing it was attn.z's alone
     sae = random_sae(16, 24, f"blocks.1.attn.{step}", seed=8)
     heads = trace(IDS, model, HPARAMS["n_head"])[f"blocks.1.attn.{step}"]  # [n_head, n_seq, d_head]
     flat = merge_heads(heads)
