@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from gpt2_numpy.sae import training as sae_training
+from gpt2_numpy.sae import training as run_module
 from gpt2_numpy.commands import sae as sae_command
 from gpt2_numpy.sae.activations import sae_for_model
 from gpt2_numpy.errors import Gpt2NumpyError, UsageError
@@ -346,7 +346,7 @@ def test_a_misspelt_subcommand_gets_the_nearest():
 def test_a_dead_latent_counts_activations_and_turns_dead_after_dead_after_of_them(activations, tmp_path, monkeypatch):
     # 64 latents, one of them per activation, batches of 32: after 2 steps the latents no row of either batch used
     # have waited 64 activations: dead at DEAD_AFTER 64, and step 3 gives them the AuxK loss
-    monkeypatch.setattr(sae_training, "DEAD_AFTER", 64)
+    monkeypatch.setattr(run_module, "DEAD_AFTER", 64)
     out = tmp_path / "run"
     flags = ["--d-sae", "64", "--k", "1", "--batch-size", "32", "--buffer", "64", "--lr", "1e-2"]
     for steps in (2, 3):
@@ -365,17 +365,17 @@ def test_a_dead_latent_counts_activations_and_turns_dead_after_dead_after_of_the
 
 CUT_AFTER_WEIGHTS = """
 import os, sys
-import gpt2_numpy.sae.training as sae_training
+import gpt2_numpy.sae.training as run_module
 from gpt2_numpy.commands.sae import main
-at_step, move_in = sys.argv[1], sae_training.move_in
+at_step, move_in = sys.argv[1], run_module.move_in
 
 def weights_then_killed(staging, out, names):  # the save of at_step: its weights move in, then the process dies
-    if sae_training.read_metadata(staging / names[0]).get("step") == at_step:
+    if run_module.read_metadata(staging / names[0]).get("step") == at_step:
         os.replace(staging / names[0], out / names[0])
         os._exit(9)
     move_in(staging, out, names)
 
-sae_training.move_in = weights_then_killed
+run_module.move_in = weights_then_killed
 main(sys.argv[2:])
 """
 
@@ -399,12 +399,12 @@ def test_a_resume_follows_and_records_its_own_save_every(activations, tmp_path, 
     out = tmp_path / "run"
     assert sae_command.run(["train", "--activations", str(activations), "--out", str(out), "--steps", "2",
                             "--save-every", "5", *TRAIN]) == 0
-    saved, save = [], sae_training.save_sae_run
+    saved, save = [], run_module.save_sae_run
 
     def recorded(*args):
         saved.append(args[5])  # its step
         save(*args)
-    monkeypatch.setattr(sae_training, "save_sae_run", recorded)
+    monkeypatch.setattr(run_module, "save_sae_run", recorded)
     assert sae_command.run(["train", "--activations", str(activations), "--out", str(out), "--steps", "7",
                             "--save-every", "2", "--resume"]) == 0
     assert saved == [4, 6, 7]
