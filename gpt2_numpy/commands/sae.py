@@ -9,7 +9,6 @@ it spliced into the model, and draw its latents (gpt2_numpy/sae/ computes all of
         histogram of their activations and the tokens each promotes and suppresses most
 """
 import difflib
-import functools
 import sys
 from contextlib import ExitStack
 
@@ -199,15 +198,18 @@ def new_settings(args, source):  # -> SaeSettings of a new run, checked
         values["l1"] = 0.0
     return SaeSettings(**values, d_in=source.d_in, d_sae=d_sae, hook=source.hook, source=source.name,
                        data_sha256=source.digest, seq_len=source.seq_len, steps=args.steps,
-                       save_every=args.save_every)
+                       save_every=args.save_every, model_sha256=source.model_digest)
 
 
 def resumed_settings(args, saved, source):  # -> the saved run's SaeSettings with this run's steps, save_every
     if saved["d_in"] != source.d_in:
         raise UsageError(f"the activations have {source.d_in} numbers each, but the run in {args.out} trained on "
                          f"{saved['d_in']}: pass its --model and --hook (or --activations) to --resume")
-    # a model run records its model as its source; the same text through another model has the same tokens
-    if source.model_name is not None and saved["seq_len"] is not None and saved["source"] != source.name:
+    # a model run records its model's weights (older runs only the --model given); the same text through another
+    # model has the same tokens
+    other = (saved.get("model_sha256") != source.model_digest if saved.get("model_sha256")
+             else saved["source"] != source.name)
+    if source.model_name is not None and saved["seq_len"] is not None and other:
         raise UsageError(f"--model {source.name} is not the model the run in {args.out} trained on "
                          f"({saved['source']}): pass its --model to --resume")
     if saved["data_sha256"] != source.digest:
@@ -220,7 +222,7 @@ def resumed_settings(args, saved, source):  # -> the saved run's SaeSettings wit
             raise UsageError(f"--{name.replace('_', '-')} {value} differs from the saved run's {saved.get(name)}: a "
                              "resumed run keeps its settings (only --steps and --save-every may change); start a "
                              "new run in another folder to change them")
-    return SaeSettings(**{**{name: saved[name] for name in SaeSettings._fields},
+    return SaeSettings(**{**{name: saved[name] for name in SaeSettings._fields if name in saved},
                           "steps": args.steps, "save_every": args.save_every})
 
 
@@ -271,7 +273,7 @@ def features(argv):  # -> exit status
     if not latents:
         raise UsageError(f"no latent of --sae {args.sae} fires anywhere in --data {args.data}: nothing to show")
     title = f"{plural(len(latents), 'latent')} of the SAE {args.sae.name} on {args.data.name}"
-    data = features_data(windows, params, n_head, sae, latents, functools.partial(token_text, model.tokenizer), title,
+    data = features_data(windows, params, n_head, sae, latents, model.tokenizer.token_text, title,
                          args.contexts)
     silent = [latent["id"] for latent in data["latents"] if latent["fired"] == 0]
     if silent:  # asked for by --latents: drawn, with no context, so that the page answers what was asked
@@ -283,10 +285,6 @@ def features(argv):  # -> exit status
     write_atomically(args.html, lambda file: file.write(page.encode("utf-8")), "the page")
     log(f"wrote {args.html}: {plural(len(latents), 'latent')} over {plural(windows.size, 'token')}")
     return 0
-
-
-def token_text(tokenizer, token_id):  # -> a token's text; a piece of a character shows its bytes as \xe2
-    return tokenizer.token_bytes(token_id).decode("utf-8", errors="backslashreplace")
 
 
 HANDLERS = {"train": train, "eval": eval_command, "features": features}

@@ -18,6 +18,7 @@ from gpt2_numpy.errors import UsageError
 from gpt2_numpy.interpret.edits import Edit
 from gpt2_numpy.interpret.names import hook_problem, is_per_head, our_hook, step_of
 from gpt2_numpy.interpret.tracing import block_traces, embedding, trace
+from gpt2_numpy.params import flatten
 from gpt2_numpy.sae.files import check_fits, load_sae
 
 def hook_rows(array, hook):  # trace's array for hook -> [n_seq, d_in]: a row per position
@@ -151,6 +152,14 @@ class Source(NamedTuple):
     name: str  # the .npy file or the model, as the run records it
     digest: str  # sha256 of the file, or of the text's tokens
     seq_len: Optional[int]
+    model_digest: Optional[str] = None  # sha256 of the model's weights: the same model, whatever path names it
+
+
+def params_digest(params):  # -> sha256 of every weight's values, in the tree's order
+    digest = hashlib.sha256()
+    for _, leaf in flatten(params):
+        digest.update(np.ascontiguousarray(leaf))  # the values in row order, however the array is laid out
+    return digest.hexdigest()
 
 
 def model_source(params, n_head, hook, ids, windows, name):  # -> Source: hook's activations on windows [n, seq_len]
@@ -160,7 +169,8 @@ def model_source(params, n_head, hook, ids, windows, name):  # -> Source: hook's
 
     digest = hashlib.sha256(np.asarray(ids, dtype=np.int64).tobytes()).hexdigest()
     n_windows, seq_len = windows.shape
-    return Source(window, n_windows, n_windows * seq_len, window(0).shape[1], hook, name, name, digest, seq_len)
+    return Source(window, n_windows, n_windows * seq_len, window(0).shape[1], hook, name, name, digest, seq_len,
+                  params_digest(params))
 
 
 def file_source(path, hook):  # -> Source of the activations an .npy file holds, checked; hook: a trace name or None

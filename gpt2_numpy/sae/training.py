@@ -59,6 +59,7 @@ class SaeSettings(NamedTuple):
     buffer: int  # rows in the shuffling buffer
     steps: int
     save_every: int
+    model_sha256: Optional[str] = None  # of the model's weights (params_digest); runs saved before it have none
 
 
 KEPT = ("architecture", "d_sae", "k", "l1", "lr", "batch_size", "seed", "hook", "seq_len", "buffer")
@@ -116,7 +117,8 @@ def load_sae_run(out):  # -> (SAE, state arrays, saved settings dict) of the run
             state = dict(file)
         settings = parse_json(str(state["settings"]))
         step = int(state["step"])
-        problem = None if isinstance(settings, dict) and set(SaeSettings._fields) <= settings.keys() else \
+        required = set(SaeSettings._fields) - SaeSettings._field_defaults.keys()
+        problem = None if isinstance(settings, dict) and required <= settings.keys() else \
             "its settings are not a run's"
         for name in ("W_enc", "b_enc", "W_dec", "b_dec"):
             for moment in ("m", "v"):

@@ -120,8 +120,9 @@ MUTANTS = [  # (what, file, text, replacement)
      'sum(scale * sae.params["W_dec"][latent] for', 'sum(sae.params["W_dec"][latent] for'),
     # issue 54's: each fix of the SAE's training, eval and files undone
     ("sae: a resume from another model of the same width goes on", "gpt2_numpy/commands/sae.py",
-     'if source.model_name is not None and saved["seq_len"] is not None and saved["source"] != source.name:',
-     "if False:"),
+     'if source.model_name is not None and saved["seq_len"] is not None and other:', "if False:"),
+    ("sae: a resume compares the --model given, not the weights", "gpt2_numpy/commands/sae.py",
+     'saved.get("model_sha256") != source.model_digest if saved.get("model_sha256")', "True if False"),
     ("sae: a resume from activations of another width goes on", "gpt2_numpy/commands/sae.py",
      'if saved["d_in"] != source.d_in:', "if False:"),
     ("sae: attn.scores and attn.weights taken as an SAE's hook", "gpt2_numpy/sae/activations.py",

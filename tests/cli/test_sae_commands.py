@@ -5,6 +5,7 @@ import json
 import os
 import re
 import resource
+import shutil
 import subprocess
 import sys
 
@@ -212,6 +213,9 @@ def test_a_resume_from_another_model_hook_or_width_is_refused_naming_both(model,
             words[1:3] = []
         assert_one_error_line(run_sae(*words), fragment)
         assert {path.name: path.read_bytes() for path in out.iterdir()} == before  # nothing written
+    copy = shutil.copytree(folder, tmp_path / "elsewhere")  # the same weights, named by another path: the same model
+    result = run_sae(*command, "--model", copy, "--steps", 2, "--resume")
+    assert result.returncode == 0, result.stderr
 
 
 @pytest.mark.parametrize("how", ["train", "activations", "eval", "explain"])
