@@ -27,14 +27,14 @@ def random_chars(rng, n):  # -> str of n characters drawn independently
     return "".join(map(chr, rng.integers(low[ranges], high[ranges])))
 
 
-def induction_text(n_chars, seed, lengths=LENGTHS, gaps=GAPS):  # -> str of about n_chars characters: R gap R,
+def induction_text(n_chars, seed, lengths=LENGTHS, gaps=GAPS, copies=2):  # -> str of about n_chars characters: R gap R,
     # R' gap' R', ...
     rng = np.random.default_rng(seed)
     pieces, total = [], 0
     while total < n_chars:
         sequence = random_chars(rng, rng.integers(lengths[0], lengths[1] + 1))
-        gap = random_chars(rng, rng.integers(gaps[0], gaps[1] + 1))
-        pieces.append(sequence + gap + sequence)
+        pieces.append(sequence + "".join(random_chars(rng, rng.integers(gaps[0], gaps[1] + 1)) + sequence
+                                         for _ in range(copies - 1)))
         total += len(pieces[-1])
     return "".join(pieces).replace("<|endoftext|>", "")  # never drawn in practice; the tokenizer would make it one id
 
@@ -48,8 +48,9 @@ def main():
                         help="characters in a sequence said twice (%(default)s)")
     parser.add_argument("--gaps", type=int, nargs=2, default=GAPS, metavar=("MIN", "MAX"),
                         help="random characters between the copies (%(default)s)")
+    parser.add_argument("--copies", type=int, default=2, help="times each sequence is said (%(default)s)")
     args = parser.parse_args()
-    args.out.write_bytes(induction_text(args.chars, args.seed, args.lengths, args.gaps).encode("utf-8"))
+    args.out.write_bytes(induction_text(args.chars, args.seed, args.lengths, args.gaps, args.copies).encode("utf-8"))
 
 
 if __name__ == "__main__":
