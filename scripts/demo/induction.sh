@@ -5,7 +5,7 @@
 # zero-ablating the induction head and the previous-token head that feeds it.
 #
 #   scripts/demo/induction.sh [--seed S] [--threads N] OUT [STEPS]
-#   OUT: a new folder; STEPS: train this many steps instead of 6,000, e.g. 2 to try the script in a minute: too few
+#   OUT: a new folder; STEPS: train this many steps instead of 10,000, e.g. 2 to try the script in a minute: too few
 #   for any head to form, which it then says; S: the run's seed (its init and batch order; 0), the text the same for
 #   every seed; N: the cores it may use ($GPT2_NUMPY_THREADS, else the free ones)
 # Writes OUT (the model folder, with log.csv and heads.csv), OUT/induction.png, and the two texts in OUT/texts/.
@@ -22,7 +22,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 OUT=${1:?$usage}
-STEPS=${2:-6000}
+STEPS=${2:-10000}
 [ "${OUT#/}" != "$OUT" ] || OUT="$PWD/$OUT"  # the caller's OUT, from the caller's folder
 cd "$(dirname "$0")/../.."  # the repo root
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"

@@ -1,10 +1,10 @@
 """Write a text in which only content-based induction predicts anything: random sequences of random characters, each
-said twice with a random gap between the copies, one pair after another.
+said twice (or --copies times) with a random gap between the copies, one sequence after another.
 
-    python -m scripts.demo.induction_text OUT.txt [--chars N] [--seed S]
+    python -m scripts.demo.induction_text OUT.txt [--chars N] [--seed S] [--copies C]
 
 Nothing in it is predictable from the tokens just before (the characters are drawn independently), and no fixed
-distance back finds the first copy (the lengths and gaps vary): a model predicts the second copy only by finding where
+distance back finds an earlier copy (the lengths and gaps vary): a model predicts a later copy only by finding where
 the current token stood before and copying what followed it, which is what an induction head does. The characters are
 drawn from all of Unicode's UTF-8 lengths, so that a byte-level model (train --vocab-size 257) sees nearly every byte
 (all but C0, C1 and F5..FF, which UTF-8 never uses), as `explain --heads` draws its repeated probe from every id.
@@ -27,8 +27,8 @@ def random_chars(rng, n):  # -> str of n characters drawn independently
     return "".join(map(chr, rng.integers(low[ranges], high[ranges])))
 
 
-def induction_text(n_chars, seed, lengths=LENGTHS, gaps=GAPS, copies=2):  # -> str of about n_chars characters: R gap R,
-    # R' gap' R', ...
+def induction_text(n_chars, seed, lengths=LENGTHS, gaps=GAPS, copies=2):  # -> str of about n_chars characters:
+    # R gap R (gap R, copies times in all), R' gap' R', ...
     rng = np.random.default_rng(seed)
     pieces, total = [], 0
     while total < n_chars:

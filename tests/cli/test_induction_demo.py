@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from scripts.demo.induction_heads import best_heads, uniform, verdict
+from scripts.demo.induction_text import induction_text
 
 REPO = Path(__file__).resolve().parents[2]
 USAGE = "usage: scripts/demo/induction.sh [--seed S] [--threads N] OUT [STEPS]"
@@ -77,3 +78,13 @@ def test_the_seed_and_the_thread_count_reach_the_run(tmp_path):
     with np.load(tmp_path / "out" / "train_state.npz") as state:
         settings = json.loads(str(state["settings"]))
     assert (settings["seed"], settings["steps"]) == (2, 1)
+
+
+@pytest.mark.parametrize("copies", [2, 3])
+def test_the_text_says_each_sequence_as_many_times_as_asked(copies):
+    # sequences of 4 characters, no gaps: the text is blocks of 4 * copies characters, each its first 4 said again
+    text = induction_text(200, seed=5, lengths=(4, 4), gaps=(0, 0), copies=copies)
+    blocks = [text[at:at + 4 * copies] for at in range(0, len(text), 4 * copies)]
+    assert len(text) % (4 * copies) == 0 and len(blocks) >= 200 / (4 * copies)
+    assert all(block == block[:4] * copies for block in blocks)
+    assert len({block[:4] for block in blocks}) == len(blocks)  # and each a sequence of its own
