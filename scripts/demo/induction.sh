@@ -4,13 +4,25 @@
 # loss and best induction score against the step, and the loss on a repeated text it never saw, before and after
 # zero-ablating the induction head and the previous-token head that feeds it.
 #
-#   scripts/demo/induction.sh OUT [STEPS]  (OUT: a new folder; STEPS: train this many steps instead of 20,000,
-#   e.g. 2 to try the script in a minute: too few for any head to form, which it then says)
+#   scripts/demo/induction.sh [--seed S] [--threads N] OUT [STEPS]
+#   OUT: a new folder; STEPS: train this many steps instead of 10,000, e.g. 2 to try the script in a minute: too few
+#   for any head to form, which it then says; S: the run's seed (its init and batch order; 0), the text the same for
+#   every seed; N: the cores it may use ($GPT2_NUMPY_THREADS, else the free ones)
 # Writes OUT (the model folder, with log.csv and heads.csv), OUT/induction.png, and the two texts in OUT/texts/.
 # Needs matplotlib for the picture.
 set -euo pipefail
-OUT=${1:?usage: scripts/demo/induction.sh OUT [STEPS]}
-STEPS=${2:-20000}
+usage="usage: scripts/demo/induction.sh [--seed S] [--threads N] OUT [STEPS]"
+SEED=0
+while [ $# -gt 0 ]; do
+  case $1 in
+    --seed) SEED=${2-}; shift $(($# > 1 ? 2 : 1)) ;;
+    --threads) THREADS=${2-}; shift $(($# > 1 ? 2 : 1)) ;;
+    -*) echo "error: unknown option $1: $usage" >&2; exit 2 ;;
+    *) break ;;
+  esac
+done
+OUT=${1:?$usage}
+STEPS=${2:-10000}
 [ "${OUT#/}" != "$OUT" ] || OUT="$PWD/$OUT"  # the caller's OUT, from the caller's folder
 cd "$(dirname "$0")/../.."  # the repo root
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -19,15 +31,22 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 case $STEPS in
   '' | *[!0-9]* | 0*) echo "error: STEPS $STEPS is not a whole number of steps above 0" >&2; exit 2 ;;
 esac
+case $SEED in
+  '' | *[!0-9]*) echo "error: --seed $SEED is not a whole number (0, 1, 2, ...)" >&2; exit 2 ;;
+esac
+case ${THREADS-1} in  # unset: not given
+  '' | *[!0-9]* | 0*) echo "error: --threads $THREADS is not a whole number of cores above 0" >&2; exit 2 ;;
+esac
+[ -z "${THREADS+given}" ] || export GPT2_NUMPY_THREADS=$THREADS  # every command below: train, explain
 TEXTS=$(mktemp -d)  # until OUT holds the run: train writes only into an empty or new folder
 trap 'rm -rf "$TEXTS"' EXIT
-# sequences of 3 to 8 characters (5 to 14 bytes) said twice, 0 to 3 characters apart: a pair fits the context of 32
-python -m scripts.demo.induction_text "$TEXTS/train.txt" --seed 0  # 1.75 MB
+# sequences of 3 to 8 characters (5 to 14 bytes) said three times, 0 to 3 characters apart
+python -m scripts.demo.induction_text "$TEXTS/train.txt" --seed 0 --copies 3  # 1.75 MB
 # another seed: a text never trained on, 7 characters said twice (30 bytes, within the context)
 python -m scripts.demo.induction_text "$TEXTS/unseen.txt" --seed 1 --chars 1 --lengths 7 7 --gaps 0 0
 python -m gpt2_numpy.train --data "$TEXTS/train.txt" --out "$OUT" --vocab-size 257 \
-  --n-layer 2 --n-head 4 --n-embd 64 --n-ctx 32 --seq-len 32 --batch-size 32 --lr 3e-3 --warmup 100 \
-  --steps "$STEPS" --eval-every 250 --eval-batches 2 --save-every 2000 --seed 0
+  --n-layer 2 --n-head 4 --n-embd 64 --n-ctx 32 --seq-len 32 --batch-size 32 --lr 6e-3 --warmup 200 \
+  --steps "$STEPS" --eval-every 250 --eval-batches 2 --save-every 2000 --seed "$SEED"
 mkdir "$OUT/texts"
 mv "$TEXTS/train.txt" "$TEXTS/unseen.txt" "$OUT/texts/"
 python -m scripts.demo.plot_loss "$OUT/log.csv" "$OUT/induction.png" --induction
@@ -49,3 +68,4 @@ heads = " ".join(f"{layer}.{head}" for layer, head in result["ablated"])
 print(f"zero-ablating {heads}: the loss on the unseen text goes from {before:.3f} to {after:.3f} nats per token "
       f"({after - before:+.3f})")'
 done
+echo "seed $SEED, $STEPS steps, threads ${GPT2_NUMPY_THREADS:-free}: $((SECONDS / 60)) min $((SECONDS % 60)) s" >&2  # the run's time

@@ -1,10 +1,10 @@
 """Write a text in which only content-based induction predicts anything: random sequences of random characters, each
-said twice with a random gap between the copies, one pair after another.
+said twice (or --copies times) with a random gap between the copies, one sequence after another.
 
-    python -m scripts.demo.induction_text OUT.txt [--chars N] [--seed S]
+    python -m scripts.demo.induction_text OUT.txt [--chars N] [--seed S] [--copies C]
 
 Nothing in it is predictable from the tokens just before (the characters are drawn independently), and no fixed
-distance back finds the first copy (the lengths and gaps vary): a model predicts the second copy only by finding where
+distance back finds an earlier copy (the lengths and gaps vary): a model predicts a later copy only by finding where
 the current token stood before and copying what followed it, which is what an induction head does. The characters are
 drawn from all of Unicode's UTF-8 lengths, so that a byte-level model (train --vocab-size 257) sees nearly every byte
 (all but C0, C1 and F5..FF, which UTF-8 never uses), as `explain --heads` draws its repeated probe from every id.
@@ -27,14 +27,14 @@ def random_chars(rng, n):  # -> str of n characters drawn independently
     return "".join(map(chr, rng.integers(low[ranges], high[ranges])))
 
 
-def induction_text(n_chars, seed, lengths=LENGTHS, gaps=GAPS):  # -> str of about n_chars characters: R gap R,
-    # R' gap' R', ...
+def induction_text(n_chars, seed, lengths=LENGTHS, gaps=GAPS, copies=2):  # -> str of about n_chars characters:
+    # R gap R (gap R, copies times in all), R' gap' R', ...
     rng = np.random.default_rng(seed)
     pieces, total = [], 0
     while total < n_chars:
         sequence = random_chars(rng, rng.integers(lengths[0], lengths[1] + 1))
-        gap = random_chars(rng, rng.integers(gaps[0], gaps[1] + 1))
-        pieces.append(sequence + gap + sequence)
+        pieces.append(sequence + "".join(random_chars(rng, rng.integers(gaps[0], gaps[1] + 1)) + sequence
+                                         for _ in range(copies - 1)))
         total += len(pieces[-1])
     return "".join(pieces).replace("<|endoftext|>", "")  # never drawn in practice; the tokenizer would make it one id
 
@@ -48,8 +48,9 @@ def main():
                         help="characters in a sequence said twice (%(default)s)")
     parser.add_argument("--gaps", type=int, nargs=2, default=GAPS, metavar=("MIN", "MAX"),
                         help="random characters between the copies (%(default)s)")
+    parser.add_argument("--copies", type=int, default=2, help="times each sequence is said (%(default)s)")
     args = parser.parse_args()
-    args.out.write_bytes(induction_text(args.chars, args.seed, args.lengths, args.gaps).encode("utf-8"))
+    args.out.write_bytes(induction_text(args.chars, args.seed, args.lengths, args.gaps, args.copies).encode("utf-8"))
 
 
 if __name__ == "__main__":

@@ -1,8 +1,19 @@
 """scripts/demo/induction.sh's verdict on its heads (scripts/demo/induction_heads.py): which heads it ablates, and
 whether an induction head formed, against the scores of even weights worked out from their definition."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
 import pytest
 
 from scripts.demo.induction_heads import best_heads, uniform, verdict
+from scripts.demo.induction_text import induction_text
+
+REPO = Path(__file__).resolve().parents[2]
+USAGE = "usage: scripts/demo/induction.sh [--seed S] [--threads N] OUT [STEPS]"
 
 
 def test_even_weights_score_the_mean_of_one_over_the_keys_each_query_sees():
@@ -36,3 +47,44 @@ def test_a_head_at_about_the_uniform_score_is_no_induction_head():
     assert verdict(head(1, 2, induction=0.51), "induction", 0.043).startswith("induction head 1.2: 0.510 of its weight")
     assert verdict(head(0, 3, previous_token=0.98), "previous_token", 0.103) == (
         "previous-token head 0.3: 0.980 of its weight on the token just before (uniform 0.103)")
+
+
+def run_demo(tmp_path, *args, **variables):  # -> CompletedProcess of scripts/demo/induction.sh args, from tmp_path,
+    # with this Python
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", **variables}
+    return subprocess.run(["bash", str(REPO / "scripts" / "demo" / "induction.sh"), *args], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=110)
+
+
+@pytest.mark.parametrize("args, error", [
+    (["--seed", "x", "out"], "--seed x is not a whole number (0, 1, 2, ...)"),
+    (["--seed", "-1", "out"], "--seed -1 is not a whole number (0, 1, 2, ...)"),
+    (["--threads", "0", "out"], "--threads 0 is not a whole number of cores above 0"),
+    (["--threads", "", "out"], "--threads  is not a whole number of cores above 0"),
+    (["--sed", "1", "out"], "unknown option --sed: " + USAGE),
+])
+def test_the_demo_refuses_a_bad_seed_or_thread_count_before_it_writes_anything(tmp_path, args, error):
+    # before the options, `--seed 1 out` trained into a folder named --seed, 1 step long
+    result = run_demo(tmp_path, *args)
+    assert (result.returncode, result.stderr, result.stdout) == (2, f"error: {error}\n", "")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_the_seed_and_the_thread_count_reach_the_run(tmp_path):
+    # a count in the environment that every command would refuse: --threads must replace it for all of them
+    result = run_demo(tmp_path, "--threads", "1", "--seed", "2", "out", "1", GPT2_NUMPY_THREADS="many")
+    assert result.returncode == 0, result.stderr
+    with np.load(tmp_path / "out" / "train_state.npz") as state:
+        settings = json.loads(str(state["settings"]))
+    assert (settings["seed"], settings["steps"]) == (2, 1)
+
+
+@pytest.mark.parametrize("copies", [2, 3])
+def test_the_text_says_each_sequence_as_many_times_as_asked(copies):
+    # sequences of 4 characters, no gaps: the text is blocks of 4 * copies characters, each its first 4 said again
+    text = induction_text(200, seed=5, lengths=(4, 4), gaps=(0, 0), copies=copies)
+    blocks = [text[at:at + 4 * copies] for at in range(0, len(text), 4 * copies)]
+    assert len(text) % (4 * copies) == 0 and len(blocks) >= 200 / (4 * copies)
+    assert all(block == block[:4] * copies for block in blocks)
+    assert len({block[:4] for block in blocks}) == len(blocks)  # and each a sequence of its own
