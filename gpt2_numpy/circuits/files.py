@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from gpt2_numpy.circuits.transcoders import INPUT_HOOKS, OUTPUT_HOOKS, TranscoderSet
+from gpt2_numpy.console import plural
 from gpt2_numpy.disk import atomic_write
 from gpt2_numpy.errors import CheckpointError, UsageError
 from gpt2_numpy.formats import SETTINGS_LIMIT, read_regular, shown
@@ -177,5 +178,6 @@ def check_layers(folder, layers):  # -> None; CheckpointError when the layers di
 
 def check_fits(transcoders, n_layer, n_embd):  # -> None; UsageError when the set is not one for this model
     if len(transcoders.layers) != n_layer or transcoders.d_model != n_embd:
-        raise UsageError(f"the transcoder set has {len(transcoders.layers)} layers of width {transcoders.d_model}, "
-                         f"but the model has {n_layer} layers of width {n_embd}: use transcoders trained on this model")
+        raise UsageError(f"the transcoder set has {plural(len(transcoders.layers), 'layer')} of width "
+                         f"{transcoders.d_model}, but the model has {plural(n_layer, 'layer')} of width {n_embd}: use "
+                         "transcoders trained on this model")
