@@ -366,6 +366,12 @@ MUTANTS = [  # (what, file, text, replacement)
      "if False:"),
     ("circuits: the viewer's logit nodes at layer n_layer", "gpt2_numpy/circuits/viewer.py",
      "str(graph.n_layer + 1)", "str(graph.n_layer)"),
+    ("circuits: a zeroed feature zeroed at every position", "gpt2_numpy/circuits/replacement.py",
+     "features[..., position, feature] = 0", "features[..., feature] = 0"),
+    ("circuits: the splice's error the wrong way round", "gpt2_numpy/circuits/replacement.py",
+     "error = mlp_out - decode(params, features, x)", "error = decode(params, features, x) - mlp_out"),
+    ("circuits: a spliced SAE's latents read from its reconstruction", "gpt2_numpy/circuits/latents.py",
+     'sae.encode(seen["input"])', "sae.encode(arrays[sae.hook])"),
     ("circuits: --no-bos ignored", "gpt2_numpy/commands/circuits.py", "([] if args.no_bos else [tokenizer.eot_id])",
      "[tokenizer.eot_id]"),
     # caught by tests/unit/test_fast_backward.py and tests/unit/test_optim.py

@@ -2,7 +2,8 @@
 `create_graph_files` (scripts/fixtures/make_graph_reference.py: the random GPT-2 folders of tests/fixtures/intervene_*,
 random transcoders written by our writer into tests/fixtures/transcoders_<case>/ and read by circuit-tracer's
 loader), in the library and through `circuits graph`; circuit-tracer's transcoder files read by ours; the YAML subset;
-the bad inputs."""
+the bad inputs; the transcoders spliced in as MLPs, against model.py's functions composed afresh; SAE latent
+attribution against finite differences."""
 import json
 import subprocess
 import sys
@@ -10,13 +11,17 @@ import sys
 import numpy as np
 import pytest
 
-from gpt2_numpy import load_model
+from gpt2_numpy import load_model, model
 from gpt2_numpy.circuits.files import load_transcoders, parse_yaml, save_transcoders
 from gpt2_numpy.circuits.graph import Graph, attribution_graph
+from gpt2_numpy.circuits.latents import latent_attribution
 from gpt2_numpy.circuits.prune import prune
+from gpt2_numpy.circuits.replacement import replacement_edits
 from gpt2_numpy.circuits.transcoders import TranscoderSet, encode, transcode
 from gpt2_numpy.commands import circuits as circuits_cli
 from gpt2_numpy.errors import CheckpointError
+from gpt2_numpy.interpret.edits import Edit, run_with_edits
+from gpt2_numpy.interpret.gradients import logit_difference
 from tests.conftest import FIXTURES, REPO, assert_one_error_line
 
 RTOL = 1e-4  # relative, as the issue asks
@@ -243,3 +248,94 @@ def test_the_command_imports_no_torch(tmp_path):
                              str(tmp_path / "out")], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]" and (tmp_path / "out" / "graph.npz").exists()
+
+
+def by_hand(ids, params, n_head, transcoders, mlp_out):  # -> logits of GPT-2 whose MLP outputs mlp_out gives
+    """model.py's functions composed afresh: mlp_out(layer, x_mid, own) -> the MLP's output, own the MLP's own."""
+    x = params["wte"][ids] + params["wpe"][:len(ids)]
+    for layer, block in enumerate(params["blocks"]):
+        x = x + model.mha(model.layer_norm(x, **block["ln_1"]), **block["attn"], n_head=n_head)
+        x = x + mlp_out(layer, x, model.ffn(model.layer_norm(x, **block["ln_2"]), **block["mlp"]))
+    return model.layer_norm(x, **params["ln_f"]) @ params["wte"].T
+
+
+def hook_input(transcoders, layer, mid, ln_2):  # -> what the layer's transcoder reads, from the stream after attention
+    return {"ln2.hook_normalized": model.layer_norm(mid, 1, 0), "mlp.hook_in": model.layer_norm(mid, **ln_2),
+            "hook_resid_mid": mid}[transcoders.input_hook]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_splice_replaces_each_mlp_by_its_transcoder(case):
+    hparams, params, _ = load_model(FIXTURES / f"intervene_{CASES[case]}")
+    transcoders, ids = load_transcoders(FIXTURES / f"transcoders_{case}"), reference(case)["input_ids"]
+    ours = run_with_edits(ids, params, hparams["n_head"], replacement_edits(transcoders), names=["logits"])["logits"]
+    expected = by_hand(ids, params, hparams["n_head"], transcoders, lambda layer, mid, own: transcode(
+        transcoders.layers[layer], hook_input(transcoders, layer, mid, params["blocks"][layer]["ln_2"])))
+    np.testing.assert_allclose(ours, expected, rtol=1e-4, atol=1e-4)
+    assert np.abs(ours - model.gpt2(ids, **params, n_head=hparams["n_head"])).max() > 1e-2  # the MLPs did change
+
+
+def test_the_splice_with_its_error_is_the_model_until_a_feature_is_zeroed():
+    hparams, params, _ = load_model(FIXTURES / "intervene_three_heads")
+    transcoders, ids, n_head = load_transcoders(FIXTURES / "transcoders_skip"), reference("skip")["input_ids"], 3
+    kept = run_with_edits(ids, params, n_head, replacement_edits(transcoders, keep_error=True), names=["logits"])
+    np.testing.assert_allclose(kept["logits"], model.gpt2(ids, **params, n_head=n_head), rtol=1e-4, atol=1e-4)
+    layer, position, feature = reference("skip")["active_features"][-1]  # a feature that fired
+    zeroed = run_with_edits(ids, params, n_head, replacement_edits(transcoders, keep_error=True, zeroed=[
+        (layer, position, feature)]), names=["logits"])["logits"]
+
+    def without_feature(at, mid, own):  # the MLP's own output less the feature's write, at its position alone
+        if at != layer:
+            return own
+        params_at = transcoders.layers[at]
+        write = encode(params_at, hook_input(transcoders, at, mid, params["blocks"][at]["ln_2"]))[position, feature]
+        return own - np.eye(len(ids))[position][:, None] * write * params_at["W_dec"][feature]
+    np.testing.assert_allclose(zeroed, by_hand(ids, params, n_head, transcoders, without_feature), rtol=1e-4,
+                               atol=1e-4)
+    assert np.abs(zeroed - kept["logits"]).max() > 1e-3
+
+
+class TinySAE:  # an SAE as latent_attribution reads one: ReLU latents, a decoder; written here, not imported
+    def __init__(self, d_in, d_sae, hook, seed=0):
+        rng = np.random.default_rng(seed)
+        self.hook, self.params = hook, {"W_enc": rng.normal(0, 1 / np.sqrt(d_in), (d_in, d_sae)),
+                                        "b_enc": rng.normal(-0.2, 0.1, d_sae),
+                                        "W_dec": rng.normal(0, 1 / np.sqrt(d_sae), (d_sae, d_in))}
+
+    def encode(self, x):
+        return np.maximum(x @ self.params["W_enc"] + self.params["b_enc"], 0)
+
+    def decode(self, f):
+        return f @ self.params["W_dec"]
+
+    def reconstruct(self, x):
+        return self.decode(self.encode(x))
+
+
+@pytest.mark.parametrize("spliced", [True, False])
+def test_latent_attribution_is_the_metric_s_derivative_in_each_latent_s_scale(spliced):
+    hparams, params, _ = load_model(FIXTURES / "intervene_three_heads")
+    params = float64(params)  # finite differences need the precision
+    ids, n_head, hook = reference("skip")["input_ids"], 3, "blocks.0.out"
+    sae, metric = TinySAE(24, 16, hook), logit_difference(65, 66)
+    scores = latent_attribution(ids, params, n_head, sae, metric, spliced)
+    x = run_with_edits(ids, params, n_head, [], names=[hook])[hook]
+    f, step = sae.encode(x), 1e-4
+    base = x - sae.reconstruct(x) if not spliced else 0  # the error, added back when not spliced
+
+    def metric_with(position, latent, scale):  # the metric with one latent's activation scaled
+        g = f.copy()
+        g[position, latent] *= scale
+        run = run_with_edits(ids, params, n_head, [Edit(hook, lambda _: sae.decode(g) + base)])
+        return metric(run)[0]
+    active = np.argwhere(f > 0)[::7]
+    assert len(active) > 5
+    for position, latent in active:  # d metric / d log-scale of the latent = its activation x its gradient
+        slope = (metric_with(position, latent, 1 + step) - metric_with(position, latent, 1 - step)) / (2 * step)
+        assert scores[position, latent] == pytest.approx(slope, rel=1e-5, abs=1e-9)
+    assert (scores[f == 0] == 0).all() and np.abs(scores).max() > 1e-3
+
+
+def float64(tree):  # -> the params with every array in float64
+    return {key: float64(value) for key, value in tree.items()} if isinstance(tree, dict) else (
+        [float64(each) for each in tree] if isinstance(tree, list) else np.asarray(tree, np.float64))
