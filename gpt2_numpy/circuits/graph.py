@@ -16,6 +16,7 @@ Nodes, in circuit-tracer's order (the rows and columns of the adjacency; rows ar
                       is covered); input direction wte[token] minus wte's mean over the vocabulary, at ln_f's output
 Errors and tokens have no inputs: their rows are 0, as are the logits' columns.
 """
+import functools
 from typing import NamedTuple
 
 import numpy as np
@@ -27,6 +28,8 @@ from gpt2_numpy.interpret.tracing import trace
 from gpt2_numpy.model import merge_heads, softmax, split_heads
 
 ZERO_POSITIONS = slice(0, 1)  # circuit-tracer's zero_positions: features and errors at position 0 are dropped
+QUEUE = 2048  # features traced between two rankings: circuit-tracer's update_interval 4 x batch_size 512
+MAX_HOPS = 128  # circuit-tracer's limit on the ranking's paths
 BATCH_FLOATS = 2**24  # floats of one batch of gradients [batch, n_seq, n_embd]: targets are traced in such batches
 
 
@@ -50,8 +53,11 @@ class Frozen(NamedTuple):  # the prompt's run, as the linearized model needs it
     encoders: np.ndarray  # [n_active, d_model]: each active feature's input direction
 
 
-def attribution_graph(ids, params, n_head, transcoders, max_logits=10, logit_prob=0.95):  # int [n_seq] -> Graph
-    """The unpruned graph of ids (circuit-tracer's attribute() with max_feature_nodes=None)."""
+def attribution_graph(ids, params, n_head, transcoders, max_logits=10, logit_prob=0.95, max_features=None,
+                      queue=QUEUE):  # int [n_seq] -> Graph
+    """The unpruned graph of ids (circuit-tracer's attribute()). max_features: at most this many feature nodes, the
+    most influential on the logits, chosen as circuit-tracer chooses them (queue: how many are traced between two
+    rankings, its update_interval x batch_size); every active feature when None."""
     ids = np.asarray(ids)
     arrays = trace(ids, params, n_head)
     n_layer, n_seq = len(params["blocks"]), len(ids)
@@ -62,15 +68,54 @@ def attribution_graph(ids, params, n_head, transcoders, max_logits=10, logit_pro
     logit_ids, probabilities = top_logits(arrays["logits"][-1], max_logits, logit_prob)
     wte = params["wte"]
     logit_vectors = wte[logit_ids] - wte.mean(axis=0)  # circuit-tracer's demeaned unembedding columns
-    layers = np.concatenate([np.full(len(logit_ids), n_layer), frozen.feature_layers])
-    positions = np.concatenate([np.full(len(logit_ids), n_seq - 1), frozen.feature_positions])
-    rows = effect_rows(frozen, params, n_head, transcoders, layers, positions,
-                       np.concatenate([logit_vectors, frozen.encoders]))
-    n_sources, n_logits = len(frozen.sources), len(logit_ids)
+    logit_rows = effect_rows(frozen, params, n_head, transcoders, np.full(len(logit_ids), n_layer),
+                             np.full(len(logit_ids), n_seq - 1), logit_vectors)
+    trace_features = functools.partial(feature_rows, frozen, params, n_head, transcoders)
+    selected, rows = select_features(trace_features, logit_rows, probabilities, len(active), max_features, queue)
+    # the sources kept: the selected features, then every error and token
+    columns = np.concatenate([selected, np.arange(len(active), len(frozen.sources))])
+    n_sources, n_logits = len(columns), len(logit_ids)
     adjacency = np.zeros((n_sources + n_logits,) * 2, dtype=np.float32)
-    adjacency[:len(active), :n_sources] = rows[n_logits:]
-    adjacency[n_sources:, :n_sources] = rows[:n_logits]
-    return Graph(adjacency, active, np.arange(len(active)), values, logit_ids, probabilities, ids, n_layer)
+    adjacency[:len(selected), :n_sources] = rows[:, columns]
+    adjacency[n_sources:, :n_sources] = logit_rows[:, columns]
+    return Graph(adjacency, active, selected, values, logit_ids, probabilities, ids, n_layer)
+
+
+def feature_rows(frozen, params, n_head, transcoders, features):  # int [k] -> [k, n_sources]: their input rows
+    return effect_rows(frozen, params, n_head, transcoders, frozen.feature_layers[features],
+                       frozen.feature_positions[features], frozen.encoders[features])
+
+
+def select_features(trace_features, logit_rows, probabilities, n_active, max_features, queue):  # -> int [k], [k, n]
+    """The feature nodes, in active_features' order, and their rows: every active feature, or the max_features most
+    influential, as circuit-tracer's attribute() picks them: ranked by their influence on the logits through the rows
+    traced so far, the best `queue` not yet traced traced next, until max_features are."""
+    if max_features is None or max_features >= n_active:
+        return np.arange(n_active), trace_features(np.arange(n_active))
+    chosen, rows = np.zeros(0, dtype=int), np.zeros((0, logit_rows.shape[1]), dtype=np.float32)
+    while len(chosen) < max_features:
+        traced = np.concatenate([logit_rows, rows])
+        row_nodes = np.concatenate([logit_rows.shape[1] + np.arange(len(logit_rows)), chosen])
+        ranked = np.argsort(-partial_influences(traced, probabilities, row_nodes)[:n_active], kind="stable")
+        pending = ranked[~np.isin(ranked, chosen)][:min(queue, max_features - len(chosen))]
+        chosen, rows = np.concatenate([chosen, pending]), np.concatenate([rows, trace_features(pending)])
+    order = np.argsort(chosen)
+    return chosen[order], rows[order]
+
+
+def partial_influences(rows, probabilities, row_nodes):  # [r, n_sources], [n_logits], int [r] -> [n_sources + n_logits]
+    # circuit-tracer's compute_partial_influences: each node's influence on the logits through the rows known so far
+    weights = np.abs(rows)
+    weights /= np.maximum(weights.sum(axis=1, keepdims=True), 1e-8)
+    product = np.zeros(rows.shape[1] + len(probabilities), dtype=np.float32)
+    product[-len(probabilities):] = probabilities
+    influences = np.zeros_like(product)
+    for _ in range(MAX_HOPS):
+        product = np.concatenate([product[row_nodes] @ weights, np.zeros(len(probabilities), np.float32)])
+        if not product.any():
+            return influences
+        influences += product
+    raise ValueError("the feature ranking did not converge: an attribution graph's edges go forward only")
 
 
 def layer_features(transcoders, layer, arrays):  # -> [n_seq, d_transcoder]: layer's features, position 0's zeroed

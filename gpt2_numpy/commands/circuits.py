@@ -47,6 +47,8 @@ def graph_parser():  # -> the parser of `circuits graph`
                         help="at most K logit nodes (10)")
     parser.add_argument("--logit-prob", type=fraction, default=0.95, metavar="P",
                         help="logit nodes until P of the probability is covered (0.95)")
+    parser.add_argument("--max-features", type=whole_number(1), metavar="N",
+                        help="at most N feature nodes, the most influential (default: every active one)")
     parser.add_argument("--node-threshold", type=fraction, default=0.8, metavar="P",
                         help="pruning: keep the nodes that carry P of the influence on the logits (0.8)")
     parser.add_argument("--edge-threshold", type=fraction, default=0.98, metavar="P",
@@ -80,7 +82,8 @@ def graph(argv):  # -> exit status
     hparams, params, tokenizer = model_from_args(args)
     check_fits(transcoders, hparams["n_layer"], hparams["n_embd"])
     ids = graph_ids(args, hparams, tokenizer, text)
-    found = attribution_graph(ids, params, hparams["n_head"], transcoders, args.max_logits, args.logit_prob)
+    found = attribution_graph(ids, params, hparams["n_head"], transcoders, args.max_logits, args.logit_prob,
+                              args.max_features)
     pruned = prune(found, args.node_threshold, args.edge_threshold)
     viewer = viewer_graph(found, pruned, tokenizer.decode, SLUG, transcoders.scan or "gpt2-numpy",
                           args.node_threshold)

@@ -13,7 +13,7 @@ import pytest
 
 from gpt2_numpy import load_model, model
 from gpt2_numpy.circuits.files import load_transcoders, parse_yaml, save_transcoders
-from gpt2_numpy.circuits.graph import Graph, attribution_graph
+from gpt2_numpy.circuits.graph import Graph, attribution_graph, select_features
 from gpt2_numpy.circuits.latents import latent_attribution
 from gpt2_numpy.circuits.prune import prune
 from gpt2_numpy.circuits.replacement import replacement_edits
@@ -55,6 +55,30 @@ def test_the_unpruned_graph_is_circuit_tracer_s(case):
     assert (theirs["adjacency"] != 0).sum() > len(theirs["adjacency"])  # a graph with edges, not a trivial one
     for field in FIELDS:
         assert_close(getattr(ours, field), theirs[field])
+
+
+def test_the_most_influential_features_are_circuit_tracer_s():  # its ranking, three rounds of 8, 8 and 4
+    theirs = reference("skip")
+    hparams, params, _ = load_model(FIXTURES / "intervene_three_heads")
+    ours = attribution_graph(theirs["input_ids"], params, hparams["n_head"],
+                             load_transcoders(FIXTURES / "transcoders_skip"), max_features=20, queue=8)
+    np.testing.assert_array_equal(ours.selected_features, theirs["max_features/selected_features"])
+    assert len(ours.selected_features) == 20 and len(ours.active_features) > 20
+    assert_close(ours.adjacency, theirs["max_features/adjacency"])
+
+
+def test_the_ranking_counts_the_paths_through_the_features_traced_so_far():  # by hand, circuit-tracer's rule
+    # three features and one other source; the logit reads feature 1 most, then 2, then 0 (shares .05, .5, .25, .2)
+    logit_rows = np.array([[0.1, 1.0, 0.5, 0.4]], np.float32)
+    feature_rows = np.array([[0, 0, 0, 0], [10, 0, 0, 0], [0, 0, 0, 0]], np.float32)  # feature 1 reads feature 0
+
+    def select(queue):
+        return select_features(lambda features: feature_rows[features], logit_rows, np.array([1.0], np.float32), 3,
+                               2, queue)
+    chosen, rows = select(queue=1)  # feature 1 first; then feature 0's .05 + .5 x 1 through it beats feature 2's .25
+    np.testing.assert_array_equal(chosen, [0, 1])
+    np.testing.assert_array_equal(rows, feature_rows[[0, 1]])
+    np.testing.assert_array_equal(select(queue=2)[0], [1, 2])  # one ranking, by the logit's row alone
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -114,8 +138,9 @@ def test_the_command_writes_circuit_tracer_s_graph_and_viewer_files(tmp_path):
 
 
 def test_no_bos_gives_the_prompt_s_ids_alone(tmp_path):
-    out = graph_command(tmp_path, "mid", "--no-bos", "--max-logits", "3", "--logit-prob", "0.01")
+    out = graph_command(tmp_path, "mid", "--no-bos", "--max-logits", "3", "--logit-prob", "0.01", "--max-features", "5")
     written = np.load(out / "graph.npz")
+    assert len(written["selected_features"]) == 5
     np.testing.assert_array_equal(written["input_ids"], reference("mid")["input_ids"][1:])
     assert len(written["logit_token_ids"]) == 1  # the top logit alone covers 1% of the probability
 
