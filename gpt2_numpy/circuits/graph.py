@@ -64,7 +64,7 @@ def attribution_graph(ids, params, n_head, transcoders, max_logits=10, logit_pro
     activations = np.stack([layer_features(transcoders, layer, arrays) for layer in range(n_layer)])
     active = np.argwhere(activations)  # (layer, position, feature), sorted so, as torch's coalesce sorts
     values = activations[tuple(active.T)]
-    frozen = freeze(arrays, params, ids, transcoders, active, values)
+    frozen = freeze(arrays, params, ids, transcoders, activations, active)
     logit_ids, probabilities = top_logits(arrays["logits"][-1], max_logits, logit_prob)
     wte = params["wte"]
     logit_vectors = wte[logit_ids] - wte.mean(axis=0)  # circuit-tracer's demeaned unembedding columns
@@ -128,7 +128,7 @@ def layer_input(transcoders, layer, arrays):  # -> [n_seq, d_model]: what layer'
     return transcoder_input(transcoders.input_hook, arrays[input_name(transcoders.input_hook, layer)])
 
 
-def freeze(arrays, params, ids, transcoders, active, values):  # -> Frozen
+def freeze(arrays, params, ids, transcoders, activations, active):  # -> Frozen
     n_layer = len(params["blocks"])
     blocks = [f"blocks.{layer}." for layer in range(n_layer)]
     block_inputs = [arrays["embed"]] + [arrays[f"{block}out"] for block in blocks[:-1]]
@@ -136,19 +136,25 @@ def freeze(arrays, params, ids, transcoders, active, values):  # -> Frozen
               "ln_2": np.stack([scale(arrays[f"{block}mid"]) for block in blocks]),
               "ln_f": scale(arrays[f"{blocks[-1]}out"])}
     layer, position, feature = active.T
-    decoders = np.stack([transcoders.layers[each]["W_dec"][index] for each, index in zip(layer, feature)]).reshape(
-        len(active), -1) * values[:, None]
-    encoders = np.stack([transcoders.layers[each]["W_enc"][index] for each, index in zip(layer, feature)]).reshape(
-        len(active), -1)
-    errors = np.stack([layer_error(transcoders, each, arrays) for each in range(n_layer)])
+    decoders = feature_vectors(transcoders, "W_dec", layer, feature) * activations[layer, position, feature, None]
+    encoders = feature_vectors(transcoders, "W_enc", layer, feature)
+    errors = np.stack([layer_error(transcoders, each, arrays, activations[each]) for each in range(n_layer)])
     sources = np.concatenate([decoders, errors.reshape(-1, errors.shape[-1]), params["wte"][ids]])
     patterns = np.stack([arrays[f"{block}attn.weights"] for block in blocks])
     return Frozen(scales, patterns, sources, layer, position, encoders)
 
 
-def layer_error(transcoders, layer, arrays):  # -> [n_seq, d_model]: the MLP's output minus the transcoder's
+def feature_vectors(transcoders, name, layers, features):  # -> [n, d_model]: row features[i] of layers[i]'s `name`
+    vectors = np.zeros((len(layers), transcoders.d_model), dtype=np.float32)
+    for layer in np.unique(layers):
+        at = layers == layer
+        vectors[at] = transcoders.layers[layer][name][features[at]]
+    return vectors
+
+
+def layer_error(transcoders, layer, arrays, features):  # -> [n_seq, d_model]: the MLP's output minus the transcoder's
     x = layer_input(transcoders, layer, arrays)
-    reconstruction = decode(transcoders.layers[layer], layer_features(transcoders, layer, arrays), x)
+    reconstruction = decode(transcoders.layers[layer], features, x)
     error = arrays[output_name(transcoders.output_hook, layer)] - reconstruction
     error[ZERO_POSITIONS] = 0
     return error

@@ -145,6 +145,14 @@ def test_no_bos_gives_the_prompt_s_ids_alone(tmp_path):
     assert len(written["logit_token_ids"]) == 1  # the top logit alone covers 1% of the probability
 
 
+def test_a_prompt_of_bos_alone_has_no_features_and_still_a_graph():  # position 0's features are all zeroed
+    hparams, params, _ = load_model(FIXTURES / "intervene_three_heads")
+    graph = attribution_graph([256], params, 3, load_transcoders(FIXTURES / "transcoders_skip"), max_features=4)
+    assert graph.active_features.shape == (0, 3) and len(graph.selected_features) == 0
+    assert graph.adjacency.shape == (2 + 1 + len(graph.logit_token_ids),) * 2  # 2 errors, 1 token, the logits
+    assert graph.adjacency[-1, 2] != 0 and not graph.adjacency[:, :2].any()  # the token reaches them; the errors are 0
+
+
 def test_circuit_tracer_s_own_files_read_as_ours():
     theirs = load_transcoders(FIXTURES / "transcoders_skip_circuit_tracer")  # TranscoderSet.to_safetensors, yaml.dump
     ours = load_transcoders(FIXTURES / "transcoders_skip")
