@@ -186,6 +186,7 @@ def effect_rows(frozen, params, n_head, transcoders, layers, positions, vectors)
 
 
 def batch_rows(frozen, params, n_head, transcoders, layers, positions, vectors):  # [b] x2, [b, d] -> [b, n_sources]
+    # layers: sorted highest first, so that the targets whose gradient is still 0 at a layer are the batch's last
     n_layer, n_seq = len(params["blocks"]), frozen.patterns.shape[-1]
     targets = np.arange(len(layers))
     rows = np.zeros((len(layers), len(frozen.sources)), dtype=np.float32)
@@ -195,17 +196,20 @@ def batch_rows(frozen, params, n_head, transcoders, layers, positions, vectors):
     d = layer_norm_frozen(d, params["ln_f"]["g"], frozen.scales["ln_f"])
     n_active = len(frozen.feature_layers)
     for layer in reversed(range(min(n_layer, int(layers.max()) + 1))):
-        # d: the gradient at block layer's output, which is its MLP output's too: the features' and errors' rows
+        live = int(np.count_nonzero(layers >= layer))  # the targets at or above this layer; below it, all is 0
+        g = d[:live]  # the gradient at block layer's output, which is its MLP output's too: the features' and errors'
         mine = np.flatnonzero(frozen.feature_layers == layer)
-        rows[:, mine] = np.einsum("bkd,kd->bk", d[:, frozen.feature_positions[mine]], frozen.sources[mine])
+        for position in np.unique(frozen.feature_positions[mine]):  # a product per position: no [b, k, d] gather
+            at = mine[frozen.feature_positions[mine] == position]
+            rows[:live, at] = g[:, position] @ frozen.sources[at].T
         errors = slice(n_active + layer * n_seq, n_active + (layer + 1) * n_seq)
-        rows[:, errors] = np.einsum("bpd,pd->bp", d, frozen.sources[errors])
+        rows[:live, errors] = np.einsum("bpd,pd->bp", g, frozen.sources[errors])
         block = params["blocks"][layer]
-        d_input = skip_backward(transcoders.layers[layer], d)  # the MLP is linear only through its skip connection
-        here = layers == layer
-        d_input[targets[here], positions[here]] += vectors[here]  # the targets reading this layer's input
-        d = d + input_backward(transcoders.input_hook, d_input, block["ln_2"]["g"], frozen.scales["ln_2"][layer])
-        d = d + attention_backward(d, block, n_head, frozen.patterns[layer], frozen.scales["ln_1"][layer])
+        d_input = skip_backward(transcoders.layers[layer], g)  # the MLP is linear only through its skip connection
+        here = targets[:live][layers[:live] == layer]
+        d_input[here, positions[here]] += vectors[here]  # the targets reading this layer's input
+        g = g + input_backward(transcoders.input_hook, d_input, block["ln_2"]["g"], frozen.scales["ln_2"][layer])
+        d[:live] = g + attention_backward(g, block, n_head, frozen.patterns[layer], frozen.scales["ln_1"][layer])
     tokens = slice(n_active + n_layer * n_seq, None)
     rows[:, tokens] = np.einsum("bpd,pd->bp", d, frozen.sources[tokens])
     return rows
@@ -231,6 +235,6 @@ def attention_backward(d, block, n_head, pattern, scale):  # [b, n_seq, d_model]
     # with the pattern frozen, attention is linear in its values: out = merge(pattern @ v) c_proj, v = ln_1(x) W_V
     attn, n_embd = block["attn"], d.shape[-1]
     d_z = split_heads(d @ attn["c_proj"]["w"].T, n_head)  # [b, n_head, n_seq, d_head]
-    d_v = np.einsum("hqk,bhqd->bhkd", pattern, d_z)
+    d_v = np.swapaxes(pattern, -1, -2) @ d_z  # [b, n_head, n_seq, d_head]: each key's share of its queries
     d_normed = merge_heads(d_v) @ attn["c_attn"]["w"][:, 2 * n_embd:].T
     return layer_norm_frozen(d_normed, block["ln_1"]["g"], scale)
