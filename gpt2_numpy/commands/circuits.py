@@ -7,9 +7,7 @@ sources, active_features, selected_features, activation_values, logit_token_ids,
 and the pruning's node_mask, edge_mask, cumulative_scores), and graph.json with graph-metadata.json, the files
 circuit-tracer's viewer opens. Everything is computed and checked before anything is written.
 """
-import difflib
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +18,7 @@ from gpt2_numpy.circuits.prune import prune
 from gpt2_numpy.circuits.viewer import viewer_graph
 from gpt2_numpy.commands.common import (
     ArgumentParser, add_model_args, fraction, model_from_args, path_argument, read_prompt, run_model_cli,
-    whole_number, write_stdout,
+    run_subcommand, whole_number,
 )
 from gpt2_numpy.console import log, plural
 from gpt2_numpy.disk import atomic_write
@@ -104,17 +102,7 @@ HANDLERS = {"graph": graph}
 
 
 def run(argv=None):  # -> exit status
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if not argv or argv[0] not in HANDLERS:
-        if argv and argv[0] in ("-h", "--help"):
-            write_stdout("usage: gpt2-numpy circuits {graph} [flags]\n\n" + "\n".join(
-                f"  {name}  {what}" for name, what in SUBCOMMANDS.items()) + "\n")
-            return 0
-        guesses = difflib.get_close_matches(argv[0], SUBCOMMANDS, n=1) if argv else []
-        given = f"unknown subcommand {argv[0]!r}" if argv else "no subcommand given"
-        given += "".join(f" (did you mean {guess}?)" for guess in guesses)
-        raise UsageError(f"{given}: choose one of {', '.join(SUBCOMMANDS)} (gpt2-numpy circuits graph --help)")
-    return HANDLERS[argv[0]](argv[1:])
+    return run_subcommand("circuits", SUBCOMMANDS, HANDLERS, argv)
 
 
 def main(argv=None):  # -> never returns; errors become one line on stderr and an exit status

@@ -6,11 +6,9 @@ measure it spliced into the model (gpt2_numpy/interpret/sae*.py hold the math, t
     gpt2-numpy sae eval --sae my-sae --model my-gpt --data held-out.txt
     gpt2-numpy sae features --sae my-sae --model my-gpt --data plays.txt --html features.html
 """
-import difflib
 import hashlib
 import importlib
 import importlib.util
-import sys
 from contextlib import ExitStack
 from typing import Callable, NamedTuple, Optional
 
@@ -18,7 +16,7 @@ import numpy as np
 
 from gpt2_numpy.commands.common import (
     ArgumentParser, add_model_args, model_from_args, path_argument, positive_float, print_json, read_data,
-    run_model_cli, whole_number, write_stdout,
+    run_model_cli, run_subcommand, whole_number, write_stdout,
 )
 from gpt2_numpy.console import log, plural
 from gpt2_numpy.errors import UsageError
@@ -356,18 +354,7 @@ HANDLERS = {"train": train, "eval": eval_command, "features": features}
 
 
 def run(argv=None):  # -> exit status
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if not argv or argv[0] not in HANDLERS:
-        if argv and argv[0] in ("-h", "--help"):
-            width = max(map(len, SUBCOMMANDS))
-            write_stdout("usage: gpt2-numpy sae {train,eval,features} [flags]\n\n" + "\n".join(
-                f"  {name:<{width}}  {what}" for name, what in SUBCOMMANDS.items()) + "\n")
-            return 0
-        guesses = difflib.get_close_matches(argv[0], SUBCOMMANDS, n=1) if argv else []
-        given = f"unknown subcommand {argv[0]!r}" if argv else "no subcommand given"
-        given += "".join(f" (did you mean {guess}?)" for guess in guesses)
-        raise UsageError(f"{given}: choose one of {', '.join(SUBCOMMANDS)} (gpt2-numpy sae train --help, ...)")
-    return HANDLERS[argv[0]](argv[1:])
+    return run_subcommand("sae", SUBCOMMANDS, HANDLERS, argv)
 
 
 def main(argv=None):  # -> never returns; errors become one line on stderr and an exit status
