@@ -24,6 +24,7 @@ from gpt2_numpy.console import log, plural
 from gpt2_numpy.disk import atomic_write
 from gpt2_numpy.errors import UsageError
 from gpt2_numpy.loading import prompt_ids
+from gpt2_numpy.tokenizer import check_in_vocabulary
 
 SUBCOMMANDS = {"graph": "the attribution graph of a prompt through transcoders, as circuit-tracer computes it"}
 SLUG = "graph"  # the viewer's name of the graph: graph.json
@@ -65,7 +66,9 @@ def check_out(out):  # -> None; UsageError when --out is a file, or a folder hol
 
 def graph_ids(args, hparams, tokenizer, text):  # -> int [n_seq]: the prompt's ids, <|endoftext|> first unless --no-bos
     words = prompt_ids(tokenizer, text, hparams["n_vocab"]) if text or args.no_bos else []  # "" alone: [eot]
-    ids = ([] if args.no_bos else [tokenizer.eot_id]) + words
+    bos = [] if args.no_bos else check_in_vocabulary(tokenizer, [tokenizer.eot_id], hparams["n_vocab"], "the BOS",
+                                                     "pass --no-bos for a model without <|endoftext|>")
+    ids = bos + words
     if len(ids) > hparams["n_ctx"]:
         raise UsageError(f"the prompt's {plural(len(ids), 'token')} exceed the model's context of {hparams['n_ctx']} "
                          "tokens: shorten it")

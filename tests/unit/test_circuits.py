@@ -22,6 +22,9 @@ from gpt2_numpy.commands import circuits as circuits_cli
 from gpt2_numpy.errors import CheckpointError
 from gpt2_numpy.interpret.edits import Edit, run_with_edits
 from gpt2_numpy.interpret.gradients import logit_difference
+from gpt2_numpy.params import random_params
+from gpt2_numpy.save import save_model
+from gpt2_numpy.tokenizer import PACKAGED_VOCABULARY
 from tests.conftest import FIXTURES, REPO, assert_one_error_line
 
 RTOL = 1e-4  # relative, as the issue asks
@@ -257,6 +260,21 @@ def test_bad_inputs_get_one_error_line_and_write_nothing(tmp_path, capsys, trans
     output = capsys.readouterr()
     assert_one_error_line(subprocess.CompletedProcess([], exit_info.value.code, output.out, output.err), message)
     assert not out.exists()
+
+
+def test_a_model_without_the_bos_in_its_vocabulary_is_refused_before_it_runs(tmp_path, capsys):
+    hparams = {"n_vocab": 300, "n_ctx": 16, "n_embd": 20, "n_head": 2, "n_layer": 1}  # GPT-2's tokenizer, 300 ids
+    save_model(tmp_path / "model", hparams, random_params(hparams, 0), PACKAGED_VOCABULARY)
+    argv = ["graph", "--model", str(tmp_path / "model"), "--transcoders", str(FIXTURES / "transcoders_mid"), "!",
+            "--out", str(tmp_path / "out")]
+    with pytest.raises(SystemExit) as exit_info:
+        circuits_cli.main(argv)
+    output = capsys.readouterr()
+    assert_one_error_line(subprocess.CompletedProcess([], exit_info.value.code, output.out, output.err),
+                          "the BOS's token 50256 ('<|endoftext|>', position 0) is outside this model's vocabulary")
+    with pytest.raises(SystemExit) as exit_info:
+        circuits_cli.main([*argv, "--no-bos"])  # "!" is token 0
+    assert exit_info.value.code == 0 and np.load(tmp_path / "out" / "graph.npz")["input_ids"].tolist() == [0]
 
 
 def test_an_out_folder_of_other_files_is_refused(tmp_path, capsys):
