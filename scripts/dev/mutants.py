@@ -379,8 +379,8 @@ MUTANTS = [  # (what, file, text, replacement)
      "error = mlp_out - decode(params, features, x)", "error = decode(params, features, x) - mlp_out"),
     ("circuits: a spliced SAE's latents read from its reconstruction", "gpt2_numpy/circuits/latents.py",
      'sae.encode(seen["input"])', "sae.encode(arrays[sae.hook])"),
-    ("circuits: --no-bos ignored", "gpt2_numpy/commands/circuits.py", "([] if args.no_bos else [tokenizer.eot_id])",
-     "[tokenizer.eot_id]"),
+    ("circuits: --no-bos ignored", "gpt2_numpy/commands/circuits.py", "bos = [] if args.no_bos else",
+     "bos = [] if False else"),
     # caught by tests/unit/test_fast_backward.py and tests/unit/test_optim.py
     ("backward: GELU's slope at x = 0 taken as 0", "gpt2_numpy/fast_backward.py", "    out.fill(0.5)\n",
      "    out.fill(0.0)\n"),
