@@ -129,6 +129,8 @@ def parse_yaml(path, text):  # -> {key: str or [str]}; CheckpointError naming th
 
 
 def scalar(path, number, text):  # -> the string a YAML scalar holds; CheckpointError for anything but a string
+    if not text.isprintable():  # a NUL would reach the file system as a name; YAML refuses control characters too
+        raise damaged(path, f"line {number}: {shown(text)} holds a control character")
     if text.startswith("'") and text.endswith("'") and len(text) > 1 and "'" not in text[1:-1].replace("''", ""):
         return text[1:-1].replace("''", "'")
     if text.startswith('"') and text.endswith('"') and len(text) > 1 and not re.search(r'["\\]', text[1:-1]):

@@ -364,6 +364,8 @@ MUTANTS = [  # (what, file, text, replacement)
      "(influence(normalized(kept), logit_weights) + logit_weights)", "influence(normalized(kept), logit_weights)"),
     ("circuits: a key given twice in config.yaml taken", "gpt2_numpy/circuits/files.py", "if key in config:",
      "if False:"),
+    ("circuits: config.yaml's control characters passed on", "gpt2_numpy/circuits/files.py",
+     "if not text.isprintable():", "if False:"),
     ("circuits: the viewer's logit nodes at layer n_layer", "gpt2_numpy/circuits/viewer.py",
      "str(graph.n_layer + 1)", "str(graph.n_layer)"),
     ("circuits: a batch's targets below a layer skipped at it too", GRAPH,

@@ -17,9 +17,9 @@ from gpt2_numpy.circuits.graph import Graph, attribution_graph, select_features
 from gpt2_numpy.circuits.latents import latent_attribution
 from gpt2_numpy.circuits.prune import prune
 from gpt2_numpy.circuits.replacement import replacement_edits
-from gpt2_numpy.circuits.transcoders import TranscoderSet, encode, transcode
+from gpt2_numpy.circuits.transcoders import INPUT_HOOKS, TranscoderSet, encode, transcode
 from gpt2_numpy.commands import circuits as circuits_cli
-from gpt2_numpy.errors import CheckpointError
+from gpt2_numpy.errors import CheckpointError, Gpt2NumpyError
 from gpt2_numpy.interpret.edits import Edit, run_with_edits
 from gpt2_numpy.interpret.gradients import logit_difference
 from gpt2_numpy.params import random_params
@@ -214,6 +214,26 @@ def test_the_yaml_subset_reads_circuit_tracer_s_forms(text):
 def test_the_yaml_subset_refuses_the_rest_naming_the_line(text, message):
     with pytest.raises(CheckpointError, match=message):
         parse_yaml("config.yaml", text)
+
+
+@pytest.mark.slow  # 300 loads
+def test_a_config_yaml_damaged_anywhere_loads_or_is_one_error(tmp_path):  # never a traceback, never a guess
+    folder = copy_set(FIXTURES / "transcoders_mid", tmp_path / "set")
+    text = (FIXTURES / "transcoders_mid" / "config.yaml").read_bytes()
+    rng, outcomes = np.random.default_rng(0), set()
+    for _ in range(300):
+        damaged = bytearray(text)
+        for at in rng.integers(0, len(text), rng.integers(1, 4)):
+            damaged[at] = int(rng.choice(list(b" :-'\"#\n\t[{&*|x0\0\xff")))
+        (folder / "config.yaml").write_bytes(bytes(damaged))
+        try:
+            loaded = load_transcoders(folder)
+            outcomes.add("loaded")
+            assert len(loaded.layers) == 1 and loaded.input_hook in INPUT_HOOKS  # what it read is a whole set
+        except Gpt2NumpyError as error:
+            outcomes.add("refused")
+            assert "\n" not in str(error)
+    assert outcomes == {"loaded", "refused"}
 
 
 def copy_set(source, target):  # -> target: a copy of a transcoder-set folder, to damage
