@@ -23,6 +23,7 @@ COMMANDS = {  # name -> what it does, in one line; each is gpt2_numpy/commands/<
     "tokenizer": "train a byte-level BPE tokenizer on a text file, as Hugging Face's trainer does",
     "download": "fetch an official GPT-2 (124M to 1558M), resuming and verifying it",
     "sae": "sparse autoencoders: sae train, sae eval (spliced in), sae features (a page of the latents)",
+    "circuits": "circuits between transcoder features: circuits graph (an attribution graph, as circuit-tracer's)",
 }
 
 

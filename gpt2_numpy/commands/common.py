@@ -244,6 +244,24 @@ def print_json(data):  # -> None; data as one line of JSON on stdout
     write_stdout(json.dumps(data) + "\n")
 
 
+def run_subcommand(command, subcommands, handlers, argv=None):  # -> exit status of the subcommand argv names
+    """`gpt2-numpy COMMAND SUBCOMMAND [flags]`: handlers[SUBCOMMAND](flags); subcommands: {name: what it does}, for
+    --help and for the error naming them."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in handlers:
+        return handlers[argv[0]](argv[1:])
+    if argv and argv[0] in ("-h", "--help"):
+        width = max(map(len, subcommands))
+        write_stdout(f"usage: gpt2-numpy {command} {{{','.join(subcommands)}}} [flags]\n\n" + "\n".join(
+            f"  {name:<{width}}  {what}" for name, what in subcommands.items()) + "\n")
+        return 0
+    guesses = difflib.get_close_matches(argv[0], subcommands, n=1) if argv else []
+    given = f"unknown subcommand {argv[0]!r}" if argv else "no subcommand given"
+    given += "".join(f" (did you mean {guess}?)" for guess in guesses)
+    raise UsageError(f"{given}: choose one of {', '.join(subcommands)} (gpt2-numpy {command} {next(iter(subcommands))} "
+                     "--help, ...)")
+
+
 # --- The model ---
 
 

@@ -8,13 +8,11 @@ it spliced into the model, and draw its latents (gpt2_numpy/sae/ computes all of
         a page of the latents that fire most on the text (or --latents F ...): their strongest contexts, shaded, a
         histogram of their activations and the tokens each promotes and suppresses most
 """
-import difflib
-import sys
 from contextlib import ExitStack
 
 from gpt2_numpy.commands.common import (
     HTML_SUFFIXES, ArgumentParser, add_model_args, check_output_file, model_from_args, path_argument, positive_float,
-    print_json, read_data, run_model_cli, whole_number, write_atomically, write_stdout,
+    print_json, read_data, run_model_cli, run_subcommand, whole_number, write_atomically, write_stdout,
 )
 from gpt2_numpy.console import log, plural
 from gpt2_numpy.errors import UsageError
@@ -291,18 +289,7 @@ HANDLERS = {"train": train, "eval": eval_command, "features": features}
 
 
 def run(argv=None):  # -> exit status
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if not argv or argv[0] not in HANDLERS:
-        if argv and argv[0] in ("-h", "--help"):
-            width = max(map(len, SUBCOMMANDS))
-            write_stdout("usage: gpt2-numpy sae {train,eval,features} [flags]\n\n" + "\n".join(
-                f"  {name:<{width}}  {what}" for name, what in SUBCOMMANDS.items()) + "\n")
-            return 0
-        guesses = difflib.get_close_matches(argv[0], SUBCOMMANDS, n=1) if argv else []
-        given = f"unknown subcommand {argv[0]!r}" if argv else "no subcommand given"
-        given += "".join(f" (did you mean {guess}?)" for guess in guesses)
-        raise UsageError(f"{given}: choose one of {', '.join(SUBCOMMANDS)} (gpt2-numpy sae train --help, ...)")
-    return HANDLERS[argv[0]](argv[1:])
+    return run_subcommand("sae", SUBCOMMANDS, HANDLERS, argv)
 
 
 def main(argv=None):  # -> never returns; errors become one line on stderr and an exit status

@@ -12,6 +12,7 @@ Every mutant must be caught. The test files that catch each part (the word befor
     intervene                   tests/unit/test_edits.py
     gradients                   tests/unit/test_gradients.py
     "attribution patching"      tests/unit/test_attribution_patching.py
+    circuits                    tests/unit/test_circuits.py
     download                    tests/unit/test_fetch.py tests/unit/test_loading.py tests/unit/test_locks.py
     sampling,decode,tokenizer   tests/unit/test_sampling.py tests/unit/test_decode.py tests/cli/test_tokenizer.py
     vocabulary,score,checkpoint  tests/unit/test_tokenizer.py tests/unit/test_checkpoint.py tests/unit/test_tracing.py
@@ -40,6 +41,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 PATCHING_GRADIENTS = "gpt2_numpy/interpret/attribution_patching.py"
+GRAPH, PRUNE = "gpt2_numpy/circuits/graph.py", "gpt2_numpy/circuits/prune.py"
 MUTANTS = [  # (what, file, text, replacement)
     ("model: scores / d, not / √d", "gpt2_numpy/model.py", "/ math.sqrt(q.shape[-1])", "/ q.shape[-1]"),
     ("model: softmax without the max shift", "gpt2_numpy/model.py",
@@ -339,6 +341,50 @@ MUTANTS = [  # (what, file, text, replacement)
      "excluded[:, first + n_readers - 1:first + n_readers])[0]", "excluded[:, first:first + 1])[0]"),
     ("attribution patching: the strongest edges tie in writer order", PATCHING_GRADIENTS,
      "edges = np.moveaxis(scores.edges, -1, 0).transpose(0, 2, 1)", "edges = np.moveaxis(scores.edges, -1, 0)"),
+    # caught by tests/unit/test_circuits.py
+    ("circuits: the logits' directions not demeaned", GRAPH, "wte[logit_ids] - wte.mean(axis=0)", "wte[logit_ids]"),
+    ("circuits: position 0's features and errors kept", GRAPH, "ZERO_POSITIONS = slice(0, 1)",
+     "ZERO_POSITIONS = slice(0, 0)"),
+    ("circuits: the frozen LayerNorm without its centring", GRAPH,
+     "return (d - d.mean(axis=-1, keepdims=True)) / scale", "return d / scale"),
+    ("circuits: the frozen pattern untransposed", GRAPH, "np.swapaxes(pattern, -1, -2) @ d_z", "pattern @ d_z"),
+    ("circuits: no gradient through the skip connection", GRAPH,
+     "d_input = skip_backward(transcoders.layers[layer], g)", "d_input = np.zeros_like(g)"),
+    ("circuits: hook_normalized's gradient through ln_2's gain", GRAPH, 'g if step == "ln_2" else 1', "g"),
+    ("circuits: the token nodes carry the position embedding too", GRAPH, 'params["wte"][ids]])',
+     'params["wte"][ids] + params["wpe"][:len(ids)]])'),
+    ("circuits: one logit fewer than the probability asks", GRAPH, "logit_prob)) + 1", "logit_prob))"),
+    ("circuits: JumpReLU read as ReLU", "gpt2_numpy/circuits/transcoders.py", 'pre * (pre > params["threshold"])',
+     "np.maximum(pre, 0)"),
+    ("circuits: the skip connection untransposed", "gpt2_numpy/circuits/transcoders.py", 'x @ params["W_skip"].T',
+     'x @ params["W_skip"]'),
+    ("circuits: pruning's threshold one score lower", PRUNE, "min(int(np.searchsorted(cumulative, share)),",
+     "min(int(np.searchsorted(cumulative, share)) + 1,"),
+    ("circuits: pruning keeps features with no incoming edge", PRUNE,
+     "    node_mask[:n_features] &= edge_mask[:n_features].any(axis=1)  # features need an incoming one\n", ""),
+    ("circuits: edge scores without the logits' own weights", PRUNE,
+     "(influence(normalized(kept), logit_weights) + logit_weights)", "influence(normalized(kept), logit_weights)"),
+    ("circuits: a key given twice in config.yaml taken", "gpt2_numpy/circuits/files.py", "if key in config:",
+     "if False:"),
+    ("circuits: config.yaml's control characters passed on", "gpt2_numpy/circuits/files.py",
+     "if not text.isprintable():", "if False:"),
+    ("circuits: the viewer's logit nodes at layer n_layer", "gpt2_numpy/circuits/viewer.py",
+     "str(graph.n_layer + 1)", "str(graph.n_layer)"),
+    ("circuits: a batch's targets below a layer skipped at it too", GRAPH,
+     "live = int(np.count_nonzero(layers >= layer))", "live = int(np.count_nonzero(layers > layer))"),
+    ("circuits: the features ranked once, not after each queue", GRAPH, "[:min(queue, max_features - len(chosen))]",
+     "[:max_features - len(chosen)]"),
+    ("circuits: the ranking's influence through the logits alone", GRAPH,
+     "row_nodes = np.concatenate([logit_rows.shape[1] + np.arange(len(logit_rows)), chosen])",
+     "row_nodes = np.concatenate([logit_rows.shape[1] + np.arange(len(logit_rows)), 0 * chosen])"),
+    ("circuits: a zeroed feature zeroed at every position", "gpt2_numpy/circuits/replacement.py",
+     "features[..., position, feature] = 0", "features[..., feature] = 0"),
+    ("circuits: the splice's error the wrong way round", "gpt2_numpy/circuits/replacement.py",
+     "error = mlp_out - decode(params, features, x)", "error = decode(params, features, x) - mlp_out"),
+    ("circuits: a spliced SAE's latents read from its reconstruction", "gpt2_numpy/circuits/latents.py",
+     'sae.encode(seen["input"])', "sae.encode(arrays[sae.hook])"),
+    ("circuits: --no-bos ignored", "gpt2_numpy/commands/circuits.py", "bos = [] if args.no_bos else",
+     "bos = [] if False else"),
     # caught by tests/unit/test_fast_backward.py and tests/unit/test_optim.py
     ("backward: GELU's slope at x = 0 taken as 0", "gpt2_numpy/fast_backward.py", "    out.fill(0.5)\n",
      "    out.fill(0.0)\n"),

@@ -30,6 +30,7 @@ FLAGS = {
     "tokenizer": ["--data", "--vocab-size", "--out", "--min-frequency", "--json"],
     "download": ["MODEL", "--model", "--models-dir", "--source", "--json"],
     "sae": ["train", "eval", "features"],
+    "circuits": ["graph"],
 }
 
 
@@ -45,7 +46,8 @@ def test_every_command_is_in_the_table():
     assert list(FLAGS) == list(COMMANDS)
 
 
-OLD_MODULES = [command for command in FLAGS if command != "tokenizer"]  # python -m gpt2_numpy.X before the one entry
+# python -m gpt2_numpy.X before the one entry (tokenizer and circuits came after it)
+OLD_MODULES = [command for command in FLAGS if command not in ("tokenizer", "circuits")]
 
 
 @pytest.mark.slow
@@ -91,8 +93,8 @@ def test_the_one_entry_lists_every_command_with_one_line():
 @pytest.mark.parametrize("argv, fragment", [
     ([], "no command given: choose one of generate, score, explain, train, tokenizer, download, sae"),
     (["scroe", "text"], "unknown command 'scroe' (did you mean score?): choose one of generate, score, explain, "
-                        "train, tokenizer, download, sae; to continue the one-word prompt 'scroe', run gpt2-numpy "
-                        "generate scroe"),
+                        "train, tokenizer, download, sae, circuits; to continue the one-word prompt 'scroe', run "
+                        "gpt2-numpy generate scroe"),
     # else the prompts "score" and "hi" would be continued, with no word on the command meant
     (["--threads", "1", "score", "hi"], "the command goes first, its flags after it: gpt2-numpy score [flags]; to "
                                         "continue the one-word prompt 'score', run gpt2-numpy generate [flags] score"),
