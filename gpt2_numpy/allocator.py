@@ -3,8 +3,8 @@
 A forward pass allocates and frees the same large temporaries layer after layer: a block's attention scores
 [n_head, 128, n_seq] and the ffn's [n_seq, 4 n_embd] activations are megabytes each. By default glibc maps each such
 array fresh from the kernel and unmaps it when freed (or, for smaller ones, trims its heap), and the next array
-touches the memory again page by page. `python -m scripts.benchmark --only allocator` measures both ways in fresh
-processes: on the 2-core machine here, about 52,000 page faults and a tenth of the time of a 1024-token prefill.
+touches the memory again page by page, faulting every page in anew. `python -m scripts.benchmark --only allocator`
+measures both ways in fresh processes: the page faults and the share of a 1024-token prefill that they cost.
 The CLIs call keep_freed_memory() once, before their first forward pass; programs that call the model functions
 directly can too.
 """
