@@ -23,6 +23,7 @@ Every mutant must be caught. The test files that catch each part (the word befor
     sae                         tests/unit/sae/test_features.py tests/cli/test_sae_latents.py
     sae                         tests/unit/sae/test_evaluation.py tests/cli/test_sae_commands.py
     sae                         tests/unit/sae/test_page.py tests/unit/sae/test_training.py
+    sae                         tests/unit/sae/test_activations.py tests/unit/sae/test_fast.py
     paths                       tests/cli/test_common.py
 
 for example `python -m scripts.dev.mutants --only download tests/unit/test_fetch.py tests/unit/test_loading.py
@@ -42,6 +43,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 PATCHING_GRADIENTS = "gpt2_numpy/interpret/attribution_patching.py"
 GRAPH, PRUNE = "gpt2_numpy/circuits/graph.py", "gpt2_numpy/circuits/prune.py"
+SAE_CODE = "gpt2_numpy/sae/"
 MUTANTS = [  # (what, file, text, replacement)
     ("model: scores / d, not / √d", "gpt2_numpy/model.py", "/ math.sqrt(q.shape[-1])", "/ q.shape[-1]"),
     ("model: softmax without the max shift", "gpt2_numpy/model.py",
@@ -230,8 +232,8 @@ MUTANTS = [  # (what, file, text, replacement)
     ("train: heads.csv scores another probe than explain --heads draws", "gpt2_numpy/training.py",
      "PROBE_SEED = 0 ", "PROBE_SEED = 1 "),
     ("train: heads.csv's rows past the save kept on --resume", "gpt2_numpy/runs.py",
-     'rows = [row for row in read_log(path) if int(row["step"]) <= step]',
-     'rows = [row for row in read_log(path) if name == LOG or int(row["step"]) <= step]'),
+     'rows = [row for row in read_log(path, fields) if int(row["step"]) <= step]',
+     'rows = [row for row in read_log(path, fields) if name == LOG or int(row["step"]) <= step]'),
     ("train: a Ctrl-C in the last step asks for --resume", "gpt2_numpy/training.py",
      "if stop.requested and step < steps:", "if stop.requested:"),
     ("train: a Ctrl-C stops a run started with SIGINT ignored", "gpt2_numpy/training.py",
@@ -423,6 +425,93 @@ MUTANTS = [  # (what, file, text, replacement)
     # caught by tests/unit/test_page.py (a page of 300 tokens, whose map pixels cover 2 x 2 weights)
     ("explain page: a map pixel shows the last weight it covers, not the largest", "gpt2_numpy/interpret/page.html",
      "cells[cell] = Math.max(cells[cell], values[s] / DATA.scale);", "cells[cell] = values[s] / DATA.scale;"),
+    # a fresh round on the SAE code and the rooms round 6 touched, by a reviewer who had not seen the ones above
+    ('sae: topk keeps negative pre-activations', SAE_CODE + "model.py",
+     'return relu(keep_at(pre, top_k_indices(pre, k)))', 'return keep_at(pre, top_k_indices(pre, k))'),
+    ('sae: explained variance about the grand mean', SAE_CODE + "model.py",
+     'np.sum((x - x.mean(axis=0)) ** 2))', 'np.sum((x - x.mean()) ** 2))'),
+    ('sae: mse averaged over d_in too', SAE_CODE + "model.py",
+     'return float(np.mean(np.sum((x_hat - x) ** 2, axis=-1)))', 'return float(np.mean((x_hat - x) ** 2))'),
+    ('sae: the L1 gradient without the decoder norms', SAE_CODE + "model.py",
+     'd_f = d_f + l1 * norms / n', 'd_f = d_f + l1 / n'),
+    ('sae: AuxK picks among live latents too', SAE_CODE + "model.py",
+     'np.where(dead, pre, -np.inf)', 'np.where(dead, pre, 0)'),
+    ('sae: AuxK reconstructs x, not the residual', SAE_CODE + "model.py", 'residual = x - x_hat  #', 'residual = x  #'),
+    ('sae: d_in and d_sae read from the decoder', SAE_CODE + "model.py",
+     'self.d_in, self.d_sae = params["W_enc"].shape', 'self.d_in, self.d_sae = params["W_dec"].shape'),
+    ("sae: b_dec's gradient through the centring added", SAE_CODE + "model.py",
+     'd_b_dec = d_b_dec - d_pre.sum(axis=0) @ W_enc.T', 'd_b_dec = d_b_dec + d_pre.sum(axis=0) @ W_enc.T'),
+    ("sae: AuxK's alpha 1/16", SAE_CODE + "model.py", 'AUX_COEFFICIENT = 1 / 32', 'AUX_COEFFICIENT = 1 / 16'),
+    ('sae: the grouped top-k takes contiguous groups', SAE_CODE + "fast.py",
+     'members = (groups[:, :, None] + n_groups * np.arange(GROUP))',
+     'members = (groups[:, :, None] * GROUP + np.arange(GROUP))'),
+    ("sae: fast b_dec's gradient without the centring", SAE_CODE + "fast.py",
+     '"b_dec": d_x_hat.sum(axis=0) - d_b_enc @ W_enc.T}', '"b_dec": d_x_hat.sum(axis=0)}'),
+    ("sae: the team's pieces weighted equally", SAE_CODE + "fast.py",
+     'weights = [min(ROWS, n - start) / n for start in starts]', 'weights = [1 / len(starts) for start in starts]'),
+    ("sae: the unit-norm constraint on the standard SAE, not topk's", SAE_CODE + "training.py",
+     'if settings.architecture == "topk":  # the unit-norm constraint',
+     'if settings.architecture == "standard":  # the unit-norm constraint'),
+    ("sae: AdamW decays the SAE's weights", SAE_CODE + "training.py",
+     'adamw_step(params, grads, opt_state, lr, weight_decay=0.0)',
+     'adamw_step(params, grads, opt_state, lr, weight_decay=0.1)'),
+    ('sae: AuxK never told which latents are dead', SAE_CODE + "training.py",
+     'train_step(x, params, opt_state, lr, settings, since_fired >= DEAD_AFTER)',
+     'train_step(x, params, opt_state, lr, settings, None)'),
+    ('sae: the last step saved only on save_every', SAE_CODE + "training.py",
+     'if step % settings.save_every == 0 or step == settings.steps or stop.requested:',
+     'if step % settings.save_every == 0 or stop.requested:'),
+    ("sae: a resume forgets each latent's idle count", SAE_CODE + "training.py",
+     'state["since_fired"].astype(np.int64)', 'np.zeros(settings.d_sae, np.int64)'),
+    ("sae: the stream's RNG not restored", SAE_CODE + "activations.py",
+     '        self.rng.bit_generator.state = json.loads(str(state["stream_rng"]))\n', ''),
+    ('sae: a refill drops the rows not served', SAE_CODE + "activations.py",
+     'parts = [] if self.rows is None else [self.rows[self.served:]]', 'parts = []'),
+    ('sae: per-head rows without the swap', SAE_CODE + "activations.py",
+     'np.swapaxes(array, 0, 1).reshape(array.shape[1], -1) if is_per_head(hook)',
+     'array.reshape(array.shape[1], -1) if is_per_head(hook)'),
+    ("sae: a file's last partial piece of rows dropped", SAE_CODE + "activations.py",
+     'n_windows = -(-len(array) // rows_per_window)', 'n_windows = len(array) // rows_per_window'),
+    ('sae: a 3-D .npy accepted', SAE_CODE + "activations.py", 'array.ndim != 2 or', 'array.ndim < 2 or'),
+    ("sae: cfg.json's hook_name written as the trace name", SAE_CODE + "files.py",
+     '"hook_name": hook and tl_hook(hook)', '"hook_name": hook'),
+    ('sae: a k above d_sae loads', SAE_CODE + "files.py", 'not 1 <= cfg["k"] <= cfg["d_sae"])', 'not 1 <= cfg["k"])'),
+    ('sae: the fold leaves b_enc unscaled', SAE_CODE + "files.py",
+     '"b_enc": params["b_enc"] * norms', '"b_enc": params["b_enc"]'),
+    ("sae: an older file's log_threshold taken as the threshold", SAE_CODE + "files.py",
+     'np.exp(array) if stored == "log_threshold" else array', 'array'),
+    ("sae: eval's loss per token counts the window's tokens", SAE_CODE + "evaluation.py",
+     'n_targets += len(targets)', 'n_targets += len(window)'),
+    ("sae: a latent's logit effect not centred", SAE_CODE + "features.py",
+     'centred = direction - direction.mean(axis=-1, keepdims=True)', 'centred = direction'),
+    ("sae: a context's window and position from the number of windows", SAE_CODE + "features.py",
+     'divmod(int(i), windows.shape[1])', 'divmod(int(i), len(windows))'),
+    ('sae: a context one token short after its peak', SAE_CODE + "features.py",
+     'min(n_seq, position + CONTEXT_AFTER + 1)', 'min(n_seq, position + CONTEXT_AFTER)'),
+    ("sae: the page's peak is the window's position", SAE_CODE + "page.py",
+     '"peak": position - start', '"peak": position'),
+    ('sae: --json lists latents at 0', SAE_CODE + "present.py",
+     'for latent, value in zip(row_ids, row_values) if value > 0]}',
+     'for latent, value in zip(row_ids, row_values) if value >= 0]}'),
+    ("sae: ln_f named ln_f in SAELens's files", 'gpt2_numpy/interpret/names.py',
+     'return "ln_final.hook_normalized" if name == "ln_f" else name', 'return name'),
+    ('sae: --d-sae defaults to 4 x d_in', 'gpt2_numpy/commands/sae.py',
+     'd_sae = args.d_sae or 8 * source.d_in', 'd_sae = args.d_sae or 4 * source.d_in'),
+    ('sae: --k equal to --d-sae refused', 'gpt2_numpy/commands/sae.py',
+     'values["k"] > d_sae:', 'values["k"] >= d_sae:'),
+    ("sae: eval's --seq-len not capped at the context", 'gpt2_numpy/commands/sae.py',
+     'seq_len = min(args.seq_len, model.hparams["n_ctx"])', 'seq_len = args.seq_len'),
+    ('score: a text one window long gives a window whose last input has no target', 'gpt2_numpy/tokenizer.py',
+     'count = max(0, (len(ids) - targets) // seq_len)', 'count = max(0, len(ids) // seq_len)'),
+    ('intervene: a reference as long as the prompt refused', 'gpt2_numpy/interpret/ablation.py',
+     'if windows.shape[-1] < n_seq:', 'if windows.shape[-1] <= n_seq:'),
+    ("gradients: GELU's slope read at its output", 'gpt2_numpy/interpret/gradients.py',
+     'gelu_backward(at("mlp.hidden", d_hidden), steps["mlp.pre"])',
+     'gelu_backward(at("mlp.hidden", d_hidden), steps["mlp.hidden"])'),
+    ("attribution patching: an MLP reads its own layer's heads at their stage", PATCHING_GRADIENTS,
+     '(2 if node.kind in ("mlp_out", "mlp_in") else 1)', '(2 if node.kind in ("mlp_out",) else 1)'),
+    ('paths: an upper-case suffix refused', 'gpt2_numpy/commands/common.py',
+     'if path.suffix.lower() not in suffixes:', 'if path.suffix not in suffixes:'),
 ]
 
 
@@ -450,6 +539,8 @@ def main(argv):
     if unknown:
         sys.exit(f"error: --only {unknown[0]!r} names no part: choose among {', '.join(parts)}")
     with tempfile.TemporaryDirectory() as scratch:
+        os.chmod(scratch, 0o755)  # tests that run a command as nobody (test_explain.py's) must read the copy:
+        # in a folder only root may enter they failed whatever the mutant, and the mutant counted as caught
         for what, path, text, replacement in MUTANTS:
             if args.only and what.partition(":")[0] not in args.only.split(","):
                 continue

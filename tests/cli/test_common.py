@@ -320,3 +320,11 @@ def test_a_path_flag_reads_a_leading_tilde_as_home_as_models_dir_always_did(monk
     args = cli.ArgumentParser(prog="t")
     cli.add_models_dir(args)
     assert args.parse_args(["--models-dir", "~/m"]).models_dir == tmp_path / "m"
+
+
+def test_an_output_file_s_suffix_is_read_in_any_case(tmp_path):
+    # FEATURES.HTML and PLOT.PNG are a page and a picture, as a browser and an image viewer take them
+    assert cli.check_output_file(tmp_path / "FEATURES.HTML", "--html", cli.HTML_SUFFIXES) is None
+    assert cli.check_output_file(tmp_path / "Page.Htm", "--html", cli.HTML_SUFFIXES) is None
+    with pytest.raises(cli.UsageError, match=re.escape("must end in .html or .htm (got '.TXT')")):
+        cli.check_output_file(tmp_path / "A.TXT", "--html", cli.HTML_SUFFIXES)

@@ -92,6 +92,7 @@ def test_a_run_never_writes_over_a_folder_that_is_not_its_own(activations, tmp_p
 
 @pytest.mark.parametrize("array, fragment", [
     (np.zeros((10, 8), np.int32), "int32"), (np.zeros(10, np.float32), "[10]"), (None, "not an .npy array"),
+    (np.zeros((10, 8, 2), np.float32), "[10, 8, 2]"),
     (np.full((10, 8), np.nan, np.float32), "NaN")])
 def test_bad_activations_are_refused_and_no_folder_is_made(array, fragment, tmp_path):
     path = tmp_path / "acts.npy"
@@ -153,7 +154,7 @@ def test_bad_hooks_and_widths_get_one_line(model, tmp_path):
     ({"normalize_activations": "layer_norm"}, 'normalize_activations "layer_norm" is not supported'),
     ({"architecture": "gated"}, "architecture gated is not supported"),
     ({"d_sae": 17}, "W_enc has shape [8, 16], but cfg.json's d_in 8 and d_sae 17 make it [8, 17]"),
-    ({"k": 0}, "k is 0"), (None, "is not JSON")])
+    ({"k": 0}, "k is 0"), ({"k": 17}, "k is 17, not a whole number from 1 to d_sae 16"), (None, "is not JSON")])
 def test_damaged_or_unsupported_folders_are_refused_by_name(tmp_path, change, fragment):
     sae = exact_sae(8, "blocks.0.out")
     sae.cfg.update(architecture="topk", k=2)
@@ -345,6 +346,14 @@ def test_eval_takes_hook_for_a_folder_that_names_none_and_checks_its_width(model
 
 def test_a_misspelt_subcommand_gets_the_nearest():
     assert_one_error_line(run_sae("trian"), "unknown subcommand 'trian' (did you mean train?)")
+
+
+def test_without_d_sae_an_sae_has_8_latents_per_number_and_k_may_be_all_of_them(activations, tmp_path):
+    # --d-sae's documented default, 8 x the activation's width (8 here); a k of every latent is allowed (k <= d_sae)
+    assert sae_command.run(["train", "--activations", str(activations), "--out", str(tmp_path / "run"), "--k", "64",
+                            "--steps", "0", "--batch-size", "32", "--buffer", "64"]) == 0
+    sae = load_sae(tmp_path / "run")
+    assert (sae.d_in, sae.d_sae, sae.k) == (8, 64, 64)
 
 
 def test_a_dead_latent_counts_activations_and_turns_dead_after_dead_after_of_them(activations, tmp_path, monkeypatch):

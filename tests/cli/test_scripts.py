@@ -191,7 +191,8 @@ def test_the_bpe_benchmark_reports_the_childs_own_peak_memory(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("args, fragment", [
-    (["--only", "nosuchpart"], "--only 'nosuchpart' names no part: choose among backward, "),  # was silence, status 0
+    (["--only", "nosuchpart"],  # was silence, status 0
+     "--only 'nosuchpart' names no part: choose among attribution patching, backward, "),
     (["--only", "decode", "tests/no_such_test.py"], "pytest ran none of tests/no_such_test.py (status 4"),  # was
     # "NOT CAUGHT": pytest's own error read as a mutant no test caught
 ])

@@ -206,6 +206,9 @@ def test_a_mean_ablation_needs_a_reference_as_long_as_the_prompt(model):
         ablation(ids, params, 3, [(0, 0)], "mean")
     with pytest.raises(ValueError, match="shorter than the prompt's 17"):
         ablation(ids, params, 3, [(0, 0)], "mean", reference=np.zeros((4, 16), int))
+    # one exactly as long is enough: the prompt as its own one window, whose mean is its own z, changes nothing
+    same = ablation(ids, params, 3, [(0, 0)], "mean", reference=np.asarray(ids)[None])
+    assert same["after"][0] == pytest.approx(same["before"][0], abs=1e-6)
     # windows of the model's context whatever the prompt, or the whole text when it is shorter
     assert reference_windows(np.arange(40), 17).tolist() == [list(range(17)), list(range(17, 34))]
     assert reference_windows(np.arange(16), 17).tolist() == [list(range(16))]

@@ -421,3 +421,4 @@ def test_token_windows_start_every_seq_len_ids_with_their_targets_overlapping_by
     assert tokenizer_module.token_windows(ids[:9], 3, targets=True).tolist() == [[0, 1, 2, 3], [3, 4, 5, 6]]
     assert tokenizer_module.token_windows(ids, 3, n_windows=2).tolist() == [[0, 1, 2], [3, 4, 5]]
     assert tokenizer_module.token_windows(ids[:2], 3).shape == (0, 3)
+    assert tokenizer_module.token_windows(ids[:3], 3, targets=True).shape == (0, 4)  # no target for the last

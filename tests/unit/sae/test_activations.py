@@ -5,7 +5,7 @@ import pytest
 
 from gpt2_numpy.interpret.tracing import trace
 from gpt2_numpy.params import random_params
-from gpt2_numpy.sae.activations import hook_rows, model_rows, rows_back
+from gpt2_numpy.sae.activations import Stream, hook_rows, model_rows, rows_back
 
 
 def test_a_per_head_activation_is_read_as_sae_lens_reads_hook_z():
@@ -23,3 +23,18 @@ def test_the_activations_read_for_training_are_traces(hook):
     hparams = {"n_vocab": 50, "n_ctx": 16, "n_embd": 8, "n_head": 2, "n_layer": 2}
     params, ids = random_params(hparams, 1), np.arange(10) % 50
     assert np.array_equal(model_rows(ids, params, 2, hook), hook_rows(trace(ids, params, 2)[hook], hook))
+
+
+def test_the_shuffling_buffer_loses_no_row():
+    # each row's value is its number: the rows served so far and those still waiting in the buffer are, together,
+    # every row of the windows read, each once (a refill that dropped the rows not yet served would lose half)
+    read = []
+
+    def window(i):
+        read.append(np.arange(10 * i, 10 * i + 10, dtype=np.float32)[:, None])
+        return read[-1]
+
+    stream = Stream(window, 7, batch_size=4, capacity=16, seed=0)
+    served = [stream.next() for _ in range(30)]
+    waiting = stream.rows[stream.served:]
+    assert sorted(np.concatenate([*served, waiting])[:, 0]) == sorted(np.concatenate(read)[:, 0])

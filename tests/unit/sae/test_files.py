@@ -7,6 +7,7 @@ import sys
 import numpy as np
 import pytest
 
+from gpt2_numpy.formats.safetensors import write_safetensors
 from gpt2_numpy.sae.files import load_sae, new_sae, save_sae
 from tests.conftest import REPO
 from tests.sae_helpers import SAE_FIXTURES, exact_params, relative_error
@@ -71,3 +72,17 @@ def test_a_cfg_without_apply_b_dec_to_input_centres_the_input_as_sae_lens_does(t
     centred = x - params["b_dec"]
     expected = np.concatenate([np.maximum(centred, 0), np.maximum(-centred, 0)], axis=1)
     assert np.array_equal(load_sae(tmp_path).encode(x), expected)
+
+
+def test_an_older_jumprelu_file_s_log_threshold_is_the_threshold_s_log(tmp_path):
+    # SAELens's older JumpReLU files store log_threshold; the threshold is its exp. Thresholds 0.5 and 2 on the
+    # identity encoder: x = [1, 1] fires latent 0 alone (1 > 0.5, 1 <= 2)
+    params = {"W_enc": np.eye(2, dtype=np.float32), "b_enc": np.zeros(2, np.float32),
+              "W_dec": np.eye(2, dtype=np.float32), "b_dec": np.zeros(2, np.float32)}
+    save_sae(new_sae({"architecture": "jumprelu"}, {**params, "threshold": np.zeros(2, np.float32)}, "blocks.0.out"),
+             tmp_path)
+    with (tmp_path / "sae_weights.safetensors").open("wb") as file:
+        write_safetensors(file, {**params, "log_threshold": np.log(np.array([0.5, 2.0], np.float32))}, {"format": "pt"})
+    sae = load_sae(tmp_path)
+    assert np.allclose(sae.params["threshold"], [0.5, 2.0])
+    assert sae.encode(np.ones((1, 2), np.float32)).tolist() == [[1.0, 0.0]]

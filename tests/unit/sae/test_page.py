@@ -192,3 +192,11 @@ def test_a_page_without_logits_says_why_in_place_of_the_table(browser, q_page): 
     notes = browser.execute_script("return [...document.querySelectorAll('.no-logits')].map(n => n.textContent)")
     assert notes == [f"no logit table: {data['no_logits']}"] * 2
     assert browser.execute_script("return document.querySelectorAll('table.logits').length") == 0
+
+
+def test_a_context_shows_12_tokens_before_its_peak_and_4_after_within_the_window():
+    # CONTEXT_BEFORE, CONTEXT_AFTER = 12, 4: tokens 8 .. 24 around position 20 (the peak and 4 after it), cut at the
+    # window's ends
+    assert context_span(20, 100) == (8, 25)
+    assert context_span(2, 5) == (0, 5)
+    assert context_span(2, 7) == (0, 7)
