@@ -8,10 +8,11 @@ TransformerLens's HookedTransformer.from_pretrained rewrites GPT-2's weights by 
                              stream and what writes to it (resid pre, mid and post, attention and MLP outputs) hold
                              our vector minus its mean over d_model. The layer norms remove that mean anyway: the
                              model's output is unchanged.
-    fold_value_biases        the value bias b_V moves into the attention output's bias: hook_v and hook_z hold ours
-                             minus b_V (each row of attention weights sums to 1, so z carries exactly b_V).
-    fold_ln                  changes no activation here: ln*.hook_normalized is the norm's output before its gain either
-                             way (interpret/sae_files.py's names).
+    fold_value_biases        the value bias moves into the attention output's bias: hook_v and hook_z hold ours minus
+                             it (each row of attention weights sums to 1, so z carries exactly the bias). With fold_ln
+                             (folded first) the bias is b_V plus ln_1's bias times W_V: v of a zero normalised input.
+    fold_ln                  changes no other activation: ln*.hook_normalized is the norm's output before its gain
+                             either way (interpret/sae_files.py's names).
 
 SAE.from_pretrained loads a release with TransformerLens's defaults (all of the above) unless its entry in SAELens's
 list says otherwise; a folder trained by SAELens was trained with from_pretrained_no_processing plus its cfg's
@@ -35,9 +36,6 @@ from gpt2_numpy.interpret.sae import SAE
 FROM_PRETRAINED = {"fold_ln": True, "center_writing_weights": True, "center_unembed": True, "fold_value_biases": True,
                    "refactor_factored_attn_matrices": False}  # HookedTransformer.from_pretrained's defaults
 NO_PROCESSING = {**{name: False for name in FROM_PRETRAINED}}  # from_pretrained_no_processing's
-# flags that change no activation an SAE of GPT-2 reads: fold_ln (hook_normalized is pre-gain either way), center_unembed
-# (the logits only shift by a constant per position); the others change activations, and refactoring is not done here
-HARMLESS = ("fold_ln", "center_unembed")
 RESIDUAL_STEPS = ("out", "mid", "attn.out", "mlp.out")  # what the residual stream holds or what writes to it
 VALUE_STEPS = ("attn.v", "attn.z")
 LN_EPS = 1e-5  # SAELens's run_time_activation_ln_in
@@ -84,7 +82,8 @@ def fold_norm_scaling(params, factor):  # -> params with SAELens's fold_activati
 
 
 def processed(cfg, params, hook, base, where, norm_scaling_factor=None):  # -> SAE reading what it was trained on
-    # cfg, params: as read and checked (sae_files); hook: the trace name; base: the model's processing before cfg's flags
+    # cfg, params: as read and checked (sae_files); hook: the trace name; base: the model's processing before cfg's
+    # flags; where: what errors call the SAE
     flags = processing(cfg, base, where)
     if cfg.get("normalize_activations") == "expected_average_only_in":
         if norm_scaling_factor is None:
@@ -96,10 +95,11 @@ def processed(cfg, params, hook, base, where, norm_scaling_factor=None):  # -> S
     center = flags["center_writing_weights"] and (hook == "embed" or step in RESIDUAL_STEPS)
     value_bias = flags["fold_value_biases"] and step in VALUE_STEPS
     metadata = cfg.get("metadata") if isinstance(cfg.get("metadata"), dict) else {}
-    cfg = {**cfg, "metadata": {**metadata, "model_from_pretrained_kwargs": flags}}  # what it reads, in SAELens's words
+    cfg = {name: value for name, value in cfg.items() if name != "model_from_pretrained_kwargs"}  # a pre-6.0 place
+    cfg["metadata"] = {**metadata, "model_from_pretrained_kwargs": flags}  # what it reads, in SAELens's words
     if not (center or value_bias or cfg.get("normalize_activations") == "layer_norm"):
         return SAE(cfg, params, hook)
-    return ProcessedSAE(cfg, params, hook, center, value_bias)
+    return ProcessedSAE(cfg, params, hook, center, value_bias, flags["fold_ln"])
 
 
 def layer_norm(x):  # [..., d] -> ([..., d], μ [..., 1], σ [..., 1]): SAELens's layer_norm, ε added to the unbiased σ
@@ -109,25 +109,27 @@ def layer_norm(x):  # [..., d] -> ([..., d], μ [..., 1], σ [..., 1]): SAELens'
     return centred / (sigma + LN_EPS), mu, sigma
 
 
-def value_bias(params, hook):  # -> float32 [n_head * d_head]: block L's b_V, heads side by side as hook_z's rows are
-    layer = int(hook.split(".")[1])
-    b = params["blocks"][layer]["attn"]["c_attn"]["b"]  # [3 n_embd]: q's, k's, v's biases
-    return np.asarray(b[2 * (len(b) // 3):], dtype=np.float32)
+def value_bias(params, hook, fold_ln):  # -> float32 [n_head * d_head]: the value bias TransformerLens folds out of
+    # block L's v and z, heads side by side as hook_z's rows are: b_V, plus ln_1's bias times W_V when fold_ln put it there
+    block = params["blocks"][int(hook.split(".")[1])]
+    c_attn, n_embd = block["attn"]["c_attn"], block["ln_1"]["b"].shape[-1]
+    bias = block["ln_1"]["b"] @ c_attn["w"][:, 2 * n_embd:] if fold_ln else 0  # [n_embd] @ [n_embd, n_embd]
+    return np.asarray(c_attn["b"][2 * n_embd:] + bias, dtype=np.float32)
 
 
 class ProcessedSAE(SAE):
     """An SAE whose input is TransformerLens's processed activation: our rows less their mean over d_model (center),
-    less b_V (value_bias: attach(params) gives it the model's), and layer-normalised in (cfg's normalize_activations).
+    less the value bias (value_bias: attach(params) gives it the model's), and layer-normalised in (cfg's normalize_activations).
     encode takes our rows; reconstruct gives our rows back, with what model_activation removed put back."""
 
-    def __init__(self, cfg, params, hook, center, value_bias):
+    def __init__(self, cfg, params, hook, center, value_bias, fold_ln):
         super().__init__(cfg, params, hook)
-        self.center, self.needs_value_bias, self.b_V = center, value_bias, None
+        self.center, self.needs_value_bias, self.fold_ln, self.b_V = center, value_bias, fold_ln, None
         self.layer_norm = cfg.get("normalize_activations") == "layer_norm"
 
     def attach(self, params):  # -> self, reading the model of params (its b_V, for hook_z and hook_v)
         if self.needs_value_bias:
-            self.b_V = value_bias(params, self.hook)
+            self.b_V = value_bias(params, self.hook, self.fold_ln)
         return self
 
     def model_activation(self, x):  # [..., d_in] our rows -> [..., d_in] TransformerLens's processed model's
@@ -144,11 +146,12 @@ class ProcessedSAE(SAE):
 
     def forward(self, a):  # [..., d_in] TransformerLens's activation -> [..., d_in]: SAELens's SAE.forward of it
         if not self.layer_norm:
-            return super().reconstruct(a)
+            return self.decode(super().encode(a))
         normed, mu, sigma = layer_norm(a)
-        return super().reconstruct(normed) * sigma + mu
+        return self.decode(super().encode(normed)) * sigma + mu
 
-    def reconstruct(self, x):  # [..., d_in] our rows -> [..., d_in] our rows, the SAE's output in the activation's place
+    def reconstruct(self, x):  # [..., d_in] our rows -> [..., d_in] our rows: the SAE's output in the activation's
+        # place
         x = np.asarray(x, dtype=np.float32)
         a = self.model_activation(x)
         return self.forward(a) + (x - a)

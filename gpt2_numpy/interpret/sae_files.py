@@ -192,7 +192,8 @@ def cfg_hook(path, cfg):  # -> the trace name the SAE reads, from TransformerLen
 
 def read_weights(path, cfg):  # -> {name: float32 array}, shaped as cfg says, finite
     try:
-        tensors = (read_torch_zip if path.suffix == ".pt" else read_safetensors)(path)  # CheckpointError names what is wrong with a damaged file
+        # CheckpointError names what is wrong with a damaged file
+        tensors = (read_torch_zip if path.suffix == ".pt" else read_safetensors)(path)
     except OSError as error:
         raise damaged(path, f"cannot be read ({error.strerror or error})") from None
     d_in, d_sae = cfg["d_in"], cfg["d_sae"]

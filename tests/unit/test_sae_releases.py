@@ -1,0 +1,211 @@
+"""SAELens's released SAEs by name (gpt2_numpy/sae_releases.py, sae_processing.py, formats/torch_zip.py), all offline:
+a loopback hub serves fake files of four releases where the hub keeps them, and what SAELens 6.x with TransformerLens
+computed from the same files on the same random GPT-2 is the expected value
+(scripts/fixtures/make_sae_release_reference.py): latents within 1e-4 relative, for each kind of preprocessing."""
+import io
+import pickle
+import zipfile
+
+import numpy as np
+import pytest
+
+from gpt2_numpy.errors import CheckpointError, DownloadError, UsageError
+from gpt2_numpy.formats.torch_zip import read_torch_zip
+from gpt2_numpy.interpret.edits import run_with_edits
+from gpt2_numpy.interpret.sae_activations import model_rows, splice
+from gpt2_numpy.interpret.sae_files import load_sae, save_sae
+from gpt2_numpy.interpret.tracing import log_softmax
+from gpt2_numpy.sae_processing import ProcessedSAE, attach, forward, model_activation
+from gpt2_numpy.sae_releases import cache_folder, releases
+from tests.download_helpers import fast_and_isolated, unlike_at_the_end  # noqa: F401 (an autouse fixture)
+from tests.sae_release_helpers import KINDS, N_HEAD, RELEASE_FIXTURES, kind_files, loopback_hub, model_params, \
+    reference, url_path
+
+TOLERANCE = 1e-4  # relative to the largest value SAELens computed
+
+
+def relative_error(ours, theirs):  # -> max |ours - theirs| over max |theirs|
+    return float(np.abs(np.asarray(ours, np.float64) - theirs).max() / np.abs(theirs).max())
+
+
+@pytest.fixture(scope="module")
+def params():
+    return model_params()
+
+
+def loaded(monkeypatch, tmp_path, i, params):  # -> the SAE of kind i, downloaded from the loopback hub, attached
+    with loopback_hub(monkeypatch, tmp_path / "weights", kinds=[i]):
+        return attach(load_sae(*KINDS[i]), params)
+
+
+# --- equal to SAELens with TransformerLens ---
+
+
+@pytest.mark.parametrize("i", range(len(KINDS)), ids=[release for release, _ in KINDS])
+def test_latents_and_output_equal_saelens_on_transformer_lens(monkeypatch, tmp_path, params, i):
+    sae, expected = loaded(monkeypatch, tmp_path, i, params), reference()
+    rows = model_rows(expected["tokens"], params, N_HEAD, sae.hook)
+    activation = model_activation(sae, rows)
+    assert relative_error(activation, expected[f"k{i}_activation"]) < TOLERANCE  # TransformerLens's hook
+    assert relative_error(sae.encode(rows), expected[f"k{i}_latents"]) < TOLERANCE
+    assert relative_error(forward(sae, activation), expected[f"k{i}_output"]) < TOLERANCE
+
+
+@pytest.mark.parametrize("i", range(len(KINDS)), ids=[release for release, _ in KINDS])
+def test_spliced_loss_equals_run_with_saes(monkeypatch, tmp_path, params, i):
+    sae, expected = loaded(monkeypatch, tmp_path, i, params), reference()
+    tokens = expected["tokens"]
+    for edits, name in (([], "loss_clean"), ([splice(sae)], "loss_sae")):
+        logits = run_with_edits(tokens[:-1], params, N_HEAD, edits)["logits"]
+        loss = -np.take_along_axis(log_softmax(logits), tokens[1:, None], -1).mean()
+        assert abs(loss - expected[f"k{i}_{name}"]) < TOLERANCE * expected[f"k{i}_{name}"]
+
+
+def test_each_kind_reads_what_its_release_was_trained_on(monkeypatch, tmp_path, params):
+    saes = [loaded(monkeypatch, tmp_path / str(i), i, params) for i in range(len(KINDS))]
+    assert [sae.hook for sae in saes] == ["blocks.0.out", "blocks.0.out", "blocks.1.mlp.out", "blocks.1.attn.z"]
+    assert all(isinstance(sae, ProcessedSAE) for sae in saes)
+    assert [(sae.center, sae.layer_norm, sae.needs_value_bias) for sae in saes] == [
+        (True, False, False), (True, True, False), (True, False, False), (False, False, True)]
+    assert saes[1].architecture == "topk" and saes[1].k == 8  # a pre-6.0 cfg's activation_fn_str topk
+    kwargs = saes[0].cfg["metadata"]["model_from_pretrained_kwargs"]  # what it reads, said in sae.cfg
+    assert kwargs["center_writing_weights"] and kwargs["fold_value_biases"]
+
+
+def test_a_splice_that_reconstructs_exactly_leaves_the_model_unchanged(monkeypatch, tmp_path, params):
+    # the mean the centring removed goes back: an SAE whose output is its input changes nothing
+    sae = loaded(monkeypatch, tmp_path, 0, params)
+    sae.forward = lambda a: a
+    tokens = reference()["tokens"]
+    clean = run_with_edits(tokens, params, N_HEAD, [])["logits"]
+    np.testing.assert_allclose(run_with_edits(tokens, params, N_HEAD, [splice(sae)])["logits"], clean, atol=1e-4)
+
+
+def test_value_bias_sae_refuses_to_run_unattached(monkeypatch, tmp_path):
+    with loopback_hub(monkeypatch, tmp_path / "weights", kinds=[3]):
+        sae = load_sae(*KINDS[3])
+    with pytest.raises(UsageError, match="attach"):
+        sae.encode(np.zeros((1, 64), np.float32))
+
+
+# --- the downloads and the cache ---
+
+
+def test_second_use_reads_the_cache_with_the_server_stopped(monkeypatch, tmp_path, params):
+    with loopback_hub(monkeypatch, tmp_path / "weights", kinds=[0]) as server:
+        first = load_sae(*KINDS[0])
+    repo = releases()[KINDS[0][0]]["repo"]
+    assert sorted(path for path, _, _ in server.requests) == sorted(url_path(repo, path) for path in kind_files(0))
+    second = load_sae("gpt2-small-res-jb/blocks.1.hook_resid_pre")  # the server is gone: "RELEASE/ID" from the cache
+    for name in first.params:
+        np.testing.assert_array_equal(second.params[name], first.params[name])
+    for path, file in kind_files(0).items():  # byte for byte what the hub served, under the repo's own paths
+        assert (cache_folder(repo, tmp_path / "weights") / path).read_bytes() == file.read_bytes()
+
+
+def test_a_download_whose_hash_differs_is_deleted_and_refused(monkeypatch, tmp_path):
+    release, sae_id = KINDS[0]
+    path = url_path(releases()[release]["repo"], f"{sae_id}/sae_weights.safetensors")
+    data = (RELEASE_FIXTURES / "k0" / "sae_weights.safetensors").read_bytes()
+    import hashlib
+    wrong = unlike_at_the_end(hashlib.sha256(data).hexdigest())
+    with loopback_hub(monkeypatch, tmp_path / "weights", kinds=[0], published={path: (wrong, len(data))}):
+        with pytest.raises(DownloadError, match="SHA-256"):
+            load_sae(release, sae_id)
+    assert not list((tmp_path / "weights").rglob("*.safetensors*"))
+
+
+def test_no_network_is_one_line_saying_what_to_do(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setenv("GPT2_NUMPY_WEIGHTS", str(tmp_path))
+    with pytest.raises(DownloadError) as error:
+        load_sae(*KINDS[0])
+    assert "no network connection to 127.0.0.1:9" in str(error.value) and "\n" not in str(error.value)
+    assert "HF_ENDPOINT" in str(error.value)
+
+
+def test_a_file_the_hub_lacks_is_one_line(monkeypatch, tmp_path):
+    with loopback_hub(monkeypatch, tmp_path / "weights", kinds=[1]):  # kind 0's files are not there
+        with pytest.raises(DownloadError, match="HTTP 404.*no such file"):
+            load_sae(*KINDS[0])
+
+
+@pytest.mark.parametrize("name, nearest", [(("gpt2-small-res-jbb", "blocks.8.hook_resid_pre"), "gpt2-small-res-jb"),
+                                           (("gpt2-small-res-jb", "blocks.8.hook_resid_prex"),
+                                            "blocks.8.hook_resid_pre")])
+def test_an_unknown_release_or_id_names_the_nearest(name, nearest):
+    with pytest.raises(UsageError, match=nearest):
+        load_sae(*name)
+
+
+# --- the table ---
+
+
+def test_the_table_holds_saelens_gpt2_small_releases():
+    # facts of SAELens's pretrained_saes.yaml as issue 56 and SAELens's docs state them
+    table = releases()
+    assert len(table) == 18
+    jb = table["gpt2-small-res-jb"]
+    assert jb["repo"] == "jbloom/GPT2-Small-SAEs-Reformatted"
+    assert jb["config_overrides"]["model_from_pretrained_kwargs"] == {"center_writing_weights": True}
+    assert jb["saes"]["blocks.8.hook_resid_pre"]["neuronpedia"] == "gpt2-small/8-res-jb"
+    assert table["gpt2-small-hook-z-kk"]["conversion"] == "connor_rob_hook_z"
+    assert all("norm_scaling_factor" in sae for sae in table["gpt2-small-mlp-tm"]["saes"].values())
+
+
+# --- folders that ask for processing ---
+
+
+def folder_with(tmp_path, sae, **changes):  # -> a folder of sae with cfg's metadata changed
+    sae.cfg = {**sae.cfg, **changes.pop("top", {}), "metadata": {**sae.cfg["metadata"], **changes}}
+    save_sae(sae, tmp_path / "sae")
+    return tmp_path / "sae"
+
+
+def test_a_folder_asking_for_centring_gets_it_and_one_asking_for_none_reads_the_raw_activation(monkeypatch, tmp_path,
+                                                                                                 params):
+    sae = loaded(monkeypatch, tmp_path, 0, params)
+    x = np.random.default_rng(0).normal(size=(5, 64)).astype(np.float32) + 3
+    centred = load_sae(folder_with(tmp_path / "a", sae, model_from_pretrained_kwargs={"center_writing_weights": True}))
+    np.testing.assert_allclose(centred.encode(x), sae.encode(x), rtol=1e-6, atol=1e-6)
+    raw = load_sae(folder_with(tmp_path / "b", sae, model_from_pretrained_kwargs={}))
+    assert not isinstance(raw, ProcessedSAE)
+
+
+@pytest.mark.parametrize("changes, fragment", [
+    ({"model_from_pretrained_kwargs": {"refactor_factored_attn_matrices": True}}, "refactor_factored_attn_matrices"),
+    ({"model_from_pretrained_kwargs": {"n_devices": 2}}, "n_devices"),
+    ({"top": {"normalize_activations": "expected_average_only_in"}}, "norm_scaling_factor"),
+    ({"top": {"normalize_activations": "constant_norm_rescale"}}, "constant_norm_rescale"),
+])
+def test_a_folder_asking_for_math_not_done_here_is_refused_in_one_line(monkeypatch, tmp_path, params, changes,
+                                                                       fragment):
+    sae = loaded(monkeypatch, tmp_path, 0, params)
+    with pytest.raises(UsageError, match=fragment) as error:
+        load_sae(folder_with(tmp_path, sae, **changes))
+    assert "\n" not in str(error.value)
+
+
+# --- torch's .pt without torch ---
+
+
+class Payload:
+    def __reduce__(self):
+        return print, ("pickled code ran",)
+
+
+def test_a_pt_file_naming_code_is_refused_without_running_it(tmp_path, capsys):
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr("archive/data.pkl", pickle.dumps({"W_enc": Payload()}, protocol=2))
+    (tmp_path / "evil.pt").write_bytes(buffer.getvalue())
+    with pytest.raises(CheckpointError, match=r"names __builtin__\.print, which this reader does not run"):
+        read_torch_zip(tmp_path / "evil.pt")
+    assert "pickled code ran" not in capsys.readouterr().out
+
+
+def test_a_damaged_pt_file_is_one_line(tmp_path):
+    data = (RELEASE_FIXTURES / "k3" / "weights.pt").read_bytes()
+    (tmp_path / "cut.pt").write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match="cut.pt"):
+        read_torch_zip(tmp_path / "cut.pt")
