@@ -110,7 +110,8 @@ def layer_norm(x):  # [..., d] -> ([..., d], μ [..., 1], σ [..., 1]): SAELens'
 
 
 def value_bias(params, hook, fold_ln):  # -> float32 [n_head * d_head]: the value bias TransformerLens folds out of
-    # block L's v and z, heads side by side as hook_z's rows are: b_V, plus ln_1's bias times W_V when fold_ln put it there
+    # block L's v and z, heads side by side as hook_z's rows are: b_V, plus ln_1's bias times W_V when fold_ln put it
+    # there
     block = params["blocks"][int(hook.split(".")[1])]
     c_attn, n_embd = block["attn"]["c_attn"], block["ln_1"]["b"].shape[-1]
     bias = block["ln_1"]["b"] @ c_attn["w"][:, 2 * n_embd:] if fold_ln else 0  # [n_embd] @ [n_embd, n_embd]
@@ -119,7 +120,8 @@ def value_bias(params, hook, fold_ln):  # -> float32 [n_head * d_head]: the valu
 
 class ProcessedSAE(SAE):
     """An SAE whose input is TransformerLens's processed activation: our rows less their mean over d_model (center),
-    less the value bias (value_bias: attach(params) gives it the model's), and layer-normalised in (cfg's normalize_activations).
+    less the value bias (value_bias: attach(params) gives it the model's), and layer-normalised in (cfg's
+    normalize_activations).
     encode takes our rows; reconstruct gives our rows back, with what model_activation removed put back."""
 
     def __init__(self, cfg, params, hook, center, value_bias, fold_ln):

@@ -1,5 +1,5 @@
-"""A loopback hub serving the fake release files of tests/fixtures/sae_releases/ where the hub keeps them, and the random
-model SAELens and TransformerLens read them with (scripts/fixtures/make_sae_release_reference.py wrote both)."""
+"""A loopback hub serving the fake release files of tests/fixtures/sae_releases/ where the hub keeps them, and the
+random model SAELens and TransformerLens read them with (scripts/fixtures/make_sae_release_reference.py wrote both)."""
 import hashlib
 import urllib.parse
 from contextlib import contextmanager
