@@ -31,7 +31,9 @@ import numpy as np
 
 from gpt2_numpy.errors import UsageError
 from gpt2_numpy.formats import shown
+from gpt2_numpy.interpret.edits import Edit
 from gpt2_numpy.interpret.sae import SAE
+from gpt2_numpy.interpret.sae_activations import hook_rows, rows_back
 
 FROM_PRETRAINED = {"fold_ln": True, "center_writing_weights": True, "center_unembed": True, "fold_value_biases": True,
                    "refactor_factored_attn_matrices": False}  # HookedTransformer.from_pretrained's defaults
@@ -157,6 +159,16 @@ class ProcessedSAE(SAE):
         x = np.asarray(x, dtype=np.float32)
         a = self.model_activation(x)
         return self.forward(a) + (x - a)
+
+
+def zeroed_activation(sae):  # -> Edit setting the activation the SAE reads to zero: the "no information" baseline
+    # of loss recovered (SAELens's zero ablation). What model_activation took out (the mean, the value bias) stays, so
+    # a hook_z release's zero keeps the value bias, as TransformerLens's processed model does
+    def zero(array):
+        rows = hook_rows(array, sae.hook)
+        return rows_back(rows - model_activation(sae, rows), array, sae.hook)
+
+    return Edit(sae.hook, zero)
 
 
 def attach(sae, params):  # -> sae, fit to read the model of params (a plain SAE needs nothing of it)

@@ -21,7 +21,7 @@ import os
 import urllib.parse
 from functools import lru_cache
 from importlib import resources
-from pathlib import PurePosixPath
+from pathlib import PurePath, PurePosixPath
 
 from gpt2_numpy.errors import DownloadError, UsageError
 from gpt2_numpy.sae_processing import FROM_PRETRAINED
@@ -53,8 +53,9 @@ def release_entry(release, sae_id):  # -> (release's entry, the id's entry); Usa
     return table[release], saes[sae_id]
 
 
-def split_name(text):  # -> (release, id) of "RELEASE/ID" when RELEASE looks like a release's name, else None
-    release, _, sae_id = str(text).partition("/")
+def split_name(text):  # -> (release, id) of "RELEASE/ID" (a str, or the Path a command's argument made of it) when
+    # RELEASE looks like a release's name, else None
+    release, _, sae_id = (text.as_posix() if isinstance(text, PurePath) else str(text)).partition("/")
     if sae_id and (release in releases() or release.startswith("gpt2-small")):
         return release, sae_id
     return None

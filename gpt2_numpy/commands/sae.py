@@ -23,9 +23,8 @@ from gpt2_numpy.commands.common import (
 from gpt2_numpy.console import log, plural
 from gpt2_numpy.errors import UsageError
 from gpt2_numpy.interpret.edits import run_with_edits
-from gpt2_numpy.interpret.sae import explained_variance
 from gpt2_numpy.interpret.sae_activations import (
-    Stream, array_windows, check_hook, check_sae_hook, hook_rows, model_rows, splice, zeroed,
+    Stream, array_windows, check_hook, check_sae_hook, hook_rows, model_rows, splice,
 )
 from gpt2_numpy.interpret.sae_files import check_fits, load_sae, our_hook
 from gpt2_numpy.sae_training import (
@@ -33,6 +32,9 @@ from gpt2_numpy.sae_training import (
 )
 from gpt2_numpy.interpret.tracing import log_softmax
 from gpt2_numpy.runs import check_out, claimed, settled_if_cut
+from gpt2_numpy.sae_metrics import feature_density, kl_per_position, reconstruction_metrics, score
+from gpt2_numpy.sae_processing import attach, forward, model_activation, zeroed_activation
+from gpt2_numpy.sae_releases import releases
 from gpt2_numpy.tokenizer import check_in_vocabulary
 
 SUBCOMMANDS = {"train": "train an SAE on one activation of a model, or on an .npy file of activations",
@@ -269,31 +271,37 @@ def resumed_settings(args, saved, source):  # -> the saved run's SaeSettings wit
 # --- sae eval ---
 
 
-def evaluate(sae, model, tokens, seq_len, n_windows):  # -> {name: number}: the eval's numbers over the windows
+def evaluate(sae, model, tokens, seq_len, n_windows):  # -> {name: number}: the eval's numbers over the windows, and
+    # SAELens's metrics (sae_metrics.py) on the activation the SAE reads
     params, n_head = model.params, model.hparams["n_head"]
-    totals = {"clean": 0.0, "sae": 0.0, "zero": 0.0}
-    rows, fired, n_targets = [], np.zeros(sae.d_sae, bool), 0
+    totals, kl = {"clean": 0.0, "sae": 0.0, "zero": 0.0}, {"sae": [], "zero": []}
+    rows, n_targets = [], 0
     for i in range(n_windows):
         window = tokens[i * seq_len:(i + 1) * seq_len + 1]
         inputs, targets = window[:-1], window[1:]
-        for name, edits in (("clean", []), ("sae", [splice(sae)]), ("zero", [zeroed(sae.hook)])):
+        logits = {}
+        for name, edits in (("clean", []), ("sae", [splice(sae)]), ("zero", [zeroed_activation(sae)])):
             names = run_with_edits(inputs, params, n_head, edits)
+            logits[name] = names["logits"]
             totals[name] -= float(np.take_along_axis(log_softmax(names["logits"]), targets[:, None], -1).sum())
             if name == "clean":
                 x = hook_rows(names[sae.hook], sae.hook)
                 check_fits(sae, x.shape[-1], f"the model's {sae.hook}")
-                f = sae.encode(x)
-                rows.append((x, sae.decode(f), (f > 0).sum(axis=-1)))
-                fired |= (f > 0).any(axis=0)
+                a = model_activation(sae, x)  # what SAELens's evals read: TransformerLens's activation
+                rows.append((a, forward(sae, a), sae.encode(x)))
+        for name in kl:
+            kl[name].append(kl_per_position(logits["clean"], logits[name]))
         n_targets += len(targets)
-    x, x_hat, active = (np.concatenate(part) for part in zip(*rows))
+    a, a_hat, f = (np.concatenate(part) for part in zip(*rows))
     losses = {name: total / n_targets for name, total in totals.items()}
-    change = losses["zero"] - losses["clean"]  # none: zeroing the activation leaves the loss as it is
-    recovered = (losses["zero"] - losses["sae"]) / (losses["zero"] - losses["clean"]) if change else None
+    kl_sae, kl_zero = (float(np.concatenate(kl[name]).mean()) for name in ("sae", "zero"))
+    density = feature_density(f)
     return {"L_clean": losses["clean"], "L_sae": losses["sae"], "L_zero": losses["zero"],
-            "loss_recovered": recovered, "mse": float(np.mean(np.sum((x_hat - x) ** 2, axis=-1))),
-            "explained_variance": explained_variance(x_hat, x), "l0": float(np.mean(active)),
-            "dead_latents": int((~fired).sum()), "d_sae": sae.d_sae, "tokens": n_targets, "hook": sae.hook}
+            "loss_recovered": score(losses["sae"], losses["zero"], losses["clean"]),  # SAELens's ce_loss_score
+            "kl_div_with_sae": kl_sae, "kl_div_with_ablation": kl_zero, "kl_div_score": score(kl_sae, kl_zero),
+            **reconstruction_metrics(a, a_hat, f), "dead_latents": int((density == 0).sum()),
+            "feature_density": density.tolist(), "d_sae": sae.d_sae, "tokens": n_targets, "hook": sae.hook,
+            "published": published(sae)}
 
 
 def eval_command(argv):  # -> exit status
@@ -302,6 +310,7 @@ def eval_command(argv):  # -> exit status
     sae.hook = eval_hook(args, sae.hook)
     model = model_from_args(args)
     check_hook(sae.hook, model.hparams["n_layer"])
+    sae = attach(sae, model.params)
     seq_len = min(args.seq_len, model.hparams["n_ctx"])
     tokens = model_tokens(model, args.data)
     n_windows = min(args.windows, (len(tokens) - 1) // seq_len)
@@ -337,7 +346,28 @@ def report(numbers):  # -> the text sae eval prints
         else "  loss recovered: undefined (zeroing the activation does not change the loss)",
         f"  mse {numbers['mse']:.6g}  explained variance {numbers['explained_variance']:.4f}  L0 {numbers['l0']:.2f}",
         f"  dead latents {numbers['dead_latents']:,} of {numbers['d_sae']:,} "
-        f"({numbers['dead_latents'] / numbers['d_sae']:.1%}, none fired on this text)", ""])
+        f"({numbers['dead_latents'] / numbers['d_sae']:.1%}, none fired on this text)",
+        "SAELens's metrics (its evals.py, on the activation the SAE reads):",
+        f"  CE loss score {shown_number(numbers['loss_recovered'])}  KL div score "
+        f"{shown_number(numbers['kl_div_score'])} (KL {numbers['kl_div_with_sae']:.4g} with the SAE, "
+        f"{numbers['kl_div_with_ablation']:.4g} zeroed)",
+        f"  cossim {numbers['cossim']:.4f}  l2 ratio {numbers['l2_ratio']:.4f}  relative reconstruction bias "
+        f"{numbers['relative_reconstruction_bias']:.4f}  L1 {numbers['l1']:.4g}",
+        *(["  published in SAELens's list: " + "  ".join(f"{name.replace('_', ' ')} {value:g}" for name, value in
+                                                          numbers["published"].items())] if numbers["published"]
+          else []), ""])
+
+
+def shown_number(value):  # -> a score to 4 places, or "undefined" (zeroing the activation changed nothing)
+    return "undefined" if value is None else f"{value:.4f}"
+
+
+def published(sae):  # -> {"l0", "variance_explained"}: what SAELens's list publishes for a release's SAE, {} for others
+    metadata = sae.cfg.get("metadata") if isinstance(sae.cfg.get("metadata"), dict) else {}
+    if "release" not in metadata:
+        return {}
+    entry = releases()[metadata["release"]]["saes"][metadata["sae_id"]]
+    return {name: entry[name] for name in ("l0", "variance_explained") if name in entry}
 
 
 # --- sae features, and the dispatch ---

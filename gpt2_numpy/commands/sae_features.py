@@ -26,6 +26,7 @@ from gpt2_numpy.interpret.features_page import features_data, features_html
 from gpt2_numpy.interpret.sae import decoder_norms
 from gpt2_numpy.interpret.sae_activations import check_hook, model_rows
 from gpt2_numpy.interpret.sae_files import check_fits, load_sae
+from gpt2_numpy.sae_processing import attach
 from gpt2_numpy.interpret.present import before_after_json, before_after_table
 from gpt2_numpy.interpret.files import check_output_file, write_atomically
 from gpt2_numpy.interpret.stepwise import fit
@@ -103,7 +104,7 @@ def token_text(model, token_id):  # -> a token's text; a piece of a character sh
 
 
 def loaded_sae(folder, params, hparams):  # -> the SAE in folder, fit for the model; UsageError (one line) otherwise
-    sae = load_sae(folder)
+    sae = attach(load_sae(folder), params)  # a released SAE of hook_z reads the model's value bias
     if sae.hook is None:
         raise UsageError(f"--sae {folder}'s cfg.json names no hook: add metadata.hook_name (a trace name, or "
                          "TransformerLens's), so that it is known where the SAE reads")

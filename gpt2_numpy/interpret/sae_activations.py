@@ -37,10 +37,6 @@ def splice(sae):  # -> Edit putting sae's reconstruction in place of the activat
     return Edit(sae.hook, lambda array: rows_back(sae.reconstruct(hook_rows(array, sae.hook)), array, sae.hook))
 
 
-def zeroed(hook):  # -> Edit putting zeros in place of the activation: the "no information" baseline of loss recovered
-    return Edit(hook, np.zeros_like)
-
-
 def trace_names(n_layer):  # -> every name trace makes in a model of n_layer blocks, in order
     steps = ("ln_1", "attn.q", "attn.k", "attn.v", "attn.scores", "attn.weights", "attn.z", "attn.out", "mid", "ln_2",
              "mlp.pre", "mlp.hidden", "mlp.out", "out")
