@@ -5,6 +5,7 @@ computed from the same files on the same random GPT-2 is the expected value
 import io
 import pickle
 import zipfile
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -209,3 +210,27 @@ def test_a_damaged_pt_file_is_one_line(tmp_path):
     (tmp_path / "cut.pt").write_bytes(data[: len(data) // 2])
     with pytest.raises(CheckpointError, match="cut.pt"):
         read_torch_zip(tmp_path / "cut.pt")
+
+
+# --- sae eval's metrics, as SAELens's evals.py computes them ---
+
+EVAL_NAMES = {"L_clean": "ce_loss_without_sae", "L_sae": "ce_loss_with_sae", "L_zero": "ce_loss_with_ablation",
+              "loss_recovered": "ce_loss_score", "kl_div_with_sae": "kl_div_with_sae",
+              "kl_div_with_ablation": "kl_div_with_ablation", "kl_div_score": "kl_div_score",
+              "explained_variance": "explained_variance", "mse": "mse", "l0": "l0", "l1": "l1", "cossim": "cossim",
+              "l2_ratio": "l2_ratio", "relative_reconstruction_bias": "relative_reconstruction_bias"}
+
+
+@pytest.mark.parametrize("i", range(3), ids=[release for release, _ in KINDS[:3]])  # SAELens's evals fail on hook_z
+def test_sae_eval_metrics_equal_saelens_evals(monkeypatch, tmp_path, params, i):
+    from gpt2_numpy.commands.sae import evaluate
+
+    sae, expected = loaded(monkeypatch, tmp_path, i, params), reference()
+    model = SimpleNamespace(params=params, hparams={"n_head": N_HEAD})
+    numbers = evaluate(sae, model, expected["tokens"], 8, 3)  # the script's EVAL_SEQ_LEN, EVAL_WINDOWS
+    for ours, theirs in EVAL_NAMES.items():  # a score, 1 - a ratio of two such numbers, within TOLERANCE of it
+        tolerance = {"abs": TOLERANCE} if theirs.endswith("score") else {"rel": TOLERANCE}
+        assert numbers[ours] == pytest.approx(float(expected[f"k{i}_eval_{theirs}"]), **tolerance), ours
+    np.testing.assert_allclose(numbers["feature_density"], expected[f"k{i}_eval_feature_density"], atol=1e-6)
+    listed = releases()[KINDS[i][0]]["saes"][KINDS[i][1]]
+    assert numbers["published"] == {name: listed[name] for name in ("l0", "variance_explained") if name in listed}
