@@ -28,7 +28,8 @@ from gpt2_numpy.sae_processing import FROM_PRETRAINED
 
 HUB = "https://huggingface.co"
 NEURONPEDIA = "https://www.neuronpedia.org"
-CONNOR = "connor_rob_hook_z"  # the one conversion among GPT-2 small's releases
+CONNOR = "connor_rob_hook_z"
+PUBLISHED = ("l0", "variance_explained", "norm_scaling_factor")  # the one conversion among GPT-2 small's releases
 
 
 @lru_cache(maxsize=1)
@@ -162,13 +163,15 @@ def neuronpedia_url(sae, latent):  # -> the latent's page on Neuronpedia, or Non
     return f"{NEURONPEDIA}/{page}/{latent}" if page else None
 
 
-def listing(release=None):  # -> text: the releases (or one release's ids) with what each reads
+def listing(release=None):  # -> text: the releases, or one release's ids with their published numbers
     table = releases()
-    if release is not None:
-        entry, _ = release_entry(release, next(iter(table.get(release, {}).get("saes", {"": 0}))))
-        rows = [f"{sae_id}  ({sae['path']}" + "".join(f", {name} {sae[name]:g}" for name in
-                                                       ("l0", "variance_explained", "norm_scaling_factor")
-                                                       if name in sae) + ")" for sae_id, sae in entry["saes"].items()]
-        return f"{release}: {entry['repo']}\n" + "".join(f"  {row}\n" for row in rows)
-    width = max(map(len, table))
-    return "".join(f"{name:<{width}}  {len(entry['saes']):>2} SAEs  {entry['repo']}\n" for name, entry in table.items())
+    if release is None:
+        width = max(map(len, table))
+        return "".join(f"{name:<{width}}  {len(entry['saes']):>2} SAEs  {entry['repo']}\n"
+                       for name, entry in table.items())
+    if release not in table:
+        raise UsageError(f"unknown SAE release {release!r}: the nearest are {nearest(release, table)}")
+    entry = table[release]
+    rows = [sae_id + "".join(f"  {name.replace('_', ' ')} {sae[name]:g}" for name in PUBLISHED if name in sae)
+            for sae_id, sae in entry["saes"].items()]
+    return f"{release} ({entry['repo']}):\n" + "".join(f"  {release}/{row}\n" for row in rows)

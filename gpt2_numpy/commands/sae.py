@@ -34,12 +34,13 @@ from gpt2_numpy.interpret.tracing import log_softmax
 from gpt2_numpy.runs import check_out, claimed, settled_if_cut
 from gpt2_numpy.sae_metrics import feature_density, kl_per_position, reconstruction_metrics, score
 from gpt2_numpy.sae_processing import attach, forward, model_activation, zeroed_activation
-from gpt2_numpy.sae_releases import releases
+from gpt2_numpy.sae_releases import listing, releases
 from gpt2_numpy.tokenizer import check_in_vocabulary
 
 SUBCOMMANDS = {"train": "train an SAE on one activation of a model, or on an .npy file of activations",
                "eval": "an SAE on held-out text: MSE, explained variance, L0, dead latents and the loss recovered",
-               "features": "a page of the SAE's latents: top contexts, histograms, promoted tokens"}
+               "features": "a page of the SAE's latents: top contexts, histograms, promoted tokens",
+               "releases": "SAELens's released SAEs of GPT-2 small, loaded by name (--sae RELEASE/ID)"}
 FEATURES = "gpt2_numpy.commands.sae_features"  # the features page's command, a module of its own
 DEFAULTS = {"architecture": "topk", "k": 32, "l1": 1.0, "lr": 4e-4, "batch_size": 4096, "seed": 0, "seq_len": 128,
             "buffer": 2**16}
@@ -306,7 +307,7 @@ def evaluate(sae, model, tokens, seq_len, n_windows):  # -> {name: number}: the 
 
 def eval_command(argv):  # -> exit status
     args = eval_parser().parse_args(argv)
-    sae = load_sae(args.sae)
+    sae = load_sae(args.sae, models_dir=args.models_dir)
     sae.hook = eval_hook(args, sae.hook)
     model = model_from_args(args)
     check_hook(sae.hook, model.hparams["n_layer"])
@@ -382,7 +383,16 @@ def features(argv):  # -> exit status: the features page's command, where it is 
     return command.run(parser.parse_args(argv))
 
 
-HANDLERS = {"train": train, "eval": eval_command, "features": features}
+def releases_command(argv):  # -> exit status: the table of releases, or one release's ids
+    parser = ArgumentParser(prog="gpt2-numpy sae releases", description=SUBCOMMANDS["releases"] + "; each downloads "
+                            "once into the models dir (GPT2_NUMPY_WEIGHTS), from HF_ENDPOINT (default the hub)")
+    parser.add_argument("release", nargs="?", help="list this release's ids, with their published L0 and variance "
+                        "explained")
+    write_stdout(listing(parser.parse_args(argv).release))
+    return 0
+
+
+HANDLERS = {"train": train, "eval": eval_command, "features": features, "releases": releases_command}
 
 
 def run(argv=None):  # -> exit status
@@ -390,7 +400,7 @@ def run(argv=None):  # -> exit status
     if not argv or argv[0] not in HANDLERS:
         if argv and argv[0] in ("-h", "--help"):
             width = max(map(len, SUBCOMMANDS))
-            write_stdout("usage: gpt2-numpy sae {train,eval,features} [flags]\n\n" + "\n".join(
+            write_stdout("usage: gpt2-numpy sae {train,eval,features,releases} [flags]\n\n" + "\n".join(
                 f"  {name:<{width}}  {what}" for name, what in SUBCOMMANDS.items()) + "\n")
             return 0
         guesses = difflib.get_close_matches(argv[0], SUBCOMMANDS, n=1) if argv else []

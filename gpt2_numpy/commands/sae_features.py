@@ -62,7 +62,7 @@ def run(args):  # -> exit status
     check_output_file(args.html, "--html", HTML_SUFFIXES)  # a typo in the file name costs no model load
     text = read_data(args.data)
     model = model_from_args(args)
-    sae = loaded_sae(args.sae, model.params, model.hparams)
+    sae = loaded_sae(args.sae, model.params, model.hparams, args.models_dir)
     if args.latents:
         checked(args.latents, sae, "--latents")
     windows = text_windows(model, text, args)
@@ -103,8 +103,9 @@ def token_text(model, token_id):  # -> a token's text; a piece of a character sh
 # --- The SAE, checked against the model ---
 
 
-def loaded_sae(folder, params, hparams):  # -> the SAE in folder, fit for the model; UsageError (one line) otherwise
-    sae = attach(load_sae(folder), params)  # a released SAE of hook_z reads the model's value bias
+def loaded_sae(folder, params, hparams, models_dir=None):  # -> the SAE in folder (or a release's, downloaded into
+    # models_dir), fit for the model; UsageError (one line) otherwise
+    sae = attach(load_sae(folder, models_dir=models_dir), params)  # a hook_z release reads the value bias
     if sae.hook is None:
         raise UsageError(f"--sae {folder}'s cfg.json names no hook: add metadata.hook_name (a trace name, or "
                          "TransformerLens's), so that it is known where the SAE reads")
@@ -171,7 +172,7 @@ def explain_compute(args, model):  # -> {"sae", "top"} or {"sae", "ablate", "ste
     if args.sae is None:
         flag = "--sae-ablate" if args.sae_ablate else "--steer"
         raise UsageError(f"{flag} edits an SAE's latents: add --sae DIR")
-    sae = loaded_sae(args.sae, model.params, model.hparams)
+    sae = loaded_sae(args.sae, model.params, model.hparams, args.models_dir)
     ablate, steers = args.sae_ablate or [], args.steer or []
     checked(ablate, sae, "--sae-ablate")
     checked([latent for latent, _ in steers], sae, "--steer")
