@@ -13,7 +13,7 @@ import numpy as np
 
 from gpt2_numpy.errors import UsageError
 from gpt2_numpy.interpret.edits import Edit
-from gpt2_numpy.interpret.tracing import block_traces, embedding, trace
+from gpt2_numpy.interpret.tracing import BLOCK_STEPS, block_traces, embedding, run_names, trace
 
 PER_HEAD_STEPS = ("attn.q", "attn.k", "attn.v", "attn.z", "attn.scores", "attn.weights")
 
@@ -37,21 +37,14 @@ def splice(sae):  # -> Edit putting sae's reconstruction in place of the activat
     return Edit(sae.hook, lambda array: rows_back(sae.reconstruct(hook_rows(array, sae.hook)), array, sae.hook))
 
 
-def trace_names(n_layer):  # -> every name trace makes in a model of n_layer blocks, in order
-    steps = ("ln_1", "attn.q", "attn.k", "attn.v", "attn.scores", "attn.weights", "attn.z", "attn.out", "mid", "ln_2",
-             "mlp.pre", "mlp.hidden", "mlp.out", "out")
-    return ["embed", *(f"blocks.{i}.{step}" for i in range(n_layer) for step in steps), "ln_f", "logits"]
-
-
 def check_hook(hook, n_layer):  # -> None; UsageError naming the valid names when trace makes no activation `hook`,
     # or one an SAE cannot stand in for
-    names = trace_names(n_layer)
+    names = run_names(n_layer)
     if hook not in names:
         shown = ", ".join(names[:3] + ["...", names[-1]]) if len(names) > 12 else ", ".join(names)
         raise UsageError(f"--hook {hook!r} is not an activation of this {n_layer}-layer model: the names are embed, "
-                         f"blocks.L.STEP for L from 0 to {n_layer - 1} and STEP one of ln_1, attn.q, attn.k, attn.v, "
-                         f"attn.scores, attn.weights, attn.z, attn.out, mid, ln_2, mlp.pre, mlp.hidden, mlp.out, out; "
-                         f"ln_f and logits (in order: {shown})")
+                         f"blocks.L.STEP for L from 0 to {n_layer - 1} and STEP one of {', '.join(BLOCK_STEPS)}; "
+                         f"ln_f.normalized, ln_f and logits (in order: {shown})")
     check_sae_hook(hook)
 
 

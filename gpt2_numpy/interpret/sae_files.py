@@ -30,7 +30,7 @@ FORMAT_VERSION = "6.0.0"  # the SAELens release whose folder layout this writes;
 TL_BLOCK_NAMES = {"hook_resid_mid": "mid", "hook_resid_post": "out", "attn.hook_z": "attn.z", "hook_mlp_out": "mlp.out",
                   "hook_attn_out": "attn.out", "attn.hook_q": "attn.q", "attn.hook_k": "attn.k",
                   "attn.hook_v": "attn.v", "mlp.hook_pre": "mlp.pre", "mlp.hook_post": "mlp.hidden",
-                  "ln1.hook_normalized": "ln_1", "ln2.hook_normalized": "ln_2"}
+                  "ln1.hook_normalized": "ln_1.normalized", "ln2.hook_normalized": "ln_2.normalized"}
 OUR_BLOCK_NAMES = {ours: theirs for theirs, ours in TL_BLOCK_NAMES.items()}
 PER_HEAD = ("attn.q", "attn.k", "attn.v", "attn.z")  # [n_head, n_seq, d_head] in trace; flattened for an SAE
 # cfg options whose other values change the math: refused, since this code would compute something else
@@ -47,7 +47,7 @@ def our_hook(name):  # -> the trace name of TransformerLens's hook name (or of o
     if match and match[2] in TL_BLOCK_NAMES:
         return f"blocks.{match[1]}.{TL_BLOCK_NAMES[match[2]]}"
     if name == "ln_final.hook_normalized":
-        return "ln_f"
+        return "ln_f.normalized"
     return name if is_trace_name(name) else None
 
 
@@ -57,14 +57,14 @@ def tl_hook(name):  # -> TransformerLens's name for a trace name, or the trace n
         return "blocks.0.hook_resid_pre"
     if match and match[2] in OUR_BLOCK_NAMES:
         return f"blocks.{match[1]}.{OUR_BLOCK_NAMES[match[2]]}"
-    return "ln_final.hook_normalized" if name == "ln_f" else name
+    return "ln_final.hook_normalized" if name == "ln_f.normalized" else name
 
 
 def is_trace_name(name):  # -> True for a name trace makes in some model
-    steps = ("ln_1", "mid", "ln_2", "out", "mlp.pre", "mlp.hidden", "mlp.out",
+    steps = ("ln_1", "ln_1.normalized", "mid", "ln_2", "ln_2.normalized", "out", "mlp.pre", "mlp.hidden", "mlp.out",
              *(f"attn.{step}" for step in ("q", "k", "v", "scores", "weights", "z", "out")))
     match = re.fullmatch(r"blocks\.\d+\.(.+)", name)
-    return name in ("embed", "ln_f", "logits") or bool(match and match[1] in steps)
+    return name in ("embed", "ln_f", "ln_f.normalized", "logits") or bool(match and match[1] in steps)
 
 
 def new_sae(cfg, params, hook, model_name=None):  # -> SAE with a complete cfg.json from the few fields that matter

@@ -3,6 +3,7 @@ model.gpt2 and model.block run them, so each array is the one the textbook model
 formulas. float32 throughout, as the model is. The names (docs/look-inside.md maps them to TransformerLens's hooks):
 
     embed                                  [n_seq, n_embd]      wte[inputs] + wpe[positions], the residual stream
+    blocks.{i}.ln_1.normalized             [n_seq, n_embd]      layer_norm(x, 1, 0): before the gain and bias
     blocks.{i}.ln_1                        [n_seq, n_embd]      layer_norm(x, **ln_1)
     blocks.{i}.attn.q / .k / .v            [n_head, n_seq, d_head]
     blocks.{i}.attn.scores                 [n_head, n_seq, n_seq]  attention_scores(q, k): q kᵀ / √d_head, unmasked
@@ -10,10 +11,12 @@ formulas. float32 throughout, as the model is. The names (docs/look-inside.md ma
     blocks.{i}.attn.z                      [n_head, n_seq, d_head]  weighted_sum(weights, v): each head's output
     blocks.{i}.attn.out                    [n_seq, n_embd]      linear(merge_heads(z), **c_proj): mha's output
     blocks.{i}.mid                         [n_seq, n_embd]      x + attn.out, the stream after attention
+    blocks.{i}.ln_2.normalized             [n_seq, n_embd]      layer_norm(mid, 1, 0)
     blocks.{i}.ln_2                        [n_seq, n_embd]      layer_norm(mid, **ln_2)
     blocks.{i}.mlp.pre / .hidden           [n_seq, 4 n_embd]    linear(ln_2, **c_fc), then its gelu
     blocks.{i}.mlp.out                     [n_seq, n_embd]      linear(hidden, **c_proj): ffn's output
     blocks.{i}.out                         [n_seq, n_embd]      mid + mlp.out, the stream after the block
+    ln_f.normalized                        [n_seq, n_embd]      layer_norm(last out, 1, 0)
     ln_f                                   [n_seq, n_embd]      layer_norm(last out, **ln_f)
     logits                                 [n_seq, n_vocab]     ln_f · wteᵀ
 """
@@ -58,15 +61,21 @@ def walk(inputs, params, n_head, edit=unedited, start_at_layer=None):  # -> iter
     for i, steps in enumerate(block_traces(x, params["blocks"], n_head, edit, first), first):
         yield from ((f"blocks.{i}.{name}", array) for name, array in steps.items())
         x = steps["out"]
-    normed = edit("ln_f", layer_norm(x, **params["ln_f"]))
-    yield "ln_f", normed
+    made = {}
+
+    def step(name, array):  # -> the array as edited, kept to be yielded
+        made[name] = edit(name, array)
+        return made[name]
+
+    normed = normed_step(step, "ln_f", x, params["ln_f"])
+    yield from made.items()
     yield "logits", edit("logits", unembedding(normed, params["wte"]))
 
 
 def run_names(n_layer, start_at_layer=None):  # -> [name]: the arrays walk makes, in its order, without running it
     first = 0 if start_at_layer is None else start_at_layer
     blocks = [f"blocks.{i}.{step}" for i in range(first, n_layer) for step in BLOCK_STEPS]
-    return ["embed"] * (start_at_layer is None) + blocks + ["ln_f", "logits"]
+    return ["embed"] * (start_at_layer is None) + blocks + ["ln_f.normalized", "ln_f", "logits"]
 
 
 def block_traces(x, blocks, n_head, edit=unedited, first=0):  # [..., n_seq, n_embd] -> iterator of {name: array}
@@ -83,8 +92,9 @@ def in_block(edit, i, name, array):  # -> edit's array for block i's step `name`
     return edit(f"blocks.{i}.{name}", array)
 
 
-BLOCK_STEPS = ("ln_1", "attn.q", "attn.k", "attn.v", "attn.scores", "attn.weights", "attn.z", "attn.out", "mid",
-               "ln_2", "mlp.pre", "mlp.hidden", "mlp.out", "out")  # block_trace's names, in the order it makes them
+BLOCK_STEPS = ("ln_1.normalized", "ln_1", "attn.q", "attn.k", "attn.v", "attn.scores", "attn.weights", "attn.z",
+               "attn.out", "mid", "ln_2.normalized", "ln_2", "mlp.pre", "mlp.hidden", "mlp.out", "out")  # block_trace's
+# names, in the order it makes them
 HEAD_STEPS = ("attn.q", "attn.k", "attn.v", "attn.scores", "attn.weights", "attn.z")  # [..., n_head, n_seq, ...]
 
 
@@ -97,17 +107,26 @@ def block_trace(x, ln_1, attn, ln_2, mlp, n_head, edit=unedited):  # [..., n_seq
         steps[name] = edit(name, array)
         return steps[name]
 
-    normed = step("ln_1", layer_norm(x, **ln_1))
+    normed = normed_step(step, "ln_1", x, ln_1)
     q, k, v = np.split(linear(normed, **attn["c_attn"]), 3, axis=-1)  # mha's first line
     q, k, v = [step(f"attn.{name}", split_heads(part, n_head)) for name, part in zip("qkv", (q, k, v))]
     scores = step("attn.scores", attention_scores(q, k))
     weights = step("attn.weights", softmax(scores + causal_mask(x.shape[-2])))  # model.attention's first line
     z = step("attn.z", weighted_sum(weights, v))  # and its second
     mid = step("mid", x + step("attn.out", linear(merge_heads(z), **attn["c_proj"])))  # block's first residual
-    normed = step("ln_2", layer_norm(mid, **ln_2))
+    normed = normed_step(step, "ln_2", mid, ln_2)
     hidden = step("mlp.hidden", gelu(step("mlp.pre", linear(normed, **mlp["c_fc"]))))  # ffn, step by step
     step("out", mid + step("mlp.out", linear(hidden, **mlp["c_proj"])))  # block's second residual
     return steps
+
+
+def normed_step(step, name, x, norm):  # [..., n_seq, n_embd] -> layer_norm(x, **norm), in two steps, each
+    # step(name, array)'s: name.normalized, the output before the gain and bias (TransformerLens's hook_normalized),
+    # then name. Unedited, name is layer_norm's own output, bit for bit; an edited name.normalized goes on through the
+    # gain and bias
+    normalized = layer_norm(x, 1, 0)  # 1 · (x - mean) / σ + 0: those bits exactly
+    kept = step(f"{name}.normalized", normalized)
+    return step(name, layer_norm(x, **norm) if kept is normalized else norm["g"] * kept + norm["b"])
 
 
 def embedding(inputs, wte, wpe):  # int [n_seq] -> [n_seq, n_embd]: model.gpt2's first line

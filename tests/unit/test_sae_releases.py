@@ -14,8 +14,8 @@ from gpt2_numpy.errors import CheckpointError, DownloadError, UsageError
 from gpt2_numpy.formats.torch_zip import read_torch_zip
 from gpt2_numpy.interpret.edits import run_with_edits
 from gpt2_numpy.interpret.sae_activations import model_rows, splice
-from gpt2_numpy.interpret.sae_files import load_sae, save_sae
-from gpt2_numpy.interpret.tracing import log_softmax
+from gpt2_numpy.interpret.sae_files import load_sae, our_hook, save_sae
+from gpt2_numpy.interpret.tracing import log_softmax, trace
 from gpt2_numpy.sae_processing import ProcessedSAE, attach, forward, model_activation
 from gpt2_numpy.sae_releases import cache_folder, releases
 from tests.download_helpers import fast_and_isolated, unlike_at_the_end  # noqa: F401 (an autouse fixture)
@@ -234,3 +234,15 @@ def test_sae_eval_metrics_equal_saelens_evals(monkeypatch, tmp_path, params, i):
     np.testing.assert_allclose(numbers["feature_density"], expected[f"k{i}_eval_feature_density"], atol=1e-6)
     listed = releases()[KINDS[i][0]]["saes"][KINDS[i][1]]
     assert numbers["published"] == {name: listed[name] for name in ("l0", "variance_explained") if name in listed}
+
+
+# --- TransformerLens's hook_normalized: layer norm's output before its gain and bias ---
+
+
+@pytest.mark.parametrize("theirs", ["blocks.1.ln1.hook_normalized", "blocks.0.ln2.hook_normalized",
+                                    "ln_final.hook_normalized"])
+def test_hook_normalized_maps_to_the_norm_before_its_gain(params, theirs):
+    ours = our_hook(theirs)
+    assert ours.endswith(".normalized")
+    names = trace(reference()["tokens"], params, N_HEAD)
+    assert relative_error(names[ours], reference()[f"normalized_{theirs}"]) < TOLERANCE
