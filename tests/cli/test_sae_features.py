@@ -200,7 +200,8 @@ def test_a_model_folder_and_an_sae_folder_mixed_up_are_named(folders, tmp_path, 
 def explain(folders, json_out=False, sae_ablate=None, steer=None, use_sae=True):  # -> what explain_run prints
     _, sae_dir, params, _ = folders
     ids = byte_ids("the cat sat on t")
-    args = SimpleNamespace(sae=sae_dir if use_sae else None, sae_ablate=sae_ablate, steer=steer, json=json_out)
+    args = SimpleNamespace(sae=sae_dir if use_sae else None, sae_ablate=sae_ablate, steer=steer, json=json_out,
+                           models_dir=None)
     model = SimpleNamespace(hparams=HPARAMS, params=params, ids=ids, label=lambda t: repr(chr(t)),
                             text_of=lambda t: f"<{t}>")
     return explain_run(args, model), ids
