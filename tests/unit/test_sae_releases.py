@@ -12,11 +12,11 @@ import pytest
 
 from gpt2_numpy.errors import CheckpointError, DownloadError, UsageError
 from gpt2_numpy.formats.torch_zip import read_torch_zip
-from gpt2_numpy.interpret.edits import run_with_edits
+from gpt2_numpy.interpret.edits import Edit, run_with_edits
 from gpt2_numpy.interpret.sae_activations import model_rows, splice
 from gpt2_numpy.interpret.sae_files import load_sae, our_hook, save_sae
 from gpt2_numpy.interpret.tracing import log_softmax, trace
-from gpt2_numpy.sae_processing import ProcessedSAE, attach, forward, model_activation
+from gpt2_numpy.sae_processing import ProcessedSAE, attach, forward, layer_norm, model_activation, zeroed_activation
 from gpt2_numpy.sae_releases import cache_folder, releases
 from tests.download_helpers import fast_and_isolated, unlike_at_the_end  # noqa: F401 (an autouse fixture)
 from tests.sae_release_helpers import KINDS, N_HEAD, RELEASE_FIXTURES, kind_files, loopback_hub, model_params, \
@@ -53,10 +53,12 @@ def test_latents_and_output_equal_saelens_on_transformer_lens(monkeypatch, tmp_p
 
 
 @pytest.mark.parametrize("i", range(len(KINDS)), ids=[release for release, _ in KINDS])
-def test_spliced_loss_equals_run_with_saes(monkeypatch, tmp_path, params, i):
+def test_spliced_and_zeroed_losses_equal_transformer_lens(monkeypatch, tmp_path, params, i):
+    # zeroed: the activation the SAE reads set to zero, as SAELens's evals zero TransformerLens's hook; for hook_z that
+    # keeps the value bias, which TransformerLens's processed model holds in the attention output's bias
     sae, expected = loaded(monkeypatch, tmp_path, i, params), reference()
     tokens = expected["tokens"]
-    for edits, name in (([], "loss_clean"), ([splice(sae)], "loss_sae")):
+    for edits, name in (([], "loss_clean"), ([splice(sae)], "loss_sae"), ([zeroed_activation(sae)], "loss_zero")):
         logits = run_with_edits(tokens[:-1], params, N_HEAD, edits)["logits"]
         loss = -np.take_along_axis(log_softmax(logits), tokens[1:, None], -1).mean()
         assert abs(loss - expected[f"k{i}_{name}"]) < TOLERANCE * expected[f"k{i}_{name}"]
@@ -73,13 +75,17 @@ def test_each_kind_reads_what_its_release_was_trained_on(monkeypatch, tmp_path, 
     assert kwargs["center_writing_weights"] and kwargs["fold_value_biases"]
 
 
-def test_a_splice_that_reconstructs_exactly_leaves_the_model_unchanged(monkeypatch, tmp_path, params):
-    # the mean the centring removed goes back: an SAE whose output is its input changes nothing
-    sae = loaded(monkeypatch, tmp_path, 0, params)
+@pytest.mark.parametrize("i", [0, 3], ids=["centred", "value bias"])
+def test_a_splice_that_reconstructs_exactly_leaves_the_model_unchanged(monkeypatch, tmp_path, params, i):
+    # what model_activation removed (the mean, the value bias) goes back: an SAE whose output is its input changes
+    # nothing, the activation itself included (the layer norms after it would hide a lost mean from the logits)
+    sae = loaded(monkeypatch, tmp_path, i, params)
     sae.forward = lambda a: a
     tokens = reference()["tokens"]
-    clean = run_with_edits(tokens, params, N_HEAD, [])["logits"]
-    np.testing.assert_allclose(run_with_edits(tokens, params, N_HEAD, [splice(sae)])["logits"], clean, atol=1e-4)
+    clean = run_with_edits(tokens, params, N_HEAD, [])
+    spliced = run_with_edits(tokens, params, N_HEAD, [splice(sae)])
+    for name in (sae.hook, "logits"):
+        np.testing.assert_allclose(spliced[name], clean[name], atol=1e-4 * np.abs(clean[name]).max())
 
 
 def test_value_bias_sae_refuses_to_run_unattached(monkeypatch, tmp_path):
@@ -246,3 +252,23 @@ def test_hook_normalized_maps_to_the_norm_before_its_gain(params, theirs):
     assert ours.endswith(".normalized")
     names = trace(reference()["tokens"], params, N_HEAD)
     assert relative_error(names[ours], reference()[f"normalized_{theirs}"]) < TOLERANCE
+
+
+def test_layer_norm_is_saelens_s_unbiased_std_with_epsilon_on_the_std():
+    # SAELens's run_time_activation_ln_in, from its definition in float64: (x - μ) / (std(ddof=1) + 1e-5). A spread of
+    # 1e-3 tells it from the biased std (a factor √(d/(d-1))) and from ε under the square root (1e-5 against 1e-3)
+    x = np.random.default_rng(3).normal(5, 1e-3, (4, 16))
+    centred = x - x.mean(axis=-1, keepdims=True)
+    expected = centred / (centred.std(axis=-1, ddof=1, keepdims=True) + 1e-5)
+    normed, mu, sigma = layer_norm(x.astype(np.float32))
+    np.testing.assert_allclose(normed, expected, rtol=1e-3, atol=1e-3)
+    sd = centred.std(axis=-1, ddof=1, keepdims=True)  # undone as SAELens's ln_out does: × σ + μ, ε not added back
+    np.testing.assert_allclose(sigma, sd, rtol=1e-3)
+    np.testing.assert_allclose(mu, x.mean(axis=-1, keepdims=True), rtol=1e-6)
+
+
+def test_an_edit_of_ln_1_normalized_goes_on_through_the_gain_and_bias(params):
+    tokens = reference()["tokens"]
+    ln_1 = params["blocks"][1]["ln_1"]
+    names = run_with_edits(tokens, params, N_HEAD, [Edit("blocks.1.ln_1.normalized", np.zeros_like)])
+    np.testing.assert_array_equal(names["blocks.1.ln_1"], np.broadcast_to(ln_1["b"], names["blocks.1.ln_1"].shape))
