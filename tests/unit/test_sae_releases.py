@@ -2,7 +2,9 @@
 a loopback hub serves fake files of four releases where the hub keeps them, and what SAELens 6.x with TransformerLens
 computed from the same files on the same random GPT-2 is the expected value
 (scripts/fixtures/make_sae_release_reference.py): latents within 1e-4 relative, for each kind of preprocessing."""
+import hashlib
 import io
+import json
 import pickle
 import zipfile
 from types import SimpleNamespace
@@ -17,8 +19,9 @@ from gpt2_numpy.interpret.sae_activations import model_rows, splice
 from gpt2_numpy.interpret.sae_files import load_sae, our_hook, save_sae
 from gpt2_numpy.interpret.tracing import log_softmax, trace
 from gpt2_numpy.sae_processing import ProcessedSAE, attach, forward, layer_norm, model_activation, zeroed_activation
-from gpt2_numpy.sae_releases import cache_folder, releases
+from gpt2_numpy.sae_releases import cache_folder, neuronpedia_url, releases
 from tests.download_helpers import fast_and_isolated, unlike_at_the_end  # noqa: F401 (an autouse fixture)
+from tests.http_server import FileServer
 from tests.sae_release_helpers import KINDS, N_HEAD, RELEASE_FIXTURES, kind_files, loopback_hub, model_params, \
     reference, url_path
 
@@ -110,11 +113,31 @@ def test_second_use_reads_the_cache_with_the_server_stopped(monkeypatch, tmp_pat
         assert (cache_folder(repo, tmp_path / "weights") / path).read_bytes() == file.read_bytes()
 
 
+def test_two_ids_of_a_release_keep_their_own_files(monkeypatch, tmp_path):
+    # each id's cfg.json under its own folder, as the repo has it: the second id's is not the first's
+    release, sae_id = KINDS[0]
+    repo = releases()[release]["repo"]
+    cfg = json.loads((RELEASE_FIXTURES / "k0" / "cfg.json").read_text())
+    other = {**cfg, "hook_point": "blocks.0.hook_resid_pre", "hook_point_layer": 0}
+    weights = (RELEASE_FIXTURES / "k0" / "sae_weights.safetensors").read_bytes()
+    files = {url_path(repo, "blocks.0.hook_resid_pre/cfg.json"): json.dumps(other).encode(),
+             url_path(repo, "blocks.0.hook_resid_pre/sae_weights.safetensors"): weights}
+    with FileServer(files) as server, loopback_hub(monkeypatch, tmp_path / "weights", kinds=[0]):
+        assert load_sae(release, sae_id).hook == "blocks.0.out"
+        monkeypatch.setenv("HF_ENDPOINT", server.url)
+        assert load_sae(release, "blocks.0.hook_resid_pre").hook == "embed"
+
+
+def test_a_release_s_latent_links_to_its_neuronpedia_page(monkeypatch, tmp_path, params):
+    # the page's address: Neuronpedia's model/set id from SAELens's list (gpt2-small/1-res-jb), then the latent
+    assert neuronpedia_url(loaded(monkeypatch, tmp_path, 0, params), 5) == \
+        "https://www.neuronpedia.org/gpt2-small/1-res-jb/5"
+
+
 def test_a_download_whose_hash_differs_is_deleted_and_refused(monkeypatch, tmp_path):
     release, sae_id = KINDS[0]
     path = url_path(releases()[release]["repo"], f"{sae_id}/sae_weights.safetensors")
     data = (RELEASE_FIXTURES / "k0" / "sae_weights.safetensors").read_bytes()
-    import hashlib
     wrong = unlike_at_the_end(hashlib.sha256(data).hexdigest())
     with loopback_hub(monkeypatch, tmp_path / "weights", kinds=[0], published={path: (wrong, len(data))}):
         with pytest.raises(DownloadError, match="SHA-256"):
