@@ -171,6 +171,13 @@ def zeroed_activation(sae):  # -> Edit setting the activation the SAE reads to z
     return Edit(sae.hook, zero)
 
 
+def output_scale(sae, x):  # [..., d_in] our rows -> [..., 1] or 1: what the SAE's decoder rows are scaled by in x's
+    # space (σ of SAELens's layer_norm, which decoding undoes), so that a latent's share of x is f W_dec[j] times it
+    if isinstance(sae, ProcessedSAE) and sae.layer_norm:
+        return layer_norm(sae.model_activation(np.asarray(x, dtype=np.float32)))[2]
+    return 1
+
+
 def attach(sae, params):  # -> sae, fit to read the model of params (a plain SAE needs nothing of it)
     return sae.attach(params) if isinstance(sae, ProcessedSAE) else sae
 

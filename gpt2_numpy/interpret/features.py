@@ -27,6 +27,7 @@ from gpt2_numpy.interpret.ablation import prediction
 from gpt2_numpy.interpret.edits import Edit, run_with_edits
 from gpt2_numpy.interpret.sae_activations import hook_rows, model_rows, rows_back
 from gpt2_numpy.interpret.tracing import trace
+from gpt2_numpy.sae_processing import output_scale
 
 RESIDUAL_STEPS = ("mid", "out", "attn.out", "mlp.out")  # a block's arrays in the residual stream's space
 HISTOGRAM_BINS = 20
@@ -61,10 +62,11 @@ def check_latents(latents, d_sae, flag="latent"):  # -> None; ValueError for an 
                              f"{d_sae - 1}")
 
 
-def ablated_latents(sae, latents, x):  # [..., d_in] -> [..., d_in]: x less the latents' share, f_F(x) W_dec[F]
+def ablated_latents(sae, latents, x):  # [..., d_in] -> [..., d_in]: x less the latents' share, f_F(x) W_dec[F] (times
+    # σ for an SAE that layer-normalises its input: its decoder writes in the normalised space)
     latents = list(latents)
     f = sae.encode(x)[..., latents]  # [..., n_latents]
-    return x - f @ sae.params["W_dec"][latents]
+    return x - f @ sae.params["W_dec"][latents] * output_scale(sae, x)
 
 
 def steered(sae, steers, x):  # [..., d_in] -> [..., d_in]: x + Σ SCALE · W_dec[F], at every position

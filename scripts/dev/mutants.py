@@ -220,6 +220,8 @@ MUTANTS = [  # (what, file, text, replacement)
     ("sae: the l2 ratio inverted", "gpt2_numpy/sae_metrics.py",
      "np.mean(norm_out / np.where(np.abs(norm_in) < 1e-4, 1, norm_in))",
      "np.mean(norm_in / np.where(np.abs(norm_out) < 1e-4, 1, norm_out))"),
+    ("sae: a layer-normalising SAE's latent ablated without σ", "gpt2_numpy/sae_processing.py",
+     "        return layer_norm(sae.model_activation(np.asarray(x, dtype=np.float32)))[2]", "        return 1"),
     ("sae: a release's latents linked to no Neuronpedia page", "gpt2_numpy/sae_releases.py",
      'page = metadata.get("neuronpedia_id")', "page = None"),
     ("sae: latents of --latents that never fire drawn unsaid", "gpt2_numpy/commands/sae_features.py",

@@ -295,3 +295,18 @@ def test_an_edit_of_ln_1_normalized_goes_on_through_the_gain_and_bias(params):
     ln_1 = params["blocks"][1]["ln_1"]
     names = run_with_edits(tokens, params, N_HEAD, [Edit("blocks.1.ln_1.normalized", np.zeros_like)])
     np.testing.assert_array_equal(names["blocks.1.ln_1"], np.broadcast_to(ln_1["b"], names["blocks.1.ln_1"].shape))
+
+
+def test_ablating_a_latent_of_a_layer_norm_sae_takes_out_its_share_of_the_output(monkeypatch, tmp_path, params):
+    # SAELens's latent ablation with the error term: x minus (output with f - output with f_F zeroed), its output
+    # decode(f) σ + μ, so the share is f_F W_dec[F] σ
+    from gpt2_numpy.interpret.features import ablated_latents
+
+    sae = loaded(monkeypatch, tmp_path, 1, params)
+    x = model_rows(reference()["tokens"], params, N_HEAD, sae.hook).astype(np.float64)
+    f = reference()["k1_latents"].astype(np.float64)
+    latents = [int(j) for j in np.flatnonzero(f.any(axis=0))[:2]]
+    centred = x - x.mean(axis=-1, keepdims=True)
+    sigma = centred.std(axis=-1, ddof=1, keepdims=True)
+    expected = x - f[:, latents] @ sae.params["W_dec"][latents].astype(np.float64) * sigma
+    assert relative_error(ablated_latents(sae, latents, x.astype(np.float32)), expected) < TOLERANCE
