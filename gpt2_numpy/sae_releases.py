@@ -23,7 +23,7 @@ from functools import lru_cache
 from importlib import resources
 from pathlib import PurePath, PurePosixPath
 
-from gpt2_numpy.errors import DownloadError, UsageError
+from gpt2_numpy.errors import CheckpointError, DownloadError, UsageError
 from gpt2_numpy.sae_processing import FROM_PRETRAINED
 
 HUB = "https://huggingface.co"
@@ -133,11 +133,15 @@ def load_release(release, sae_id, models_dir=None):  # -> SAE processed as SAELe
     entry, sae = release_entry(release, sae_id)
     cfg_path, weights_path = downloaded(release, sae_id, models_dir)
     overrides = {**entry["config_overrides"], "neuronpedia_id": sae.get("neuronpedia")}
-    if entry["conversion"] == CONNOR:
-        cfg = connor_cfg(cfg_path, sae_files.read_json(cfg_path))
-    else:
-        cfg = sae_files.checked_cfg(cfg_path, {**sae_files.read_json(cfg_path), **overrides})
-    params = sae_files.read_weights(weights_path, cfg)
+    try:
+        if entry["conversion"] == CONNOR:
+            cfg = connor_cfg(cfg_path, sae_files.read_json(cfg_path))
+        else:
+            cfg = sae_files.checked_cfg(cfg_path, {**sae_files.read_json(cfg_path), **overrides})
+        params = sae_files.read_weights(weights_path, cfg)
+    except CheckpointError as error:  # damaged since it was downloaded and checked: a fresh download mends it
+        raise CheckpointError(f"{error}; it is the cached download of {release}/{sae_id}: delete it, and the next "
+                              "run downloads it again", files=error.files) from None
     metadata = cfg.get("metadata") if isinstance(cfg.get("metadata"), dict) else {}
     cfg = {**cfg, "metadata": {**metadata, "release": release, "sae_id": sae_id,
                                "neuronpedia_id": sae.get("neuronpedia")}}

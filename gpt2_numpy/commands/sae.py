@@ -80,7 +80,8 @@ def train_parser():  # -> the parser of `sae train`
 def eval_parser():  # -> the parser of `sae eval`
     parser = ArgumentParser(prog="gpt2-numpy sae eval", description="Measure an SAE on held-out text: how well it "
                             "reconstructs its activation, and how much of the model's loss survives it spliced in.")
-    parser.add_argument("--sae", required=True, type=path_argument, metavar="DIR", help="the SAE folder")
+    parser.add_argument("--sae", required=True, type=path_argument, metavar="DIR", help="the SAE folder, or a release "
+                        "of SAELens's by name, RELEASE/ID (gpt2-numpy sae releases)")
     add_model_args(parser)
     parser.add_argument("--data", required=True, type=path_argument, metavar="FILE", help="UTF-8 held-out text")
     parser.add_argument("--hook", metavar="NAME", help="the activation the SAE reads, for a folder whose cfg.json "

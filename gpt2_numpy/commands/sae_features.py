@@ -41,7 +41,8 @@ FLOAT32_MAX = float(np.finfo(np.float32).max)  # a steered row beyond it is infi
 
 
 def add_arguments(parser):  # -> None; the flags of `sae features`
-    parser.add_argument("--sae", required=True, type=path_argument, metavar="DIR", help="the SAE's folder (SAELens's)")
+    parser.add_argument("--sae", required=True, type=path_argument, metavar="DIR", help="the SAE's folder (SAELens's), "
+                        "or a release of SAELens's by name, RELEASE/ID (gpt2-numpy sae releases)")
     add_model_args(parser)
     parser.add_argument("--data", required=True, type=path_argument, metavar="FILE",
                         help="UTF-8 text to find each latent's strongest contexts in")
@@ -151,7 +152,8 @@ def check_steers(steers, sae):  # -> None; UsageError for a scale that overflows
 
 def add_explain_arguments(parser):  # -> None; explain's SAE flags
     parser.add_argument("--sae", type=path_argument, metavar="DIR",
-                        help="an SAE's folder (SAELens's): print each position's strongest latents at its hook")
+                        help="an SAE's folder (SAELens's), or a release of SAELens's by name, RELEASE/ID: print "
+                        "each position's strongest latents at its hook")
     parser.add_argument("--sae-ablate", nargs="+", type=whole_number(0), metavar="F",
                         help="with --sae: take these latents out of the activation (x - f_F(x) W_dec[F], the SAE's "
                         "error kept) and print the loss and the next tokens before and after")

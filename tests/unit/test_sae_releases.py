@@ -145,6 +145,17 @@ def test_a_download_whose_hash_differs_is_deleted_and_refused(monkeypatch, tmp_p
     assert not list((tmp_path / "weights").rglob("*.safetensors*"))
 
 
+def test_a_cached_file_damaged_since_is_one_line_saying_to_delete_it(monkeypatch, tmp_path):
+    with loopback_hub(monkeypatch, tmp_path / "weights", kinds=[0]):
+        load_sae(*KINDS[0])
+    [weights] = (tmp_path / "weights").rglob("sae_weights.safetensors")
+    weights.write_bytes(weights.read_bytes()[:1000])  # cut short after it was checked
+    fragment = "cached download of gpt2-small-res-jb/blocks.1.hook_resid_pre: delete it"
+    with pytest.raises(CheckpointError, match=fragment) as error:
+        load_sae(*KINDS[0])
+    assert "\n" not in str(error.value) and str(weights) in str(error.value)
+
+
 def test_no_network_is_one_line_saying_what_to_do(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
     monkeypatch.setenv("GPT2_NUMPY_WEIGHTS", str(tmp_path))
