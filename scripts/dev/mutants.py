@@ -330,12 +330,14 @@ MUTANTS = [  # (what, file, text, replacement)
      "0 <= start_at_layer <= n_layer):", "0 <= start_at_layer < n_layer):"),
     # caught by tests/unit/test_gradients.py
     ("gradients: mid's gradient without the residual's share", "gpt2_numpy/interpret/gradients.py",
-     'd_out + layer_norm_backward(d_ln_2, steps["mid"], ln_2["g"])[0]', 'layer_norm_backward(d_ln_2, steps["mid"], '
-     'ln_2["g"])[0]'),
+     'd_out + normed_backward(at, "ln_2", d_ln_2, steps["mid"], ln_2["g"])',
+     'normed_backward(at, "ln_2", d_ln_2, steps["mid"], ln_2["g"])'),
     ("gradients: the last block's output skips ln_f's backward", "gpt2_numpy/interpret/gradients.py",
-     'layer_norm_backward(d_ln_f, arrays[f"blocks.{n_blocks - 1}.out"], params["ln_f"]["g"])[0]', "d_ln_f"),
+     'normed_backward(at, "ln_f", d_ln_f, arrays[f"blocks.{n_blocks - 1}.out"], params["ln_f"]["g"])', "d_ln_f"),
     ("gradients: the block's input through ln_2's gain", "gpt2_numpy/interpret/gradients.py",
-     'layer_norm_backward(d_ln_1, x, ln_1["g"])', 'layer_norm_backward(d_ln_1, x, ln_2["g"])'),
+     'normed_backward(at, "ln_1", d_ln_1, x, ln_1["g"])', 'normed_backward(at, "ln_1", d_ln_1, x, ln_2["g"])'),
+    ("gradients: a norm's .normalized gradient without its gain", "gpt2_numpy/interpret/gradients.py",
+     'd_normalized = at(f"{name}.normalized", g * d_out)', 'd_normalized = at(f"{name}.normalized", d_out)'),
     ("gradients: z's gradient reshaped, not split into heads", "gpt2_numpy/interpret/gradients.py",
      'split_heads(linear_input_backward(at("attn.out", d_mid), attn["c_proj"]["w"]), n_head)',
      'linear_input_backward(at("attn.out", d_mid), attn["c_proj"]["w"]).reshape(steps["attn.z"].shape)'),
