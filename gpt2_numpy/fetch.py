@@ -39,15 +39,17 @@ class Unreachable(DownloadError):
     """The server could not be reached or the connection kept breaking: the user may fetch the files by hand."""
 
 
+class NotFound(DownloadError):
+    """The server answered that it has no such file (HTTP 4xx): asking again cannot help."""
+
+
 def fetch_all(folder, staging, size, source, missing):  # -> None: each missing file is complete in staging
     # folder: where the files will be installed, which a by-hand download is told to fill
     mirror = os.environ.get("GPT2_NUMPY_BASE_URL")
     if mirror and not mirror.lower().startswith(("http://", "https://")):  # else requests' "No scheme supplied"
         raise UsageError(f"GPT2_NUMPY_BASE_URL is {mirror!r}, not an http:// or https:// address: fix it, or unset "
                          "it to download from the official servers")
-    with requests.Session() as session:
-        # byte ranges and sizes must refer to the stored bytes, not to a compressed transfer
-        session.headers["Accept-Encoding"] = "identity"
+    with download_session() as session:
         for name in missing:
             try:
                 fetch(session, file_url(size, source, name), staging / name)
@@ -60,6 +62,12 @@ def fetch_all(folder, staging, size, source, missing):  # -> None: each missing 
                                     f"{urls} into {folder}/") from None
             except KeyboardInterrupt:
                 raise stopped(staging, missing) from None
+
+
+def download_session():  # -> a requests.Session for fetch
+    session = requests.Session()
+    session.headers["Accept-Encoding"] = "identity"  # byte ranges and sizes refer to the stored bytes, not a compressed
+    return session  # transfer
 
 
 def file_url(size, source, name):  # -> the URL of one file of one model
@@ -201,7 +209,7 @@ def body_span(response, url, offset, part):  # -> (byte offset where the body go
         raise Retry("the partial download does not fit the file on the server; starting over")
     if status >= 500 or status in (408, 429):
         raise Retry(f"HTTP {status} {response.reason}")
-    raise DownloadError(f"{url} answered HTTP {status} {response.reason}: check the model size, and the mirror in "
+    raise NotFound(f"{url} answered HTTP {status} {response.reason}: check the model size, and the mirror in "
                         f"GPT2_NUMPY_BASE_URL if you set one")
 
 

@@ -85,8 +85,7 @@ def where(size, models_dir=None, source="openai"):  # -> Path of an official siz
     dir is the home folder."""
     checked_choice(size, MODEL_SIZES, "model size")
     checked_choice(source, tuple(SOURCES), "source")
-    # absolute, so that messages name the real folder, not ".../main/../models"
-    models_root = Path(models_dir or os.environ.get("GPT2_NUMPY_WEIGHTS") or "weights").expanduser().resolve()
+    models_root = models_folder(models_dir)
     try:
         if models_root.exists() and not models_root.is_dir():
             raise UsageError(f"the models dir {models_root} is a file: pass a folder with --models-dir or "
@@ -95,6 +94,11 @@ def where(size, models_dir=None, source="openai"):  # -> Path of an official siz
         raise UsageError(f"cannot read the models dir {models_root} ({error.strerror}): fix its permissions or pass "
                          "another folder with --models-dir") from None
     return models_root / f"{size}{SOURCES[source].folder_suffix}"
+
+
+def models_folder(models_dir=None):  # -> Path of the models dir: models_dir, else $GPT2_NUMPY_WEIGHTS, else ./weights
+    # absolute, so that messages name the real folder, not ".../main/../models"
+    return Path(models_dir or os.environ.get("GPT2_NUMPY_WEIGHTS") or "weights").expanduser().resolve()
 
 
 def checked_choice(value, choices, what):  # -> value, or UsageError naming the valid choices

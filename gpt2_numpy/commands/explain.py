@@ -186,7 +186,8 @@ def parse_args(argv):  # -> argparse.Namespace, checked
                         help="write one self-contained page (.html) to explore every head's attention, the head "
                         "scores and the logit lens in a browser, offline")
     parser.add_argument("--sae", type=path_argument, metavar="DIR",
-                        help="an SAE's folder (SAELens's): print each position's strongest latents at its hook")
+                        help="an SAE's folder (SAELens's), or a release of SAELens's by name, RELEASE/ID: print "
+                        "each position's strongest latents at its hook")
     parser.add_argument("--sae-ablate", nargs="+", type=whole_number(0), metavar="F",
                         help="with --sae: take these latents out of the activation (x - f_F(x) W_dec[F], the SAE's "
                         "error kept) and print the loss and the next tokens before and after")
@@ -436,7 +437,7 @@ def attribution_patched(request):  # -> attribution_patching's scores, and for t
 
 def sae_latents(request):  # -> --sae's result: each position's strongest latents, or the edits' effect
     args = request.args
-    sae = sae_for_model(args.sae, request.params, request.hparams)
+    sae = sae_for_model(args.sae, request.params, request.hparams, args.models_dir)
     ablate = checked_latents(args.sae_ablate or [], sae, "--sae-ablate")
     steers = args.steer or []
     checked_latents([latent for latent, _ in steers], sae, "--steer")

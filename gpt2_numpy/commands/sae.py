@@ -26,12 +26,15 @@ from gpt2_numpy.sae.features import busiest_latents, checked_latents
 from gpt2_numpy.sae.files import load_sae
 from gpt2_numpy.sae.page import features_data, features_html
 from gpt2_numpy.sae.present import eval_report
+from gpt2_numpy.sae.processing import attach
+from gpt2_numpy.sae.releases import listing
 from gpt2_numpy.sae.training import KEPT, SAE_ORDER, SaeSettings, init_params, load_sae_run, sae_of, train_sae
 from gpt2_numpy.tokenizer import text_windows
 
 SUBCOMMANDS = {"train": "train an SAE on one activation of a model, or on an .npy file of activations",
                "eval": "an SAE on held-out text: MSE, explained variance, L0, dead latents and the loss recovered",
-               "features": "a page of the SAE's latents: top contexts, histograms, promoted tokens"}
+               "features": "a page of the SAE's latents: top contexts, histograms, promoted tokens",
+               "releases": "SAELens's released SAEs of GPT-2 small, loaded by name (--sae RELEASE/ID)"}
 DEFAULTS = {"architecture": "topk", "k": 32, "l1": 1.0, "lr": 4e-4, "batch_size": 4096, "seed": 0, "seq_len": 128,
             "buffer": 2**16}
 
@@ -70,7 +73,8 @@ def train_parser():  # -> the parser of `sae train`
 def eval_parser():  # -> the parser of `sae eval`
     parser = ArgumentParser(prog="gpt2-numpy sae eval", description="Measure an SAE on held-out text: how well it "
                             "reconstructs its activation, and how much of the model's loss survives it spliced in.")
-    parser.add_argument("--sae", required=True, type=path_argument, metavar="DIR", help="the SAE folder")
+    parser.add_argument("--sae", required=True, type=path_argument, metavar="DIR", help="the SAE folder, or a release "
+                        "of SAELens's by name, RELEASE/ID (gpt2-numpy sae releases)")
     add_model_args(parser)
     parser.add_argument("--data", required=True, type=path_argument, metavar="FILE", help="UTF-8 held-out text")
     parser.add_argument("--hook", metavar="NAME", help="the activation the SAE reads, for a folder whose cfg.json "
@@ -84,7 +88,8 @@ def eval_parser():  # -> the parser of `sae eval`
 
 def features_parser():  # -> the parser of `sae features`
     parser = ArgumentParser(prog="gpt2-numpy sae features", description=SUBCOMMANDS["features"])
-    parser.add_argument("--sae", required=True, type=path_argument, metavar="DIR", help="the SAE's folder (SAELens's)")
+    parser.add_argument("--sae", required=True, type=path_argument, metavar="DIR", help="the SAE's folder (SAELens's), "
+                        "or a release of SAELens's by name, RELEASE/ID (gpt2-numpy sae releases)")
     add_model_args(parser)
     parser.add_argument("--data", required=True, type=path_argument, metavar="FILE",
                         help="UTF-8 text to find each latent's strongest contexts in")
@@ -229,10 +234,11 @@ def resumed_settings(args, saved, source):  # -> the saved run's SaeSettings wit
 
 def eval_command(argv):  # -> exit status
     args = eval_parser().parse_args(argv)
-    sae = load_sae(args.sae)
+    sae = load_sae(args.sae, models_dir=args.models_dir)
     sae.hook = eval_hook(args, sae.hook)
     model = model_from_args(args)
     check_hook(sae.hook, model.hparams["n_layer"])
+    sae = attach(sae, model.params)
     seq_len = min(args.seq_len, model.hparams["n_ctx"])
     _, windows = data_windows(model, read_data(args.data), args.data, seq_len, args.windows, targets=True)
     numbers = evaluate(sae, model.params, model.hparams["n_head"], windows)
@@ -262,7 +268,7 @@ def features(argv):  # -> exit status
     check_output_file(args.html, "--html", HTML_SUFFIXES)  # a typo in the file name costs no model load
     text = read_data(args.data)
     model = model_from_args(args)
-    sae = sae_for_model(args.sae, model.params, model.hparams)
+    sae = sae_for_model(args.sae, model.params, model.hparams, args.models_dir)
     if args.latents:
         checked_latents(args.latents, sae, "--latents")
     _, windows = data_windows(model, text, args.data, min(args.seq_len, model.hparams["n_ctx"]), args.windows)
@@ -285,7 +291,16 @@ def features(argv):  # -> exit status
     return 0
 
 
-HANDLERS = {"train": train, "eval": eval_command, "features": features}
+def releases_command(argv):  # -> exit status: the table of releases, or one release's ids
+    parser = ArgumentParser(prog="gpt2-numpy sae releases", description=SUBCOMMANDS["releases"] + "; each downloads "
+                            "once into the models dir (GPT2_NUMPY_WEIGHTS), from HF_ENDPOINT (default the hub)")
+    parser.add_argument("release", nargs="?", help="list this release's ids, with their published L0 and variance "
+                        "explained")
+    write_stdout(listing(parser.parse_args(argv).release))
+    return 0
+
+
+HANDLERS = {"train": train, "eval": eval_command, "features": features, "releases": releases_command}
 
 
 def run(argv=None):  # -> exit status

@@ -76,7 +76,7 @@ def backward_walk(arrays, params, n_head, at):  # -> None; at(name, d) for each 
     n_blocks = len(params["blocks"])
     d_logits = at("logits", np.zeros_like(arrays["logits"]))
     d_ln_f = at("ln_f", linear_input_backward(d_logits, params["wte"].T))  # logits = ln_f wteᵀ
-    d_x = layer_norm_backward(d_ln_f, arrays[f"blocks.{n_blocks - 1}.out"], params["ln_f"]["g"])[0]
+    d_x = normed_backward(at, "ln_f", d_ln_f, arrays[f"blocks.{n_blocks - 1}.out"], params["ln_f"]["g"])
     for i in reversed(range(n_blocks)):
         steps = {name.partition(f"blocks.{i}.")[2]: array for name, array in arrays.items()
                  if name.startswith(f"blocks.{i}.")}
@@ -97,7 +97,7 @@ def block_backward(d_out, x, steps, ln_1, attn, ln_2, mlp, n_head, at):  # [n_se
     d_hidden = linear_input_backward(d_mlp_out, mlp["c_proj"]["w"])
     d_pre = at("mlp.pre", gelu_backward(at("mlp.hidden", d_hidden), steps["mlp.pre"]))
     d_ln_2 = at("ln_2", linear_input_backward(d_pre, mlp["c_fc"]["w"]))
-    d_mid = at("mid", d_out + layer_norm_backward(d_ln_2, steps["mid"], ln_2["g"])[0])  # both of mid's readers
+    d_mid = at("mid", d_out + normed_backward(at, "ln_2", d_ln_2, steps["mid"], ln_2["g"]))  # both of mid's readers
     # attn.out = merge_heads(z) c_proj: back through the product, then split into heads as z is
     d_z = at("attn.z", split_heads(linear_input_backward(at("attn.out", d_mid), attn["c_proj"]["w"]), n_head))
     d_weights, d_v = weighted_sum_backward(d_z, steps["attn.weights"], steps["attn.v"])
@@ -105,7 +105,13 @@ def block_backward(d_out, x, steps, ln_1, attn, ln_2, mlp, n_head, at):  # [n_se
     d_q, d_k = attention_scores_backward(d_scores, steps["attn.q"], steps["attn.k"])
     d_qkv = np.concatenate([merge_heads(at(f"attn.{name}", d)) for name, d in zip("qkv", (d_q, d_k, d_v))], axis=-1)
     d_ln_1 = at("ln_1", linear_input_backward(d_qkv, attn["c_attn"]["w"]))
-    return d_mid + layer_norm_backward(d_ln_1, x, ln_1["g"])[0]  # mid = x + attn.out, x = ln_1's input
+    return d_mid + normed_backward(at, "ln_1", d_ln_1, x, ln_1["g"])  # mid = x + attn.out, x = ln_1's input
+
+
+def normed_backward(at, name, d_out, x, g):  # [..., n_embd] -> d_x: back through the gain (name = g name.normalized
+    # + b), at(name.normalized, d), then the normalisation of x
+    d_normalized = at(f"{name}.normalized", g * d_out)
+    return layer_norm_backward(d_normalized, x, np.ones_like(g))[0]
 
 
 def logit_difference(answer, other, position=-1):  # -> metric: logit(answer) - logit(other) at `position`

@@ -3,6 +3,7 @@ model.gpt2 and model.block run them, so each array is the one the textbook model
 formulas. float32 throughout, as the model is. The names (names.py holds them, and TransformerLens's for each):
 
     embed                                  [n_seq, n_embd]      wte[inputs] + wpe[positions], the residual stream
+    blocks.{i}.ln_1.normalized             [n_seq, n_embd]      layer_norm(x, 1, 0): before the gain and bias
     blocks.{i}.ln_1                        [n_seq, n_embd]      layer_norm(x, **ln_1)
     blocks.{i}.attn.q / .k / .v            [n_head, n_seq, d_head]
     blocks.{i}.attn.scores                 [n_head, n_seq, n_seq]  attention_scores(q, k): q kᵀ / √d_head, unmasked
@@ -10,10 +11,12 @@ formulas. float32 throughout, as the model is. The names (names.py holds them, a
     blocks.{i}.attn.z                      [n_head, n_seq, d_head]  weighted_sum(weights, v): each head's output
     blocks.{i}.attn.out                    [n_seq, n_embd]      linear(merge_heads(z), **c_proj): mha's output
     blocks.{i}.mid                         [n_seq, n_embd]      x + attn.out, the stream after attention
+    blocks.{i}.ln_2.normalized             [n_seq, n_embd]      layer_norm(mid, 1, 0)
     blocks.{i}.ln_2                        [n_seq, n_embd]      layer_norm(mid, **ln_2)
     blocks.{i}.mlp.pre / .hidden           [n_seq, 4 n_embd]    linear(ln_2, **c_fc), then its gelu
     blocks.{i}.mlp.out                     [n_seq, n_embd]      linear(hidden, **c_proj): ffn's output
     blocks.{i}.out                         [n_seq, n_embd]      mid + mlp.out, the stream after the block
+    ln_f.normalized                        [n_seq, n_embd]      layer_norm(last out, 1, 0)
     ln_f                                   [n_seq, n_embd]      layer_norm(last out, **ln_f)
     logits                                 [n_seq, n_vocab]     ln_f · wteᵀ
 """
@@ -58,8 +61,14 @@ def walk(inputs, params, n_head, edit=unedited, start_at_layer=None):  # -> iter
     for i, steps in enumerate(block_traces(x, params["blocks"], n_head, edit, first), first):
         yield from ((f"blocks.{i}.{name}", array) for name, array in steps.items())
         x = steps["out"]
-    normed = edit("ln_f", layer_norm(x, **params["ln_f"]))
-    yield "ln_f", normed
+    made = {}
+
+    def step(name, array):  # -> the array as edited, kept to be yielded
+        made[name] = edit(name, array)
+        return made[name]
+
+    normed = normed_step(step, "ln_f", x, params["ln_f"])
+    yield from made.items()
     yield "logits", edit("logits", unembedding(normed, params["wte"]))
 
 
@@ -86,17 +95,26 @@ def block_trace(x, ln_1, attn, ln_2, mlp, n_head, edit=unedited):  # [..., n_seq
         steps[name] = edit(name, array)
         return steps[name]
 
-    normed = step("ln_1", layer_norm(x, **ln_1))
+    normed = normed_step(step, "ln_1", x, ln_1)
     q, k, v = np.split(linear(normed, **attn["c_attn"]), 3, axis=-1)  # mha's first line
     q, k, v = [step(f"attn.{name}", split_heads(part, n_head)) for name, part in zip("qkv", (q, k, v))]
     scores = step("attn.scores", attention_scores(q, k))
     weights = step("attn.weights", softmax(scores + causal_mask(x.shape[-2])))  # model.attention's first line
     z = step("attn.z", weighted_sum(weights, v))  # and its second
     mid = step("mid", x + step("attn.out", linear(merge_heads(z), **attn["c_proj"])))  # block's first residual
-    normed = step("ln_2", layer_norm(mid, **ln_2))
+    normed = normed_step(step, "ln_2", mid, ln_2)
     hidden = step("mlp.hidden", gelu(step("mlp.pre", linear(normed, **mlp["c_fc"]))))  # ffn, step by step
     step("out", mid + step("mlp.out", linear(hidden, **mlp["c_proj"])))  # block's second residual
     return steps
+
+
+def normed_step(step, name, x, norm):  # [..., n_seq, n_embd] -> layer_norm(x, **norm), in two steps, each
+    # step(name, array)'s: name.normalized, the output before the gain and bias (TransformerLens's hook_normalized),
+    # then name. Unedited, name is layer_norm's own output, bit for bit; an edited name.normalized goes on through the
+    # gain and bias
+    normalized = layer_norm(x, 1, 0)  # 1 · (x - mean) / σ + 0: those bits exactly
+    kept = step(f"{name}.normalized", normalized)
+    return step(name, layer_norm(x, **norm) if kept is normalized else norm["g"] * kept + norm["b"])
 
 
 def embedding(inputs, wte, wpe):  # int [n_seq] -> [n_seq, n_embd]: model.gpt2's first line

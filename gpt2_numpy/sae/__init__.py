@@ -7,7 +7,9 @@
 The rooms, as model.py beside fast.py: model.py (the textbook math: encode, decode, the losses and their gradients,
 the SAE class), fast.py (topk's tuned training step); files.py (SAELens's folders); activations.py (an activation as
 rows, the shuffling stream, where a run's activations come from, text into windows of tokens); training.py (the
-training loop and its run folder); evaluation.py (loss recovered and the rest, the SAE spliced into the model);
+training loop and its run folder); evaluation.py (loss recovered and the rest, the SAE spliced into the model) with
+metrics.py (SAELens's evals.py metrics); releases.py (SAELens's released SAEs by name, downloaded once) with
+processing.py (the activation each was trained on: TransformerLens's processed model, layer-normalised inputs);
 features.py (latents on a model: which fire where, their logit effects, ablation and steering), page.py with
 features.html (the page of latents); present.py (the tables and JSON that the commands print). The command line is
 gpt2_numpy/commands/sae.py (`gpt2-numpy sae`, or `python -m gpt2_numpy.sae`) and explain's --sae flags.

@@ -20,6 +20,7 @@ from gpt2_numpy.interpret.names import hook_problem, is_per_head, our_hook, step
 from gpt2_numpy.interpret.tracing import block_traces, embedding, trace
 from gpt2_numpy.params import flatten
 from gpt2_numpy.sae.files import check_fits, load_sae
+from gpt2_numpy.sae.processing import attach, model_activation
 
 def hook_rows(array, hook):  # trace's array for hook -> [n_seq, d_in]: a row per position
     return np.swapaxes(array, 0, 1).reshape(array.shape[1], -1) if is_per_head(hook) else array
@@ -40,8 +41,10 @@ def splice(sae):  # -> Edit putting sae's reconstruction in place of the activat
     return Edit(sae.hook, at_hook(sae.reconstruct, sae.hook))
 
 
-def zeroed(hook):  # -> Edit putting zeros in place of the activation: the "no information" baseline of loss recovered
-    return Edit(hook, np.zeros_like)
+def zeroed_activation(sae):  # -> Edit setting the activation the SAE reads to zero: the "no information" baseline
+    # of loss recovered (SAELens's zero ablation). What model_activation took out (the mean, the value bias) stays, so
+    # a hook_z release's zero keeps the value bias, as TransformerLens's processed model does
+    return Edit(sae.hook, at_hook(lambda rows: rows - model_activation(sae, rows), sae.hook))
 
 
 def check_hook(hook, n_layer):  # -> None; UsageError naming the valid names when trace makes no activation `hook`,
@@ -65,8 +68,9 @@ def resolve_hook(hook, n_layer):  # -> the trace name of a hook (ours, or Transf
     return name
 
 
-def sae_for_model(folder, params, hparams):  # -> the SAE in folder, fit for the model; UsageError (one line) otherwise
-    sae = load_sae(folder)
+def sae_for_model(folder, params, hparams, models_dir=None):  # -> the SAE in folder (or a release's, downloaded
+    # into models_dir), fit for the model; UsageError (one line) otherwise
+    sae = attach(load_sae(folder, models_dir=models_dir), params)  # a hook_z release reads the value bias
     if sae.hook is None:
         raise UsageError(f"--sae {folder}'s cfg.json names no hook: add metadata.hook_name (a trace name, or "
                          "TransformerLens's), so that it is known where the SAE reads")

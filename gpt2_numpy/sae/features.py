@@ -30,6 +30,7 @@ from gpt2_numpy.interpret.names import RESIDUAL_STEPS, layer_of, step_of
 from gpt2_numpy.interpret.tracing import trace
 from gpt2_numpy.sae.activations import at_hook, model_rows
 from gpt2_numpy.sae.model import decoder_norms
+from gpt2_numpy.sae.processing import output_scale
 
 STRONGEST = 5  # latents shown per position by explain --sae
 FLOAT32_MAX = float(np.finfo(np.float32).max)  # a steered row beyond it is infinite in the model's float32
@@ -88,10 +89,11 @@ def check_steers(steers, sae):  # -> None; UsageError for a scale that overflows
                              f"beyond float32's largest number ({FLOAT32_MAX:.3g}): give a smaller scale")
 
 
-def ablated_latents(sae, latents, x):  # [..., d_in] -> [..., d_in]: x less the latents' share, f_F(x) W_dec[F]
+def ablated_latents(sae, latents, x):  # [..., d_in] -> [..., d_in]: x less the latents' share, f_F(x) W_dec[F] (times
+    # σ for an SAE that layer-normalises its input: its decoder writes in the normalised space)
     latents = list(latents)
     f = sae.encode(x)[..., latents]  # [..., n_latents]
-    return x - f @ sae.params["W_dec"][latents]
+    return x - f @ sae.params["W_dec"][latents] * output_scale(sae, x)
 
 
 def steered(sae, steers, x):  # [..., d_in] -> [..., d_in]: x + Σ SCALE · W_dec[F], at every position

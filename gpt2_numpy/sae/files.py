@@ -18,14 +18,17 @@ import numpy as np
 from gpt2_numpy.errors import CheckpointError, Gpt2NumpyError, UsageError
 from gpt2_numpy.formats import SETTINGS_LIMIT, parse_json, read_regular, shown
 from gpt2_numpy.formats.safetensors import read_safetensors, to_float32, write_safetensors
+from gpt2_numpy.formats.torch_zip import read_torch_zip
 from gpt2_numpy.interpret.names import our_hook, tl_hook
 from gpt2_numpy.sae.model import ARCHITECTURES, SAE, decoder_norms
 from gpt2_numpy.disk import atomic_write
+from gpt2_numpy.sae.processing import NO_PROCESSING, processed, upgraded
 
 CFG, WEIGHTS = "cfg.json", "sae_weights.safetensors"
 FORMAT_VERSION = "6.0.0"  # the SAELens release whose folder layout this writes; older layouts load as SAELens's do
 # cfg options whose other values change the math: refused, since this code would compute something else
-SUPPORTED = {"normalize_activations": (None, "none"), "reshape_activations": (None, "none", "hook_z"),
+SUPPORTED = {"normalize_activations": (None, "none", "layer_norm", "expected_average_only_in"),
+             "finetuning_scaling_factor": (None, False), "reshape_activations": (None, "none", "hook_z"),
              "rescale_acts_by_decoder_norm": (None, False, True), "hook_head_index": (None,)}
 
 
@@ -56,7 +59,14 @@ def save_sae(sae, folder, metadata=None):  # -> None: folder holds cfg.json and 
     atomic_write(folder / CFG, lambda file: file.write(json.dumps(sae.cfg, indent=2).encode()))
 
 
-def load_sae(folder):  # -> SAE, every file checked; CheckpointError (one line) for a folder that cannot be one
+def load_sae(folder, sae_id=None, models_dir=None):  # -> SAE, every file checked; CheckpointError (one line) for a
+    # folder that cannot be one. A release of SAELens's by name, load_sae(release, id) or load_sae("release/id"),
+    # is downloaded into the models dir once (sae/releases.py)
+    named = (str(folder), sae_id) if sae_id is not None else None if Path(folder).is_dir() else release_name(folder)
+    if named:
+        from gpt2_numpy.sae.releases import load_release
+
+        return load_release(*named, models_dir=models_dir)
     folder = Path(folder)
     if not folder.is_dir():
         raise UsageError(f"{folder} is not a folder: pass an SAE folder ({CFG} + {WEIGHTS}), as SAELens's "
@@ -65,7 +75,13 @@ def load_sae(folder):  # -> SAE, every file checked; CheckpointError (one line) 
     params = read_weights(folder / WEIGHTS, cfg)
     if cfg["architecture"] == "topk" and cfg.get("rescale_acts_by_decoder_norm"):  # SAELens's TopKSAE alone reads
         cfg, params = folded(cfg, params)  # the key: its StandardSAE and JumpReLUSAE ignore it
-    return SAE(cfg, params, cfg_hook(folder / CFG, cfg))
+    return processed(cfg, params, cfg_hook(folder / CFG, cfg), NO_PROCESSING, str(folder))
+
+
+def release_name(text):  # -> (release, id) of "RELEASE/ID" naming one of SAELens's releases, else None
+    from gpt2_numpy.sae.releases import split_name
+
+    return split_name(text)
 
 
 def folded(cfg, params):  # -> (cfg, params) of a topk SAE that rescales by its decoder's norms, with them folded in
@@ -87,6 +103,10 @@ def damaged(path, problem):  # -> CheckpointError for an SAE file that cannot be
 
 
 def read_cfg(path):  # -> cfg.json's object, checked: an architecture of ours, sizes, and only math we compute
+    return checked_cfg(path, read_json(path))
+
+
+def read_json(path):  # -> a cfg file's JSON object
     try:
         cfg = parse_json(read_regular(path, SETTINGS_LIMIT))  # as a model's config.json: a FIFO never hangs
     except OSError as error:
@@ -96,6 +116,11 @@ def read_cfg(path):  # -> cfg.json's object, checked: an architecture of ours, s
         raise damaged(path, f"is not JSON ({error}): write it again with SAELens or gpt2-numpy sae train") from None
     if not isinstance(cfg, dict):
         raise damaged(path, "is not a JSON object: write it again with SAELens or gpt2-numpy sae train")
+    return cfg
+
+
+def checked_cfg(path, cfg):  # -> cfg (SAELens's keys, older layouts upgraded), checked
+    cfg = upgraded(cfg)
     cfg = {**cfg, "architecture": cfg.get("architecture", "standard")}  # SAELens's default for older files
     if cfg["architecture"] not in ARCHITECTURES:
         raise damaged(path, f"architecture {shown(str(cfg['architecture']))} is not supported: only "
@@ -132,7 +157,8 @@ def cfg_hook(path, cfg):  # -> the trace name the SAE reads, from TransformerLen
 
 def read_weights(path, cfg):  # -> {name: float32 array}, shaped as cfg says, finite
     try:
-        tensors = read_safetensors(path)  # CheckpointError names what is wrong with a damaged file
+        # CheckpointError names what is wrong with a damaged file
+        tensors = (read_torch_zip if path.suffix == ".pt" else read_safetensors)(path)
     except OSError as error:
         raise damaged(path, f"cannot be read ({error.strerror or error})") from None
     d_in, d_sae = cfg["d_in"], cfg["d_sae"]

@@ -9,6 +9,7 @@ import json
 from importlib import resources
 
 from gpt2_numpy.sae.features import context_span, logit_effects, no_direct_effect, scan
+from gpt2_numpy.sae.releases import neuronpedia_url
 
 DATA_SLOT = "/*DATA*/null"  # the template's placeholder for the JSON data: valid JavaScript before it is filled
 TOP_TOKENS = 10  # promoted and suppressed tokens shown per latent
@@ -39,7 +40,8 @@ def features_data(windows, params, n_head, sae, latents, text, title, n_contexts
             contexts.append({"value": value, "peak": position - start,
                              "tokens": [text(int(t)) for t in windows[window, start:stop]],
                              "acts": found["activations"][window, start:stop, column[latent]].tolist()})
-        shown.append({"id": int(latent), "fired": seen["fired"], "max": contexts[0]["value"] if contexts else 0.0,
+        shown.append({"id": int(latent), "neuronpedia": neuronpedia_url(sae, int(latent)), "fired": seen["fired"],
+                      "max": contexts[0]["value"] if contexts else 0.0,
                       "contexts": contexts, "histogram": {"counts": counts.tolist(), "edges": edges.tolist()},
                       "promoted": None if up is None else [[text(t), effect] for t, effect in up],
                       "suppressed": None if down is None else [[text(t), effect] for t, effect in down]})

@@ -22,7 +22,21 @@ def eval_report(numbers):  # -> the text sae eval prints of evaluation.evaluate'
         else "  loss recovered: undefined (zeroing the activation does not change the loss)",
         f"  mse {numbers['mse']:.6g}  explained variance {numbers['explained_variance']:.4f}  L0 {numbers['l0']:.2f}",
         f"  dead latents {numbers['dead_latents']:,} of {numbers['d_sae']:,} "
-        f"({numbers['dead_latents'] / numbers['d_sae']:.1%}, none fired on this text)", ""])
+        f"({numbers['dead_latents'] / numbers['d_sae']:.1%}, none fired on this text)",
+        "SAELens's metrics (its evals.py, on the activation the SAE reads):",
+        f"  CE loss score {shown_number(numbers['loss_recovered'])}  KL div score "
+        f"{shown_number(numbers['kl_div_score'])} (KL {numbers['kl_div_with_sae']:.4g} with the SAE, "
+        f"{numbers['kl_div_with_ablation']:.4g} zeroed)",
+        f"  cossim {numbers['cossim']:.4f}  l2 ratio {numbers['l2_ratio']:.4f}  relative reconstruction bias "
+        f"{shown_number(numbers['relative_reconstruction_bias'])}  L1 {numbers['l1']:.4g}",
+        *(["  published in SAELens's list: " + "  ".join(f"{name.replace('_', ' ')} {value:g}" for name, value in
+                                                          numbers["published"].items())] if numbers["published"]
+          else []), ""])
+
+
+def shown_number(value):  # -> a number to 4 places, or "undefined" (a ratio over 0: zeroing the activation changed
+    # nothing, or the SAE's output is all zeros)
+    return "undefined" if value is None else f"{value:.4f}"
 
 
 def latents_table(ids, result, label):  # -> the text explain --sae prints for features.explain_latents's result

@@ -151,7 +151,8 @@ def test_bad_hooks_and_widths_get_one_line(model, tmp_path):
 
 
 @pytest.mark.parametrize("change, fragment", [
-    ({"normalize_activations": "layer_norm"}, 'normalize_activations "layer_norm" is not supported'),
+    ({"normalize_activations": "constant_norm_rescale"},
+     'normalize_activations "constant_norm_rescale" is not supported'),
     ({"architecture": "gated"}, "architecture gated is not supported"),
     ({"d_sae": 17}, "W_enc has shape [8, 16], but cfg.json's d_in 8 and d_sae 17 make it [8, 17]"),
     ({"k": 0}, "k is 0"), ({"k": 17}, "k is 17, not a whole number from 1 to d_sae 16"), (None, "is not JSON")])

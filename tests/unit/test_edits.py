@@ -153,7 +153,8 @@ def test_a_run_started_at_n_layer_is_ln_f_of_the_last_block_s_output(model):
     names = trace(ids, params, 3)
     rest = run_with_edits(names["blocks.1.out"], params, 3, [], start_at_layer=2, names=["ln_f"])
     assert list(rest) == ["ln_f"] and np.array_equal(rest["ln_f"], names["ln_f"])
-    assert list(run_with_edits(names["blocks.1.out"], params, 3, [], start_at_layer=2)) == ["ln_f", "logits"]
+    assert list(run_with_edits(names["blocks.1.out"], params, 3, [], start_at_layer=2)) == ["ln_f.normalized", "ln_f",
+                                                                                               "logits"]
 
 
 def test_a_head_edit_of_a_batch_of_runs_edits_each_run_s_head(model):

@@ -17,8 +17,8 @@ def test_transformer_lens_hook_names_map_to_trace_names(theirs, ours):
 # TransformerLens's hook names in a block (its HookedTransformer's hook_dict), and the trace names of the same arrays
 TL_NAMES = {"hook_resid_mid": "mid", "hook_resid_post": "out", "attn.hook_z": "attn.z", "hook_mlp_out": "mlp.out",
             "hook_attn_out": "attn.out", "attn.hook_q": "attn.q", "attn.hook_k": "attn.k", "attn.hook_v": "attn.v",
-            "mlp.hook_pre": "mlp.pre", "mlp.hook_post": "mlp.hidden", "ln1.hook_normalized": "ln_1",
-            "ln2.hook_normalized": "ln_2"}
+            "mlp.hook_pre": "mlp.pre", "mlp.hook_post": "mlp.hidden",
+            "ln1.hook_normalized": "ln_1.normalized", "ln2.hook_normalized": "ln_2.normalized"}  # before the gain
 
 
 @pytest.mark.parametrize("theirs", TL_NAMES)
@@ -31,4 +31,5 @@ def test_every_transformer_lens_name_in_a_block_round_trips(theirs):
 
 def test_the_names_outside_the_blocks_round_trip():
     assert (our_hook("blocks.0.hook_resid_pre"), tl_hook("embed")) == ("embed", "blocks.0.hook_resid_pre")
-    assert (our_hook("ln_final.hook_normalized"), tl_hook("ln_f")) == ("ln_f", "ln_final.hook_normalized")
+    assert (our_hook("ln_final.hook_normalized"), tl_hook("ln_f.normalized")) == ("ln_f.normalized",
+                                                                                   "ln_final.hook_normalized")

@@ -36,10 +36,11 @@ def traced(request):  # -> hparams, params, HF's arrays, our trace
 def test_trace_has_every_name_with_its_shape_in_float32(traced):
     hparams, _, reference, names = traced
     n, e, h, n_vocab = len(reference["inputs"]), hparams["n_embd"], hparams["n_head"], hparams["n_vocab"]
-    shapes = {"embed": (n, e), "ln_f": (n, e), "logits": (n, n_vocab)}
+    shapes = {"embed": (n, e), "ln_f.normalized": (n, e), "ln_f": (n, e), "logits": (n, n_vocab)}
     for i in range(hparams["n_layer"]):
         shapes.update({f"blocks.{i}.{name}": shape for name, shape in {
-            "ln_1": (n, e), "attn.q": (h, n, e // h), "attn.k": (h, n, e // h), "attn.v": (h, n, e // h),
+            "ln_1.normalized": (n, e), "ln_1": (n, e), "ln_2.normalized": (n, e),
+            "attn.q": (h, n, e // h), "attn.k": (h, n, e // h), "attn.v": (h, n, e // h),
             "attn.scores": (h, n, n), "attn.weights": (h, n, n), "attn.z": (h, n, e // h), "attn.out": (n, e),
             "mid": (n, e), "ln_2": (n, e), "mlp.pre": (n, 4 * e), "mlp.hidden": (n, 4 * e), "mlp.out": (n, e),
             "out": (n, e)}.items()})
@@ -76,6 +77,8 @@ def test_the_named_steps_are_what_their_names_say(traced):
                 if name.startswith(f"blocks.{i}.")}
         x = names["embed"] if i == 0 else names[f"blocks.{i - 1}.out"]
         np.testing.assert_allclose(step["ln_1"], norm(x, **p["ln_1"]), atol=1e-4)
+        np.testing.assert_allclose(step["ln_1.normalized"], norm(x, 1, 0), atol=1e-4)  # before the gain and bias
+        np.testing.assert_allclose(step["ln_2.normalized"], norm(step["mid"], 1, 0), atol=1e-4)
         q, k, v = step["attn.q"], step["attn.k"], step["attn.v"]
         qkv = step["ln_1"] @ p["attn"]["c_attn"]["w"] + p["attn"]["c_attn"]["b"]
         for part, heads in enumerate((q, k, v)):  # each head's slice of c_attn's output, in order

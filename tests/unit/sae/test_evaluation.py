@@ -27,3 +27,6 @@ def test_an_exact_sae_recovers_all_the_loss_and_a_zero_one_none():
     assert numbers["L_sae"] == pytest.approx(numbers["L_zero"], rel=1e-5)
     assert numbers["loss_recovered"] == pytest.approx(0, abs=1e-4)
     assert numbers["L_zero"] != pytest.approx(clean, abs=1e-3)
+    # x̂ = 0 everywhere: cos(x, 0) is 0 with torch's eps under each norm, and E‖x̂‖² / E[x·x̂] is 0 / 0, undefined (no
+    # NaN in the JSON)
+    assert numbers["cossim"] == 0 and numbers["relative_reconstruction_bias"] is None
