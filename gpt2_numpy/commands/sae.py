@@ -23,7 +23,7 @@ from gpt2_numpy.sae.activations import (
 )
 from gpt2_numpy.sae.evaluation import evaluate
 from gpt2_numpy.sae.features import busiest_latents, checked_latents
-from gpt2_numpy.sae.files import load_sae
+from gpt2_numpy.sae.releases import load_sae
 from gpt2_numpy.sae.page import features_data, features_html
 from gpt2_numpy.sae.present import eval_report
 from gpt2_numpy.sae.processing import attach

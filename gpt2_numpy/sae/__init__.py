@@ -16,7 +16,8 @@ gpt2_numpy/commands/sae.py (`gpt2-numpy sae`, or `python -m gpt2_numpy.sae`) and
 """
 from gpt2_numpy.sae.activations import splice
 from gpt2_numpy.sae.features import latent_activations, logit_effects, strongest_latents
-from gpt2_numpy.sae.files import load_sae, new_sae, save_sae
+from gpt2_numpy.sae.files import new_sae, save_sae
+from gpt2_numpy.sae.releases import load_sae
 from gpt2_numpy.sae.model import SAE, decode, encode
 
 __all__ = ["SAE", "decode", "encode", "latent_activations", "load_sae", "logit_effects", "new_sae", "save_sae",

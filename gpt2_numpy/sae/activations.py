@@ -19,8 +19,9 @@ from gpt2_numpy.interpret.edits import Edit
 from gpt2_numpy.interpret.names import hook_problem, is_per_head, our_hook, step_of
 from gpt2_numpy.interpret.tracing import block_traces, embedding, trace
 from gpt2_numpy.params import flatten
-from gpt2_numpy.sae.files import check_fits, load_sae
+from gpt2_numpy.sae.files import check_fits
 from gpt2_numpy.sae.processing import attach, model_activation
+from gpt2_numpy.sae.releases import load_sae
 
 def hook_rows(array, hook):  # trace's array for hook -> [n_seq, d_in]: a row per position
     return np.swapaxes(array, 0, 1).reshape(array.shape[1], -1) if is_per_head(hook) else array

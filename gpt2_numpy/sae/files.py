@@ -59,14 +59,8 @@ def save_sae(sae, folder, metadata=None):  # -> None: folder holds cfg.json and 
     atomic_write(folder / CFG, lambda file: file.write(json.dumps(sae.cfg, indent=2).encode()))
 
 
-def load_sae(folder, sae_id=None, models_dir=None):  # -> SAE, every file checked; CheckpointError (one line) for a
-    # folder that cannot be one. A release of SAELens's by name, load_sae(release, id) or load_sae("release/id"),
-    # is downloaded into the models dir once (sae/releases.py)
-    named = (str(folder), sae_id) if sae_id is not None else None if Path(folder).is_dir() else release_name(folder)
-    if named:
-        from gpt2_numpy.sae.releases import load_release
-
-        return load_release(*named, models_dir=models_dir)
+def load_sae_folder(folder):  # -> SAE, every file checked; CheckpointError (one line) for a folder that cannot be
+    # one (releases.load_sae takes a release's name too)
     folder = Path(folder)
     if not folder.is_dir():
         raise UsageError(f"{folder} is not a folder: pass an SAE folder ({CFG} + {WEIGHTS}), as SAELens's "
@@ -76,12 +70,6 @@ def load_sae(folder, sae_id=None, models_dir=None):  # -> SAE, every file checke
     if cfg["architecture"] == "topk" and cfg.get("rescale_acts_by_decoder_norm"):  # SAELens's TopKSAE alone reads
         cfg, params = folded(cfg, params)  # the key: its StandardSAE and JumpReLUSAE ignore it
     return processed(cfg, params, cfg_hook(folder / CFG, cfg), NO_PROCESSING, str(folder))
-
-
-def release_name(text):  # -> (release, id) of "RELEASE/ID" naming one of SAELens's releases, else None
-    from gpt2_numpy.sae.releases import split_name
-
-    return split_name(text)
 
 
 def folded(cfg, params):  # -> (cfg, params) of a topk SAE that rescales by its decoder's norms, with them folded in

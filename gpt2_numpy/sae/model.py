@@ -155,7 +155,7 @@ def batch_stats(x, x_hat, active, fired):  # [n, d_in] x2, int [n], bool [d_sae]
 class SAE:
     """An SAE: .params (float32 W_enc, b_enc, W_dec, b_dec, and threshold for jumprelu), .cfg (SAELens's cfg.json as
     a dict), .hook (the trace name it reads: "blocks.0.out", "blocks.1.attn.z", ...), .d_in, .d_sae, .architecture,
-    .k; encode(x) and decode(f). files.load_sae and save_sae read and write it as SAELens does."""
+    .k; encode(x) and decode(f). files.py reads (load_sae_folder) and writes (save_sae) it as SAELens does."""
 
     def __init__(self, cfg, params, hook):
         self.cfg, self.params, self.hook = cfg, params, hook

@@ -21,7 +21,7 @@ import os
 import urllib.parse
 from functools import lru_cache
 from importlib import resources
-from pathlib import PurePath, PurePosixPath
+from pathlib import Path, PurePath, PurePosixPath
 
 from gpt2_numpy.errors import CheckpointError, DownloadError, UsageError
 from gpt2_numpy.sae import files as sae_files
@@ -125,6 +125,12 @@ def fetch_files(release, sae_id, repo, folder, missing):  # -> None: each (repo 
                                     "regenerates the table from a newer sae-lens)") from None
             except KeyboardInterrupt:
                 raise fetch.stopped(local.parent, [local.name]) from None
+
+
+def load_sae(folder, sae_id=None, models_dir=None):  # -> SAE of an SAE folder, or of a release by name:
+    # load_sae(release, id) or load_sae("release/id"), downloaded into the models dir once
+    named = (str(folder), sae_id) if sae_id is not None else None if Path(folder).is_dir() else split_name(folder)
+    return load_release(*named, models_dir=models_dir) if named else sae_files.load_sae_folder(folder)
 
 
 def load_release(release, sae_id, models_dir=None):  # -> SAE processed as SAELens's from_pretrained computes it

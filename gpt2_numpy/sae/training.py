@@ -27,7 +27,7 @@ from gpt2_numpy.formats.safetensors import read_metadata
 from gpt2_numpy.sae.model import decoder_norms, loss_and_grads
 from gpt2_numpy.cores import all_cores
 from gpt2_numpy.sae.fast import team_loss_and_grads
-from gpt2_numpy.sae.files import CFG, WEIGHTS, load_sae, new_sae, save_sae
+from gpt2_numpy.sae.files import CFG, WEIGHTS, load_sae_folder, new_sae, save_sae
 from gpt2_numpy.optim import adamw_state, adamw_step, learning_rate
 from gpt2_numpy.params import flatten
 from gpt2_numpy.disk import atomic_write, fsync_folder, move_in
@@ -111,7 +111,7 @@ def save_sae_run(out, sae, opt_state, stream, since_fired, step, seconds, settin
 def load_sae_run(out):  # -> (SAE, state arrays, saved settings dict) of the run in out, checked; UsageError if not one
     if not (out / STATE).is_file():
         raise UsageError(f"--resume: {out} holds no training state ({STATE}): start the run without --resume")
-    sae = load_sae(out)
+    sae = load_sae_folder(out)
     try:
         with np.load(out / STATE, allow_pickle=False) as file:
             state = dict(file)

@@ -31,7 +31,7 @@ from gpt2_numpy import load_model
 from gpt2_numpy.sae.features import ablation_edit, latent_activations
 from gpt2_numpy.interpret.tracing import log_softmax, trace
 from gpt2_numpy.interpret.edits import run_with_edits
-from gpt2_numpy.sae.files import load_sae
+from gpt2_numpy.sae import load_sae
 from scripts.demo.induction_text import GAPS, LENGTHS, random_chars
 
 HOOK = "blocks.0.out"  # the residual stream between the two layers: what the induction head's keys read

@@ -16,7 +16,8 @@ from gpt2_numpy.sae import training as run_module
 from gpt2_numpy.commands import sae as sae_command
 from gpt2_numpy.sae.activations import sae_for_model
 from gpt2_numpy.errors import Gpt2NumpyError, UsageError
-from gpt2_numpy.sae.files import load_sae, new_sae, save_sae
+from gpt2_numpy.sae.files import new_sae, save_sae
+from gpt2_numpy.sae.releases import load_sae
 from gpt2_numpy.model import block, layer_norm
 from gpt2_numpy.params import random_params
 from gpt2_numpy.tokenizer import bytes_to_unicode

@@ -19,7 +19,8 @@ from gpt2_numpy.sae.features import (
     steering_edit,
     strongest_latents,
 )
-from gpt2_numpy.sae.files import CFG, WEIGHTS, load_sae, read_weights
+from gpt2_numpy.sae.files import CFG, WEIGHTS, read_weights
+from gpt2_numpy.sae.releases import load_sae
 from gpt2_numpy.interpret.tracing import trace
 from gpt2_numpy.model import block, layer_norm, merge_heads, split_heads
 from gpt2_numpy.params import random_params

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from gpt2_numpy.formats.safetensors import write_safetensors
-from gpt2_numpy.sae.files import load_sae, new_sae, save_sae
+from gpt2_numpy.sae.files import new_sae, save_sae
+from gpt2_numpy.sae.releases import load_sae
 from tests.conftest import REPO
 from tests.sae_helpers import SAE_FIXTURES, exact_params, relative_error
 

@@ -16,7 +16,8 @@ from gpt2_numpy.formats.torch_zip import read_torch_zip
 from gpt2_numpy.interpret.edits import Edit, run_with_edits
 from gpt2_numpy.sae.activations import model_rows, splice, zeroed_activation
 from gpt2_numpy.sae.evaluation import evaluate
-from gpt2_numpy.sae.files import load_sae, save_sae
+from gpt2_numpy.sae.files import save_sae
+from gpt2_numpy.sae.releases import load_sae
 from gpt2_numpy.interpret.names import our_hook
 from gpt2_numpy.interpret.tracing import log_softmax, trace
 from gpt2_numpy.sae.processing import ProcessedSAE, attach, forward, layer_norm, model_activation
