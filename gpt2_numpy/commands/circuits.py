@@ -17,8 +17,8 @@ from gpt2_numpy.circuits.graph import attribution_graph
 from gpt2_numpy.circuits.prune import prune
 from gpt2_numpy.circuits.viewer import viewer_graph
 from gpt2_numpy.commands.common import (
-    ArgumentParser, add_model_args, fraction, model_from_args, path_argument, read_prompt, run_model_cli,
-    run_subcommand, whole_number,
+    ArgumentParser, add_model_args, fraction, model_from_args, path_argument, read_prompt, subcommand_cli,
+    whole_number,
 )
 from gpt2_numpy.console import log, plural
 from gpt2_numpy.disk import atomic_write
@@ -102,14 +102,7 @@ def graph(argv):  # -> exit status
 
 
 HANDLERS = {"graph": graph}
-
-
-def run(argv=None):  # -> exit status
-    return run_subcommand("circuits", SUBCOMMANDS, HANDLERS, argv)
-
-
-def main(argv=None):  # -> never returns; errors become one line on stderr and an exit status
-    run_model_cli(run, argv)
+run, main = subcommand_cli("circuits", SUBCOMMANDS, HANDLERS)  # run(argv) -> exit status; main(argv) exits
 
 
 if __name__ == "__main__":

@@ -244,6 +244,14 @@ def print_json(data):  # -> None; data as one line of JSON on stdout
     write_stdout(json.dumps(data) + "\n")
 
 
+def subcommand_cli(command, subcommands, handlers):  # -> (run, main) of a command made of subcommands: run(argv)
+    # returns the exit status (run_subcommand's); main(argv) exits, errors as one line (run_model_cli's)
+    def run(argv=None):
+        return run_subcommand(command, subcommands, handlers, argv)
+
+    return run, lambda argv=None: run_model_cli(run, argv)
+
+
 def run_subcommand(command, subcommands, handlers, argv=None):  # -> exit status of the subcommand argv names
     """`gpt2-numpy COMMAND SUBCOMMAND [flags]`: handlers[SUBCOMMAND](flags); subcommands: {name: what it does}, for
     --help and for the error naming them."""

@@ -12,7 +12,7 @@ from contextlib import ExitStack
 
 from gpt2_numpy.commands.common import (
     HTML_SUFFIXES, ArgumentParser, add_model_args, check_output_file, model_from_args, path_argument, positive_float,
-    print_json, read_data, run_model_cli, run_subcommand, whole_number, write_atomically, write_stdout,
+    print_json, read_data, subcommand_cli, whole_number, write_atomically, write_stdout,
 )
 from gpt2_numpy.console import log, plural
 from gpt2_numpy.errors import UsageError
@@ -301,14 +301,7 @@ def releases_command(argv):  # -> exit status: the table of releases, or one rel
 
 
 HANDLERS = {"train": train, "eval": eval_command, "features": features, "releases": releases_command}
-
-
-def run(argv=None):  # -> exit status
-    return run_subcommand("sae", SUBCOMMANDS, HANDLERS, argv)
-
-
-def main(argv=None):  # -> never returns; errors become one line on stderr and an exit status
-    run_model_cli(run, argv)
+run, main = subcommand_cli("sae", SUBCOMMANDS, HANDLERS)  # run(argv) -> exit status; main(argv) exits
 
 
 if __name__ == "__main__":
