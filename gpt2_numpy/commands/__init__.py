@@ -2,7 +2,7 @@
 
 Each command is the module of its name here, with a main(argv); what they share is common.py, and no command imports
 another (explain's --sae flags call gpt2_numpy/sae/, as sae.py does). `python -m gpt2_numpy.X` of the library's
-modules (generate, score, explain, train, download; sae, through sae/__main__.py) runs the same command. A first
+modules (generate, score, explain, train, download) runs the same command. A first
 argument that names no command is a prompt: `gpt2-numpy PROMPT ...` is short for `gpt2-numpy generate PROMPT ...`,
 except `help`, which prints the help as `gpt2-numpy help [COMMAND]`, and a command named after flags
 (`gpt2-numpy --threads 1 score`), which is refused: flags come after their command.

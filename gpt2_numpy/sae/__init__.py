@@ -12,7 +12,7 @@ metrics.py (SAELens's evals.py metrics); releases.py (SAELens's released SAEs by
 processing.py (the activation each was trained on: TransformerLens's processed model, layer-normalised inputs);
 features.py (latents on a model: which fire where, their logit effects, ablation and steering), page.py with
 features.html (the page of latents); present.py (the tables and JSON that the commands print). The command line is
-gpt2_numpy/commands/sae.py (`gpt2-numpy sae`, or `python -m gpt2_numpy.sae`) and explain's --sae flags.
+gpt2_numpy/commands/sae.py (`gpt2-numpy sae`, or `python -m gpt2_numpy sae`) and explain's --sae flags.
 """
 from gpt2_numpy.sae.activations import splice
 from gpt2_numpy.sae.features import latent_activations, logit_effects, strongest_latents

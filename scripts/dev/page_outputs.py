@@ -28,7 +28,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 # page -> the starts of its own commands that make what its marked commands read, run first in the page's order
-SETUP = {"docs/look-inside.md": (), "docs/sae.md": ("python -m gpt2_numpy.sae train ",)}
+SETUP = {"docs/look-inside.md": (), "docs/sae.md": ("python -m gpt2_numpy sae train ",)}
 PAGES = [REPO / name for name in SETUP]
 MARKED = re.compile(r"<!-- output of: (?P<command>.+?) -->\n```\n(?P<output>.*?)```\n", re.S)
 NUMBER = re.compile(r"^[-+]?\d+\.\d+$")

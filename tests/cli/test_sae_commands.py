@@ -1,4 +1,4 @@
-"""`python -m gpt2_numpy.sae train` and `eval` end to end in subprocesses, on tiny activations and a tiny model:
+"""`python -m gpt2_numpy sae train` and `eval` end to end in subprocesses, on tiny activations and a tiny model:
 the run folder (SAELens's files, log.csv, exact resume, no overwriting), the loss recovered, and bad input."""
 import csv
 import json
@@ -28,9 +28,9 @@ HPARAMS = {"n_vocab": 257, "n_ctx": 32, "n_embd": 8, "n_head": 2, "n_layer": 2}
 TRAIN = ["--d-sae", "16", "--k", "2", "--batch-size", "32", "--buffer", "64", "--lr", "1e-2"]
 
 
-def run_sae(*args):  # -> CompletedProcess of python -m gpt2_numpy.sae args, never a traceback
+def run_sae(*args):  # -> CompletedProcess of python -m gpt2_numpy sae args, never a traceback
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    result = subprocess.run([sys.executable, "-m", "gpt2_numpy.sae", *map(str, args)], capture_output=True,
+    result = subprocess.run([sys.executable, "-m", "gpt2_numpy", "sae", *map(str, args)], capture_output=True,
                             text=True, env=env, timeout=120)
     assert "Traceback" not in result.stderr, result.stderr
     return result
@@ -309,7 +309,7 @@ def test_a_cfg_json_that_is_no_small_regular_file_gets_one_line_at_once(model, t
     elif kind == "dev_zero":
         cfg.symlink_to("/dev/zero")  # read whole, it fills the memory
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    result = subprocess.run([sys.executable, "-m", "gpt2_numpy.sae", "eval", "--sae", str(tmp_path / "sae"),
+    result = subprocess.run([sys.executable, "-m", "gpt2_numpy", "sae", "eval", "--sae", str(tmp_path / "sae"),
                              "--model", str(folder), "--data", str(text)], capture_output=True, text=True, env=env,
                             timeout=30, preexec_fn=at_most_4_gib)
     assert_one_error_line(result, fragment)

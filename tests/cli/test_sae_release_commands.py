@@ -49,7 +49,7 @@ def test_explain_sae_release_shows_saelens_latents(hub):
 @pytest.mark.slow
 def test_sae_eval_of_a_release_reports_saelens_metrics_and_the_published_ones(hub):
     env, weights = hub
-    result = run("gpt2_numpy.sae", "eval", "--sae", "gpt2-small-mlp-tm/blocks.1.hook_mlp_out", "--model", MODEL,
+    result = run("gpt2_numpy", "sae", "eval", "--sae", "gpt2-small-mlp-tm/blocks.1.hook_mlp_out", "--model", MODEL,
                  "--models-dir", weights, "--data", "/dev/stdin", "--seq-len", 8, "--windows", 3, env=env,
                  stdin=TEXT + " the dog")
     assert result.returncode == 0, result.stderr
@@ -62,9 +62,9 @@ def test_sae_eval_of_a_release_reports_saelens_metrics_and_the_published_ones(hu
 @pytest.mark.slow
 def test_sae_features_of_a_release_links_each_latent_to_neuronpedia(hub, tmp_path):
     env, weights = hub
-    result = run("gpt2_numpy.sae", "features", "--sae", "gpt2-small-res-jb/blocks.1.hook_resid_pre", "--model", MODEL,
-                 "--models-dir", weights, "--data", "/dev/stdin", "--seq-len", 8, "--windows", 3, "--latents", 32,
-                 "--html", tmp_path / "page.html", env=env, stdin=TEXT + " the dog")
+    result = run("gpt2_numpy", "sae", "features", "--sae", "gpt2-small-res-jb/blocks.1.hook_resid_pre",
+                 "--model", MODEL, "--models-dir", weights, "--data", "/dev/stdin", "--seq-len", 8, "--windows", 3,
+                 "--latents", 32, "--html", tmp_path / "page.html", env=env, stdin=TEXT + " the dog")
     assert result.returncode == 0, result.stderr
     page = (tmp_path / "page.html").read_text()
     assert '"neuronpedia": "https://www.neuronpedia.org/gpt2-small/1-res-jb/32"' in page
@@ -73,7 +73,7 @@ def test_sae_features_of_a_release_links_each_latent_to_neuronpedia(hub, tmp_pat
 @pytest.mark.slow
 def test_an_unknown_release_is_one_error_line_with_the_nearest(hub):
     env, weights = hub
-    result = run("gpt2_numpy.sae", "eval", "--sae", "gpt2-small-res-jbb/blocks.1.hook_resid_pre", "--model", MODEL,
+    result = run("gpt2_numpy", "sae", "eval", "--sae", "gpt2-small-res-jbb/blocks.1.hook_resid_pre", "--model", MODEL,
                  "--models-dir", weights, "--data", "/dev/stdin", env=env, stdin=TEXT)
     assert_one_error_line(subprocess.CompletedProcess(result.args, result.returncode, result.stdout, result.stderr),
                           "unknown SAE release 'gpt2-small-res-jbb': the nearest are gpt2-small-res-jb")
@@ -82,7 +82,7 @@ def test_an_unknown_release_is_one_error_line_with_the_nearest(hub):
 @pytest.mark.slow
 def test_sae_releases_lists_every_release_and_one_release_s_ids():
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    everything = run("gpt2_numpy.sae", "releases", env=env)
+    everything = run("gpt2_numpy", "sae", "releases", env=env)
     assert everything.returncode == 0 and len(everything.stdout.splitlines()) == len(releases()) == 18
-    one = run("gpt2_numpy.sae", "releases", "gpt2-small-res-jb", env=env)
+    one = run("gpt2_numpy", "sae", "releases", "gpt2-small-res-jb", env=env)
     assert "  gpt2-small-res-jb/blocks.8.hook_resid_pre  l0 " in one.stdout

@@ -20,7 +20,7 @@ def fresh(tmp_path_factory):  # -> the page with every marked block's output mad
 
 def test_sae_eval_s_output_is_marked_with_the_page_s_own_eval_command():
     [marked] = outputs.MARKED.finditer(PAGE)
-    assert shlex.split(marked["command"]) == outputs.command_line(PAGE, "python -m gpt2_numpy.sae eval ")
+    assert shlex.split(marked["command"]) == outputs.command_line(PAGE, "python -m gpt2_numpy sae eval ")
     assert "L_clean" in marked["output"] and "loss recovered" in marked["output"]
 
 
