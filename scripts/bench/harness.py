@@ -24,14 +24,14 @@ BEGIN, END = "<!-- benchmark:begin -->", "<!-- benchmark:end -->"
 SETTLE_SECONDS = 0.25  # a pause before each turn of in_turns, longer than OpenBLAS's spin after a product
 
 
-def in_turns(measures, repeats):  # {name: measure() -> seconds} -> {name: median seconds}
+def in_turns(measures, repeats, warm_up=True):  # {name: measure() -> seconds} -> {name: median seconds}
     # the engines take turns, repeat by repeat, so a machine that speeds up or slows down mid-row (timings here drift
     # by 15% and more) moves both engines' medians alike, and their ratio holds
     # Each turn after another's starts on idle cores: OpenBLAS's workers spin on their cores for about 0.1 s after a
     # product (measured: 0.11 s of CPU in a 0.3 s sleep after one), and a turn timed meanwhile would share its cores
     # with them, which no single run of that engine meets
     settle = SETTLE_SECONDS if len(measures) > 1 else 0
-    for measure in measures.values():
+    for measure in measures.values() if warm_up else ():  # none for runs of minutes, which a first run barely slows
         measure()  # warm-up
     times = {name: [] for name in measures}
     for _ in range(repeats):

@@ -1,0 +1,165 @@
+"""Attribution-graph speed: gpt2_numpy's `attribution_graph` (gpt2_numpy/circuits/graph.py) against circuit-tracer's
+`attribute()` on the same random GPT-2, transcoders and prompt, torch on as many threads as NumPy's BLAS uses.
+
+    python -m scripts.bench.circuits                  # GPT-2 124M's shape, 12 transcoders of 24,576 features, 64 tokens
+    python -m scripts.bench.circuits --layers 4 --width 256 --features 2048 --tokens 32 --max-features 512  # a try
+
+The weights are random_params's, seeded, of the shape asked for (GPT-2's vocabulary); the transcoders are drawn here,
+seeded: one per layer, reading `ln2.hook_normalized` and writing `hook_mlp_out` (as GPT-2's published transcoders do),
+JumpReLU with thresholds drawn from 2.5 to 2.8 on pre-activations of about N(0, 1), so that about ACTIVE of every
+1,000 features fire at each position (about 100 of 24,576 per layer and position, as trained sets have); no skip
+connection. The prompt is fixed pseudo-random ids after `<|endoftext|>`. Ours runs `attribution_graph(...,
+max_features=N)`, circuit-tracer `attribute(..., max_feature_nodes=N)` with its other defaults (batches of 512), in a
+process of its own with circuit-tracer's venv's python (--circuit-tracer-python, default ../ref-ct/bin/python beside
+the clone; scripts/bench/circuit_tracer_peer.py); the two take turns, repeat by repeat, without a warm-up (a run takes
+minutes), and only one computes at a time. Each time covers the whole graph: the forward pass, the features, the
+ranking and the rows. After the runs, the two graphs are compared: the same selected features, and the adjacency
+within CHECK_RTOL of its largest entry, so that the times are of the same work.
+"""
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections import namedtuple
+from pathlib import Path
+
+import numpy as np
+
+from gpt2_numpy import keep_freed_memory
+from gpt2_numpy.circuits.files import save_transcoders
+from gpt2_numpy.circuits.graph import attribution_graph
+from gpt2_numpy.circuits.transcoders import TranscoderSet
+from gpt2_numpy.params import random_params
+from gpt2_numpy.save import save_model
+from gpt2_numpy.tokenizer import PACKAGED_VOCABULARY
+from scripts.bench.harness import HPARAMS_124M, OURS, REPO, blas_threads, comparison_table, in_turns, row
+
+CIRCUIT_TRACER = "circuit-tracer"
+PEER_PYTHON = REPO.parent / "ref-ct" / "bin" / "python"  # make_graph_reference.py's venv
+INSTALL = "python3 -m venv ../ref-ct && ../ref-ct/bin/pip install torch==2.13.0 circuit-tracer"
+Shape = namedtuple("Shape", "n_layer n_embd n_head d_transcoder n_tokens max_features")
+SHAPE_124M = Shape(12, 768, 12, 24576, 64, 4096)  # issue 57's measure
+THRESHOLDS = (2.5, 2.8)  # P(N(0, 1) > 2.5..2.8): 6.2 to 2.6 per 1,000
+ACTIVE = 4  # about this many per 1,000 features fire per position
+CHECK_RTOL = 1e-3  # of the adjacency's largest entry: float32 sums in another order, over 12 layers
+END_OF_TEXT = 50256  # GPT-2's <|endoftext|>
+GOAL = 1.0  # ours / circuit-tracer's time
+
+
+def random_transcoders(n_layer, d_model, d_transcoder, seed=0):  # -> TranscoderSet, as the module docstring says
+    rng = np.random.default_rng(seed)
+    layers = []
+    for _ in range(n_layer):
+        layers.append({  # W_enc rows of norm about 1 on an input of norm sqrt(d_model): pre-activations about N(0, 1)
+            "W_enc": rng.standard_normal((d_transcoder, d_model), dtype=np.float32) / np.float32(np.sqrt(d_model)),
+            "b_enc": rng.standard_normal(d_transcoder, dtype=np.float32) * np.float32(0.1),
+            "W_dec": rng.standard_normal((d_transcoder, d_model), dtype=np.float32) * np.float32(0.1 / np.sqrt(d_model)),
+            "b_dec": rng.standard_normal(d_model, dtype=np.float32) * np.float32(0.1),
+            "threshold": rng.uniform(*THRESHOLDS, d_transcoder).astype(np.float32)})
+    return TranscoderSet(layers, "ln2.hook_normalized", "hook_mlp_out", "gpt2-numpy-benchmark")
+
+
+def prompt(n_tokens):  # -> int [n_tokens]: <|endoftext|>, then fixed pseudo-random ids
+    rest = np.random.default_rng(2).integers(0, END_OF_TEXT, n_tokens - 1)
+    return np.concatenate([[END_OF_TEXT], rest]).astype(np.int64)
+
+
+class Peer:  # circuit-tracer in its own process, one attribute() per run()
+    def __init__(self, python, folder, max_features):
+        self.folder = folder
+        self.process = subprocess.Popen([str(python), "-m", "scripts.bench.circuit_tracer_peer", str(folder),
+                                         str(blas_threads()), str(max_features)], cwd=REPO, text=True,
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        env={**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"})
+        self.answer("ready")
+
+    def answer(self, word):  # -> the rest of the peer's next line that starts with word (other lines are its logs)
+        for line in self.process.stdout:
+            if line.startswith(word):
+                return line[len(word):].strip()
+        raise RuntimeError(f"circuit-tracer's process ended (status {self.process.wait()}) before saying {word!r}")
+
+    def run(self):  # -> seconds of one attribute()
+        self.process.stdin.write("run\n")
+        self.process.stdin.flush()
+        return float(self.answer("seconds"))
+
+    def close(self):
+        self.process.stdin.close()
+        self.process.wait()
+
+
+def graph_rows(repeats, shape=SHAPE_124M, python=PEER_PYTHON, theirs=CIRCUIT_TRACER):  # -> [row], check line
+    hparams = {**HPARAMS_124M, "n_layer": shape.n_layer, "n_embd": shape.n_embd, "n_head": shape.n_head}
+    params = random_params(hparams)
+    transcoders = random_transcoders(shape.n_layer, shape.n_embd, shape.d_transcoder)
+    ids = prompt(shape.n_tokens)
+    graphs = []
+
+    def ours():
+        start = time.perf_counter()
+        graphs[:] = [attribution_graph(ids, params, shape.n_head, transcoders, max_features=shape.max_features)]
+        return time.perf_counter() - start
+
+    metric = (f"attribution graph, {shape.n_layer} layers x {shape.n_embd}, transcoders of {shape.d_transcoder:,}, "
+              f"{shape.n_tokens} tokens, {shape.max_features:,} features (s)")
+    if not Path(python).exists():
+        seconds = in_turns({OURS: ours}, repeats, warm_up=False)
+        return [row(f"{metric} (circuit-tracer's venv {python} is missing: {INSTALL})", "lower", seconds)], None
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = Path(scratch)
+        save_model(folder / "model", hparams, params, PACKAGED_VOCABULARY)
+        save_transcoders(transcoders, folder / "transcoders")
+        np.save(folder / "ids.npy", ids)
+        peer = Peer(python, folder, shape.max_features)
+        try:
+            seconds = in_turns({OURS: ours, theirs: peer.run}, repeats, warm_up=False)
+        finally:
+            peer.close()
+        check = agreement(graphs[0], np.load(folder / "theirs.npz"))
+    if theirs != CIRCUIT_TRACER:
+        metric += f" ({theirs}'s column: circuit-tracer's attribute())"
+    return [row(metric, "lower", seconds)], check
+
+
+def agreement(graph, theirs):  # -> a line: whether our graph is circuit-tracer's
+    same = np.array_equal(graph.selected_features, theirs["selected_features"])
+    shared = len(np.intersect1d(graph.selected_features, theirs["selected_features"]))
+    line = (f"{len(graph.active_features):,} active features, {len(theirs['active_features']):,} in circuit-tracer's; "
+            f"selected: {'the same ' if same else ''}{shared:,} of {len(graph.selected_features):,} in both")
+    if not same or graph.adjacency.shape != theirs["adjacency"].shape:
+        return line + "; the adjacencies differ in their nodes: NOT THE SAME GRAPH"
+    scale = np.abs(theirs["adjacency"]).max()
+    difference = np.abs(graph.adjacency - theirs["adjacency"]).max() / scale
+    verdict = "the same graph" if difference <= CHECK_RTOL else "NOT THE SAME GRAPH"
+    return line + f"; adjacency {graph.adjacency.shape[0]:,}², largest difference {difference:.1e} of its largest " \
+        f"entry: {verdict}"
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--layers", type=int, default=SHAPE_124M.n_layer)
+    parser.add_argument("--width", type=int, default=SHAPE_124M.n_embd, help="n_embd (64 per head)")
+    parser.add_argument("--features", type=int, default=SHAPE_124M.d_transcoder, help="per transcoder")
+    parser.add_argument("--tokens", type=int, default=SHAPE_124M.n_tokens, help="the prompt's, <|endoftext|> first")
+    parser.add_argument("--max-features", type=int, default=SHAPE_124M.max_features)
+    parser.add_argument("--circuit-tracer-python", type=Path, default=PEER_PYTHON, metavar="PYTHON",
+                        help="the python of a venv with circuit-tracer (default: %(default)s)")
+    args = parser.parse_args(argv)
+    keep_freed_memory()
+    shape = Shape(args.layers, args.width, args.width // 64, args.features, args.tokens, args.max_features)
+    rows, check = graph_rows(args.repeats, shape, args.circuit_tracer_python)
+    names = [OURS, CIRCUIT_TRACER] if CIRCUIT_TRACER in rows[0] else [OURS]
+    print(f"BLAS threads {blas_threads()}, numpy {np.__version__}\n")
+    print("\n".join(comparison_table(rows, names)))
+    if check:
+        ratio = rows[0][OURS] / rows[0][CIRCUIT_TRACER]
+        print(f"\ncheck: {check}\ngoal: at most {GOAL:g}x circuit-tracer's time: {ratio:.2f}x, "
+              f"{'met' if ratio <= GOAL else 'MISSED'}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
