@@ -25,7 +25,7 @@ from gpt2_numpy.circuits.transcoders import (
     INPUT_HOOKS, encode, decode, input_name, output_name, transcoder_input,
 )
 from gpt2_numpy.interpret.tracing import trace
-from gpt2_numpy.model import merge_heads, softmax, split_heads
+from gpt2_numpy.model import softmax
 
 ZERO_POSITIONS = slice(0, 1)  # circuit-tracer's zero_positions: features and errors at position 0 are dropped
 QUEUE = 2048  # features traced between two rankings: circuit-tracer's update_interval 4 x batch_size 512
@@ -174,57 +174,76 @@ def top_logits(logits, max_logits, logit_prob):  # [n_vocab] -> int [k], float32
 def effect_rows(frozen, params, n_head, transcoders, layers, positions, vectors):  # -> [n_targets, n_sources]
     """Each target's row of direct effects: the gradient of its input direction (vectors[t], read at layer layers[t]'s
     transcoder input, or at ln_f's output for layer n_layer, at positions[t]) through the frozen model, dotted with
-    every source's output vector. Targets go in batches, each traced down from its highest layer only."""
+    every source's output vector. Targets go in batches by position, each batch traced up to its last position only
+    and each target down from its own layer only: the gradients are 0 after a target's position (attention is
+    causal) and above its layer."""
     rows = np.zeros((len(layers), len(frozen.sources)), dtype=np.float32)
-    order = np.argsort(-layers, kind="stable")
+    order = np.lexsort((-layers, positions))
     n_seq, d_model = frozen.patterns.shape[-1], vectors.shape[-1]
     size = max(1, BATCH_FLOATS // (n_seq * d_model))
     for start in range(0, len(order), size):
         batch = order[start:start + size]
+        batch = batch[np.argsort(-layers[batch], kind="stable")]  # highest layer first: see batch_rows
         rows[batch] = batch_rows(frozen, params, n_head, transcoders, layers[batch], positions[batch], vectors[batch])
     return rows
 
 
 def batch_rows(frozen, params, n_head, transcoders, layers, positions, vectors):  # [b] x2, [b, d] -> [b, n_sources]
     # layers: sorted highest first, so that the targets whose gradient is still 0 at a layer are the batch's last
-    n_layer, n_seq = len(params["blocks"]), frozen.patterns.shape[-1]
-    targets = np.arange(len(layers))
+    n_layer, n_seq, length = len(params["blocks"]), frozen.patterns.shape[-1], int(positions.max()) + 1
+    targets, n_active = np.arange(len(layers)), len(frozen.feature_layers)
     rows = np.zeros((len(layers), len(frozen.sources)), dtype=np.float32)
-    d = np.zeros((len(layers), n_seq, vectors.shape[-1]), dtype=np.float32)  # the gradient at the residual stream
-    at_top = layers == n_layer
-    d[targets[at_top], positions[at_top]] = vectors[at_top]  # logits read ln_f's output
-    d = layer_norm_frozen(d, params["ln_f"]["g"], frozen.scales["ln_f"])
-    n_active = len(frozen.feature_layers)
+    d = np.zeros((len(layers), length, vectors.shape[-1]), dtype=np.float32)  # the gradient at the residual stream
+    at_top = targets[layers == n_layer]  # logits read ln_f's output: back through it at their positions alone
+    d[at_top, positions[at_top]] = layer_norm_frozen(vectors[at_top], params["ln_f"]["g"],
+                                                     frozen.scales["ln_f"][positions[at_top]])
+    bounds = np.searchsorted(frozen.feature_layers * n_seq + frozen.feature_positions, np.arange(n_layer * n_seq + 1))
     for layer in reversed(range(min(n_layer, int(layers.max()) + 1))):
         live = int(np.count_nonzero(layers >= layer))  # the targets at or above this layer; below it, all is 0
         g = d[:live]  # the gradient at block layer's output, which is its MLP output's too: the features' and errors'
-        mine = np.flatnonzero(frozen.feature_layers == layer)
-        for position in np.unique(frozen.feature_positions[mine]):  # a product per position: no [b, k, d] gather
-            at = mine[frozen.feature_positions[mine] == position]
-            rows[:live, at] = g[:, position] @ frozen.sources[at].T
-        errors = slice(n_active + layer * n_seq, n_active + (layer + 1) * n_seq)
-        rows[:live, errors] = np.einsum("bpd,pd->bp", g, frozen.sources[errors])
-        block = params["blocks"][layer]
-        d_input = skip_backward(transcoders.layers[layer], g)  # the MLP is linear only through its skip connection
-        here = targets[:live][layers[:live] == layer]
-        d_input[here, positions[here]] += vectors[here]  # the targets reading this layer's input
-        g = g + input_backward(transcoders.input_hook, d_input, block["ln_2"]["g"], frozen.scales["ln_2"][layer])
-        d[:live] = g + attention_backward(g, block, n_head, frozen.patterns[layer], frozen.scales["ln_1"][layer])
-    tokens = slice(n_active + n_layer * n_seq, None)
-    rows[:, tokens] = np.einsum("bpd,pd->bp", d, frozen.sources[tokens])
+        by_position = np.ascontiguousarray(np.swapaxes(g, 0, 1))  # each position's [live, d_model] in one block:
+        # BLAS reads a strided g[:, position] several times slower
+        for position in range(length):  # active features are sorted by layer and position: each a slice, no gather
+            at = slice(bounds[layer * n_seq + position], bounds[layer * n_seq + position + 1])
+            rows[:live, at] = by_position[position] @ frozen.sources[at].T
+        errors = n_active + layer * n_seq
+        rows[:live, errors:errors + length] = np.einsum("bpd,pd->bp", g, frozen.sources[errors:errors + length])
+        block, ln_2 = params["blocks"][layer], frozen.scales["ln_2"][layer]
+        mid = g + skip_backward(transcoders, layer, g, block["ln_2"]["g"], ln_2[:length]) if transcoders.skip else g
+        here = targets[:live][layers[:live] == layer]  # the targets reading this layer's input, at their positions
+        mid[here, positions[here]] += input_backward(transcoders.input_hook, vectors[here], block["ln_2"]["g"],
+                                                     ln_2[positions[here]])
+        d[:live] = mid + attention_backward(mid, block, n_head, frozen.patterns[layer], frozen.scales["ln_1"][layer])
+    tokens = n_active + n_layer * n_seq
+    rows[:, tokens:tokens + length] = np.einsum("bpd,pd->bp", d, frozen.sources[tokens:tokens + length])
     return rows
 
 
-def layer_norm_frozen(d, g, scale):  # [b, n_seq, d_model] -> like d: back through layer_norm with its scale frozen
+def flat_product(x, w):  # [..., n], [n, m] -> [..., m]
+    # one BLAS call for every row: NumPy runs a stacked [b, n_seq, n] @ w as a product per b, 10-50x slower here
+    return (x.reshape(-1, x.shape[-1]) @ w).reshape(*x.shape[:-1], w.shape[-1])
+
+
+def layer_norm_frozen(d, g, scale):  # [..., d_model] -> like d: back through layer_norm with its scale frozen
     d = d * g
     return (d - d.mean(axis=-1, keepdims=True)) / scale  # the centring still depends on x; the denominator does not
 
 
-def skip_backward(params, d):  # [b, n_seq, d_model] -> like d: back through x W_skipᵀ (0 without a skip)
-    return d @ params["W_skip"] if "W_skip" in params else np.zeros_like(d)
+def centred(w, g):  # [n, d_model], [d_model] -> like w: d @ centred(w, g) = layer_norm_frozen(d @ w, g, 1)
+    # layer_norm_frozen's gain and centring are linear in d's last axis: folded into the product before them, they
+    # cost a [d_model, d_model] pass instead of three over the batch's [b, n_seq, d_model] gradient
+    w = w * g
+    return w - w.mean(axis=-1, keepdims=True)
 
 
-def input_backward(input_hook, d, g, scale):  # [b, n_seq, d_model] -> like d: from the transcoder's input to mid
+def skip_backward(transcoders, layer, d, g, scale):  # [b, n_seq, d_model] -> like d: from x W_skipᵀ's output to mid
+    w_skip = transcoders.layers[layer]["W_skip"]  # the MLP is linear only through its skip connection
+    if INPUT_HOOKS[transcoders.input_hook] == "mid":
+        return flat_product(d, w_skip)
+    return flat_product(d, centred(w_skip, g if INPUT_HOOKS[transcoders.input_hook] == "ln_2" else 1)) / scale
+
+
+def input_backward(input_hook, d, g, scale):  # [..., d_model] -> like d: from the transcoder's input to mid
     step = INPUT_HOOKS[input_hook]
     if step == "mid":
         return d
@@ -233,8 +252,12 @@ def input_backward(input_hook, d, g, scale):  # [b, n_seq, d_model] -> like d: f
 
 def attention_backward(d, block, n_head, pattern, scale):  # [b, n_seq, d_model] -> like d: attn.out's share at x
     # with the pattern frozen, attention is linear in its values: out = merge(pattern @ v) c_proj, v = ln_1(x) W_V
-    attn, n_embd = block["attn"], d.shape[-1]
-    d_z = split_heads(d @ attn["c_proj"]["w"].T, n_head)  # [b, n_head, n_seq, d_head]
-    d_v = np.swapaxes(pattern, -1, -2) @ d_z  # [b, n_head, n_seq, d_head]: each key's share of its queries
-    d_normed = merge_heads(d_v) @ attn["c_attn"]["w"][:, 2 * n_embd:].T
-    return layer_norm_frozen(d_normed, block["ln_1"]["g"], scale)
+    attn, (b, length, n_embd) = block["attn"], d.shape
+    d_z = flat_product(d, attn["c_proj"]["w"].T).reshape(b, length, n_head, -1)
+    # heads first and the batch beside d_head: each head's [length, length] pattern meets all the batch in one product
+    d_z = np.ascontiguousarray(d_z.transpose(2, 1, 0, 3)).reshape(n_head, length, -1)
+    keys_from_queries = np.ascontiguousarray(np.swapaxes(pattern[:, :length, :length], -1, -2))
+    d_v = (keys_from_queries @ d_z).reshape(n_head, length, b, -1).transpose(2, 1, 0, 3)  # [b, length, n_head, d_head]
+    d_normed = flat_product(np.ascontiguousarray(d_v).reshape(b, length, n_embd),
+                            centred(attn["c_attn"]["w"][:, 2 * n_embd:].T, block["ln_1"]["g"]))
+    return d_normed / scale[:length]

@@ -55,7 +55,7 @@ def random_transcoders(n_layer, d_model, d_transcoder, seed=0):  # -> Transcoder
         layers.append({  # W_enc rows of norm about 1 on an input of norm sqrt(d_model): pre-activations about N(0, 1)
             "W_enc": rng.standard_normal((d_transcoder, d_model), dtype=np.float32) / np.float32(np.sqrt(d_model)),
             "b_enc": rng.standard_normal(d_transcoder, dtype=np.float32) * np.float32(0.1),
-            "W_dec": rng.standard_normal((d_transcoder, d_model), dtype=np.float32) * np.float32(0.1 / np.sqrt(d_model)),
+            "W_dec": rng.standard_normal((d_transcoder, d_model), dtype=np.float32) * np.float32(0.1 / d_model**0.5),
             "b_dec": rng.standard_normal(d_model, dtype=np.float32) * np.float32(0.1),
             "threshold": rng.uniform(*THRESHOLDS, d_transcoder).astype(np.float32)})
     return TranscoderSet(layers, "ln2.hook_normalized", "hook_mlp_out", "gpt2-numpy-benchmark")
