@@ -13,6 +13,7 @@ import pytest
 
 from gpt2_numpy import load_model, model
 from gpt2_numpy.circuits.files import load_transcoders, parse_yaml, save_transcoders
+from gpt2_numpy.circuits import graph as graph_module
 from gpt2_numpy.circuits.graph import Graph, attribution_graph, select_features
 from gpt2_numpy.circuits.latents import latent_attribution
 from gpt2_numpy.circuits.prune import prune
@@ -58,6 +59,15 @@ def test_the_unpruned_graph_is_circuit_tracer_s(case):
     assert (theirs["adjacency"] != 0).sum() > len(theirs["adjacency"])  # a graph with edges, not a trivial one
     for field in FIELDS:
         assert_close(getattr(ours, field), theirs[field])
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_targets_traced_one_at_a_time_give_circuit_tracer_s_graph(case, monkeypatch):
+    # a batch of one target is traced up to its own position only (attention is causal): its prefix of the patterns,
+    # LayerNorm scales, errors and tokens must be the right one at every position
+    monkeypatch.setattr(graph_module, "BATCH_FLOATS", 1)
+    ours, theirs = case_graph(case)
+    assert_close(ours.adjacency, theirs["adjacency"])
 
 
 def test_the_most_influential_features_are_circuit_tracer_s():  # its ranking, three rounds of 8, 8 and 4
