@@ -39,13 +39,14 @@ from gpt2_numpy import keep_freed_memory
 from gpt2_numpy.formats.checkpoint import load_params
 from gpt2_numpy.params import random_params
 from gpt2_numpy.console import plural
-from scripts.bench import batch, bpe, breakdown, busy, counts, forward, goals, memory, sae, score, tokenizer, train
+from scripts.bench import (batch, bpe, breakdown, busy, circuits, counts, forward, goals, memory, sae, score, tokenizer,
+                           train)
 from scripts.bench.engines import INSTALL_HF, HuggingFace, Ours
 from gpt2_numpy import cores
 from scripts.bench.harness import (BEGIN, END, HF, HPARAMS_124M, REPO, blas_name, blas_threads, fail, read_page,
                                    report, sweep_report, vocabulary, write_between_markers)
 
-Run = namedtuple("Run", "engines params tf_dir hf_dir vocab_dir repeats corpus")
+Run = namedtuple("Run", "engines params tf_dir hf_dir vocab_dir repeats corpus circuit_tracer_python")
 PARTS = {  # --only's names, in the order they run -> (run) -> rows (the breakdown: its own table's lines)
     "prefill": lambda run: forward.prefill_rows(run.engines, run.repeats),
     "decode": lambda run: forward.decode_rows(run.engines, run.repeats),
@@ -64,6 +65,8 @@ PARTS = {  # --only's names, in the order they run -> (run) -> rows (the breakdo
     "training": lambda run: train.train_rows(run.repeats, compare_torch=bool(run.hf_dir), theirs=HF)[0],
     "default count": lambda run: counts.default_rows(run.params, run.engines[0].n_head, run.repeats),
     "sae": lambda run: sae.sae_rows(run.repeats, theirs=HF),  # SAELens's trainer where sae-lens is installed
+    # circuit-tracer's attribute() where its venv is (--circuit-tracer-python); a run of each takes minutes
+    "circuits": lambda run: circuits.graph_rows(run.repeats, python=run.circuit_tracer_python, theirs=HF)[0],
 }
 
 
@@ -78,6 +81,8 @@ def parse_args(argv):
                         help="a TF checkpoint dir of the 124M shape (default: %(default)s); without one, seeded random "
                         "weights of that shape, no TF load rows, and CRC32C on random bytes")
     parser.add_argument("--repeats", type=int, default=3, help="runs per measurement, of which the median counts")
+    parser.add_argument("--circuit-tracer-python", type=Path, default=circuits.PEER_PYTHON, metavar="PYTHON",
+                        help="the circuits part's peer: python of a venv with circuit-tracer (default: %(default)s)")
     parser.add_argument("--corpus", type=Path, default=bpe.CORPUS, metavar="FILE",
                         help="the text the BPE training part trains on (default: %(default)s)")
     parser.add_argument("--threads", nargs="+", type=int, metavar="N",
@@ -141,7 +146,8 @@ def main(argv=None):
     runs = {}  # column label -> {part: rows}
     with tempfile.TemporaryDirectory() as scratch:
         engines, hf_dir = engines_for(params, hparams, args.compare_hf, scratch)
-        run = Run(engines, params, tf_dir, hf_dir, vocabulary(args.checkpoint), args.repeats, args.corpus)
+        run = Run(engines, params, tf_dir, hf_dir, vocabulary(args.checkpoint), args.repeats, args.corpus,
+                  args.circuit_tracer_python)
         names = [name for name in PARTS if name in (args.only or PARTS)]
         with tqdm(total=len(names) * len(counts) * len(loads), desc="benchmark", unit="part",
                   file=sys.stderr) as progress:

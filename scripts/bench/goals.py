@@ -5,6 +5,7 @@ import re
 from collections import namedtuple
 
 from gpt2_numpy.console import plural
+from scripts.bench import circuits
 from scripts.bench.harness import HF, OURS
 
 # start: the row's metric starts with this; over: HF's value in that row (HF), or ours in the row whose metric starts
@@ -26,6 +27,8 @@ GOALS = [
     Goal("train step, 4 layers × 256 wide", TRAIN_STEP, HF, "≤", 0.6, "torch's time", TWO_CORES),
     Goal("train step, its own 4,096-token vocabulary", "train step, the same with its own", HF, "≤", 1.0,
          "torch's time"),
+    Goal("attribution graph, 124M shape, 64 tokens, 4,096 features", circuits.SHAPE_124M_METRIC, HF, "≤", 1.0,
+         "circuit-tracer's time"),  # issue 57
     # older goals that issue 42 does not replace
     Goal("score 10,000 tokens, stride 512", "score 10,000", HF, "≤", 0.9, "HF's time"),
     Goal("batch of 8", BATCH_8, SINGLE, "≥", 2.5, "our single-sequence tok/s"),
