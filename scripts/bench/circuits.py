@@ -6,15 +6,17 @@
 
 The weights are random_params's, seeded, of the shape asked for (GPT-2's vocabulary); the transcoders are drawn here,
 seeded: one per layer, reading `ln2.hook_normalized` and writing `hook_mlp_out` (as GPT-2's published transcoders do),
-JumpReLU with thresholds drawn from 2.5 to 2.8 on pre-activations of about N(0, 1), so that about 4 of every
-1,000 features fire at each position (about 100 of 24,576 per layer and position, as trained sets have); no skip
-connection. The prompt is fixed pseudo-random ids after `<|endoftext|>`. Ours runs `attribution_graph(...,
-max_features=N)`, circuit-tracer `attribute(..., max_feature_nodes=N)` with its other defaults (batches of 512), in a
-process of its own with circuit-tracer's venv's python (--circuit-tracer-python, default ../ref-ct/bin/python beside
-the clone; scripts/bench/circuit_tracer_peer.py); the two take turns, repeat by repeat, without a warm-up (a run takes
-minutes), and only one computes at a time. Each time covers the whole graph: the forward pass, the features, the
-ranking and the rows. After the runs, the two graphs are compared: the same selected features, and the adjacency
-within CHECK_RTOL of its largest entry, so that the times are of the same work.
+JumpReLU with thresholds drawn from 2.5 to 2.8 on pre-activations of about N(0, 1), so that about 4 of every 1,000
+features fire at each position (about 100 of 24,576 per layer and position, as trained sets have); no skip connection.
+The prompt is fixed pseudo-random ids after `<|endoftext|>`. Ours runs `attribution_graph(..., max_features=N)`,
+circuit-tracer `attribute(..., max_feature_nodes=N, batch_size=PEER_BATCH)`, ranking after every 2,048 traced as ours
+and its defaults do (update_interval 16 x 128, not 4 x 512: its forward pass is batch_size copies of the prompt, which
+at 512 held 18 GB and was killed on a 24 GB machine), in a process of its own with circuit-tracer's venv's python
+(--circuit-tracer-python, default ../ref-ct/bin/python beside the clone; scripts/bench/circuit_tracer_peer.py); the two
+take turns, repeat by repeat, without a warm-up (a run takes minutes), and only one computes at a time. Each time covers
+the whole graph: the forward pass, the features, the ranking and the rows. After the runs, the two graphs are compared:
+the same selected features, and the adjacency within CHECK_RTOL of its largest entry, so that the times are of the same
+work.
 """
 import argparse
 import os
@@ -29,7 +31,7 @@ import numpy as np
 
 from gpt2_numpy import keep_freed_memory
 from gpt2_numpy.circuits.files import save_transcoders
-from gpt2_numpy.circuits.graph import attribution_graph
+from gpt2_numpy.circuits.graph import QUEUE, attribution_graph
 from gpt2_numpy.circuits.transcoders import TranscoderSet
 from gpt2_numpy.params import random_params
 from gpt2_numpy.save import save_model
@@ -45,6 +47,7 @@ THRESHOLDS = (2.5, 2.8)  # P(N(0, 1) > 2.5..2.8): 6.2 to 2.6 per 1,000
 CHECK_RTOL = 1e-3  # of the adjacency's largest entry: float32 sums in another order, over 12 layers
 END_OF_TEXT = 50256  # GPT-2's <|endoftext|>
 GOAL = 1.0  # ours / circuit-tracer's time
+PEER_BATCH = 128  # circuit-tracer's batch_size: targets per backward pass, and copies of the prompt in its forward
 DIFFERENT = "NOT THE SAME GRAPH"
 
 
@@ -70,7 +73,8 @@ class Peer:  # circuit-tracer in its own process, one attribute() per run()
     def __init__(self, python, folder, max_features):
         self.folder = folder
         self.process = subprocess.Popen([str(python), "-m", "scripts.bench.circuit_tracer_peer", str(folder),
-                                         str(blas_threads()), str(max_features)], cwd=REPO, text=True,
+                                         str(blas_threads()), str(max_features), str(PEER_BATCH), str(QUEUE)],
+                                        cwd=REPO, text=True,
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                         env={**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"})
         self.answer("ready")
@@ -84,11 +88,16 @@ class Peer:  # circuit-tracer in its own process, one attribute() per run()
     def run(self):  # -> seconds of one attribute()
         self.process.stdin.write("run\n")
         self.process.stdin.flush()
-        return float(self.answer("seconds"))
+        return said(CIRCUIT_TRACER, float(self.answer("seconds")))
 
     def close(self):
         self.process.stdin.close()
         self.process.wait()
+
+
+def said(name, seconds):  # -> seconds, on stderr too: a turn takes minutes, and a later one may fail
+    print(f"{name}: {seconds:.1f} s", file=sys.stderr, flush=True)
+    return seconds
 
 
 def graph_metric(shape):  # -> the row's name
@@ -110,7 +119,7 @@ def graph_rows(repeats, shape=SHAPE_124M, python=PEER_PYTHON, theirs=CIRCUIT_TRA
     def ours():
         start = time.perf_counter()
         graphs[:] = [attribution_graph(ids, params, shape.n_head, transcoders, max_features=shape.max_features)]
-        return time.perf_counter() - start
+        return said(OURS, time.perf_counter() - start)
 
     metric = graph_metric(shape)
     if not Path(python).exists():
