@@ -5,18 +5,19 @@
     python -m scripts.bench.circuits --layers 4 --width 256 --features 2048 --tokens 32 --max-features 512  # a try
 
 The weights are random_params's, seeded, of the shape asked for (GPT-2's vocabulary); the transcoders are drawn here,
-seeded: one per layer, reading `ln2.hook_normalized` and writing `hook_mlp_out` (as GPT-2's published transcoders do),
-JumpReLU with thresholds drawn from 2.5 to 2.8 on pre-activations of about N(0, 1), so that about 4 of every 1,000
-features fire at each position (about 100 of 24,576 per layer and position, as trained sets have); no skip connection.
-The prompt is fixed pseudo-random ids after `<|endoftext|>`. Ours runs `attribution_graph(..., max_features=N)`,
-circuit-tracer `attribute(..., max_feature_nodes=N, batch_size=PEER_BATCH)`, ranking after every 2,048 traced as ours
-and its defaults do (update_interval 16 x 128, not 4 x 512: its forward pass is batch_size copies of the prompt, which
-at 512 held 18 GB and was killed on a 24 GB machine), in a process of its own with circuit-tracer's venv's python
-(--circuit-tracer-python, default ../ref-ct/bin/python beside the clone; scripts/bench/circuit_tracer_peer.py); the two
-take turns, repeat by repeat, without a warm-up (a run takes minutes), and only one computes at a time. Each time covers
-the whole graph: the forward pass, the features, the ranking and the rows. After the runs, the two graphs are compared:
-the same selected features, and the adjacency within CHECK_RTOL of its largest entry, so that the times are of the same
-work.
+seeded: one per layer, reading `ln2.hook_normalized` and writing `hook_mlp_out`, JumpReLU with thresholds drawn from 2.5
+to 2.8 on pre-activations of about N(0, 1), so that about 4 of every 1,000 features fire at each position (about 100 of
+24,576 per layer and position, as trained sets have); no skip connection. The prompt is fixed pseudo-random ids after
+`<|endoftext|>`. Ours runs `attribution_graph(..., max_features=N)`, circuit-tracer `attribute(..., max_feature_nodes=N,
+batch_size=PEER_BATCH)`, ranking after every 2,048 traced as ours and its defaults do (update_interval 16 x 128, not 4 x
+512: its forward pass is batch_size copies of the prompt, which at 512 held 18 GB and was killed on a 24 GB machine), in
+a process of its own with circuit-tracer's venv's python (--circuit-tracer-python, default ../ref-ct/bin/python beside
+the clone; scripts/bench/circuit_tracer_peer.py); the two take turns, repeat by repeat, without a warm-up (a run takes
+minutes), and only one computes at a time. Each time covers the whole graph: the forward pass, the features, the ranking
+and the rows. After the runs, the two graphs are compared: the same selected features (but for near-ties in the ranking:
+at most SELECTED_APART of them), and the adjacency over the nodes both have within CHECK_RTOL of its largest entry, so
+that the times are of the same work (the thresholds are kept MARGIN clear of the prompt's pre-activations, so that
+float32's rounding cannot switch a feature on in one engine alone).
 """
 import argparse
 import os
