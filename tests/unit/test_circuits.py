@@ -70,6 +70,19 @@ def test_targets_traced_one_at_a_time_give_circuit_tracer_s_graph(case, monkeypa
     assert_close(ours.adjacency, theirs["adjacency"])
 
 
+@pytest.mark.parametrize("input_hook", INPUT_HOOKS)
+def test_the_skip_connection_s_backward_folds_layer_norm_as_its_formula(input_hook):
+    # graph.py folds LayerNorm's frozen gain and centring into W_skip; the fixtures' skips read hook_normalized and
+    # hook_resid_mid only: mlp.hook_in's gain is checked here against the unfolded formula
+    rng = np.random.default_rng(0)
+    d, w_skip = rng.standard_normal((3, 5, 8)).astype(np.float32), rng.standard_normal((8, 8)).astype(np.float32)
+    gain, scale = rng.uniform(0.5, 2, 8).astype(np.float32), rng.uniform(0.5, 2, (5, 1)).astype(np.float32)
+    transcoders = TranscoderSet([{"W_skip": w_skip}], input_hook, "hook_mlp_out")
+    unfolded = graph_module.input_backward(input_hook, d @ w_skip, gain, scale)
+    np.testing.assert_allclose(graph_module.skip_backward(transcoders, 0, d, gain, scale), unfolded, rtol=1e-5,
+                               atol=1e-5)
+
+
 def test_the_most_influential_features_are_circuit_tracer_s():  # its ranking, three rounds of 8, 8 and 4
     theirs = reference("skip")
     hparams, params, _ = load_model(FIXTURES / "intervene_three_heads")
