@@ -30,12 +30,13 @@ def graph_html(data):  # -> the page's text: graph.html with data (graph_data's)
     return template.replace(DATA_SLOT, json.dumps(data, ensure_ascii=False).replace("<", "\\u003c"), 1)
 
 
-def graph_data(graph, pruned, text, title, contexts=None, contexts_note=""):  # -> the data the page's script reads
-    """The pruned graph's nodes and edges, indexed as graph.npz's adjacency is; text(token_id) -> a token's text.
+def graph_data(graph, pruned, text, title, prompt, contexts=None, contexts_note=""):  # -> the page script's data
+    """The pruned graph's nodes and edges, indexed as graph.npz's adjacency is; text(token_id) -> a token's text,
+    prompt the prompt's text.
     contexts: {"layer/feature": [context]} (contexts()'s), or None with contexts_note saying how to get them."""
     kept = pruned.node_mask
     targets, sources = (pruned.edge_mask & kept[:, None] & kept[None, :]).nonzero()
-    return {"title": title, "tokens": [text(int(token)) for token in graph.input_ids], "n_layer": graph.n_layer,
+    return {"title": title, "prompt": prompt, "tokens": [text(int(token)) for token in graph.input_ids], "n_layer": graph.n_layer,
             "top_edges": TOP_EDGES,
             "nodes": [page_node(graph, pruned, index, text) for index in map(int, kept.nonzero()[0])],
             "edges": [[target, source, rounded(graph.adjacency[target, source])]

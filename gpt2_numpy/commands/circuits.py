@@ -129,13 +129,14 @@ def context_windows(args, hparams, tokenizer, text):  # -> int [n_windows, n_seq
 
 def page_data(args, hparams, params, tokenizer, transcoders, found, pruned, windows):  # -> graph.html's data
     title = f"Attribution graph of {plural(len(found.input_ids), 'token')}"
+    prompt = tokenizer.decode(found.input_ids.tolist())
     if windows is None:
-        return graph_data(found, pruned, tokenizer.token_text, title, None, NO_CONTEXTS)
+        return graph_data(found, pruned, tokenizer.token_text, title, prompt, None, NO_CONTEXTS)
     found_contexts = contexts(windows, params, hparams["n_head"], transcoders, graph_features(found, pruned),
                               tokenizer.token_text)
     note = (f"Contexts from {args.contexts_from.name}: {plural(len(windows), 'window')} of "
             f"{plural(windows.shape[1], 'token')}.")
-    return graph_data(found, pruned, tokenizer.token_text, title, found_contexts, note)
+    return graph_data(found, pruned, tokenizer.token_text, title, prompt, found_contexts, note)
 
 
 HANDLERS = {"graph": graph}
