@@ -5,6 +5,7 @@ graph.npz's numbers (read from graph.npz, not from the page's JSON); a feature's
 computed here from model.py's functions; without --contexts-from, how to get them; a prompt of </script><script> and
 <img onerror> shown as text, running nothing, with nothing fetched."""
 import json
+import subprocess
 
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ from gpt2_numpy.circuits.files import save_transcoders
 from gpt2_numpy.circuits.transcoders import TranscoderSet
 from gpt2_numpy.commands import circuits as circuits_cli
 from gpt2_numpy.params import random_params
-from tests.conftest import byte_model_dir
+from tests.conftest import FIXTURES, assert_one_error_line, byte_model_dir
 from tests.unit.test_page import browser  # noqa: F401  (the fixture: headless Chromium, offline)
 
 HPARAMS = {"n_vocab": 257, "n_ctx": 96, "n_embd": 16, "n_head": 2, "n_layer": 2}
@@ -235,3 +236,32 @@ def test_without_contexts_from_a_feature_says_how_to_get_them(browser, run):  # 
     note = browser.execute_script("return document.querySelector('#details .no-contexts').textContent")
     assert note.startswith("No contexts: run circuits graph again with --contexts-from FILE")
     assert browser.execute_script("return document.querySelectorAll('#details .context').length") == 0
+
+
+@pytest.mark.parametrize("more, fragment", [
+    (["--windows", "3"], "--windows belongs to --contexts-from: add --contexts-from FILE, or drop --windows"),
+    (["--contexts-from", "{tmp}/missing.txt"], "cannot read --contexts-from {tmp}/missing.txt"),
+    (["--contexts-from", "{tmp}/empty.txt"], "--contexts-from {tmp}/empty.txt is empty"),
+    (["--contexts-from", "{tmp}/bad.txt"], "--contexts-from {tmp}/bad.txt is not UTF-8 text"),
+])
+def test_bad_contexts_options_get_one_error_line_and_write_nothing(tmp_path, capsys, more, fragment):
+    (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "bad.txt").write_bytes(b"the \xff cat")
+    with pytest.raises(SystemExit) as exit_info:
+        circuits_cli.main(["graph", "--model", str(FIXTURES / "intervene_one_layer"), "--transcoders",
+                           str(FIXTURES / "transcoders_mid"), "hi", "--out", str(tmp_path / "out"),
+                           *(word.format(tmp=tmp_path) for word in more)])
+    output = capsys.readouterr()
+    assert_one_error_line(subprocess.CompletedProcess([], exit_info.value.code, output.out, output.err),
+                          fragment.format(tmp=tmp_path))
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_second_run_may_write_over_the_first_run_s_folder_page_and_all(tmp_path):
+    argv = ["graph", "--model", str(FIXTURES / "intervene_one_layer"), "--transcoders", str(FIXTURES / "transcoders_mid"),
+            "hi", "--out", str(tmp_path)]
+    for _ in range(2):  # the second finds graph.html among the files, its own
+        with pytest.raises(SystemExit) as exit_info:
+            circuits_cli.main(argv)
+        assert exit_info.value.code == 0
+    assert sorted(path.name for path in tmp_path.iterdir()) == sorted(circuits_cli.WRITTEN)
