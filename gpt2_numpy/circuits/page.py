@@ -36,8 +36,8 @@ def graph_data(graph, pruned, text, title, prompt, contexts=None, contexts_note=
     contexts: {"layer/feature": [context]} (contexts()'s), or None with contexts_note saying how to get them."""
     kept = pruned.node_mask
     targets, sources = (pruned.edge_mask & kept[:, None] & kept[None, :]).nonzero()
-    return {"title": title, "prompt": prompt, "tokens": [text(int(token)) for token in graph.input_ids], "n_layer": graph.n_layer,
-            "top_edges": TOP_EDGES,
+    return {"title": title, "prompt": prompt, "tokens": [text(int(token)) for token in graph.input_ids],
+            "n_layer": graph.n_layer, "top_edges": TOP_EDGES,
             "nodes": [page_node(graph, pruned, index, text) for index in map(int, kept.nonzero()[0])],
             "edges": [[target, source, rounded(graph.adjacency[target, source])]
                       for target, source in zip(targets.tolist(), sources.tolist())],

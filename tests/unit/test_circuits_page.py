@@ -105,7 +105,8 @@ def test_the_page_draws_every_kept_node_and_edge_by_layer_and_position(opened, r
     drawn = opened.execute_script("""
         return [...document.querySelectorAll('.node')].map(g => {
             const box = g.querySelector('circle, rect').getBoundingClientRect();
-            return [+g.dataset.index, g.getAttribute('class').split(' ')[1], box.x + box.width / 2, box.y + box.height / 2];});""")
+            return [+g.dataset.index, g.getAttribute('class').split(' ')[1], box.x + box.width / 2,
+                    box.y + box.height / 2];});""")
     assert [index for index, _, _, _ in drawn] == np.flatnonzero(graph["node_mask"]).tolist()
     edges = opened.execute_script(
         "return [...document.querySelectorAll('.edge')].map(e => [+e.dataset.target, +e.dataset.source])")
@@ -258,8 +259,8 @@ def test_bad_contexts_options_get_one_error_line_and_write_nothing(tmp_path, cap
 
 
 def test_a_second_run_may_write_over_the_first_run_s_folder_page_and_all(tmp_path):
-    argv = ["graph", "--model", str(FIXTURES / "intervene_one_layer"), "--transcoders", str(FIXTURES / "transcoders_mid"),
-            "hi", "--out", str(tmp_path)]
+    argv = ["graph", "--model", str(FIXTURES / "intervene_one_layer"), "--transcoders",
+            str(FIXTURES / "transcoders_mid"), "hi", "--out", str(tmp_path)]
     for _ in range(2):  # the second finds graph.html among the files, its own
         with pytest.raises(SystemExit) as exit_info:
             circuits_cli.main(argv)
