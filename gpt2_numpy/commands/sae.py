@@ -24,11 +24,12 @@ from gpt2_numpy.runs import check_out, claimed, settled_if_cut
 from gpt2_numpy.sae.activations import (
     Stream, check_hook, check_sae_hook, file_source, model_source, resolve_hook, sae_for_model,
 )
-from gpt2_numpy.sae.evaluation import evaluate
+from gpt2_numpy.circuits.files import load_transcoders
+from gpt2_numpy.sae.evaluation import evaluate, evaluate_transcoders
 from gpt2_numpy.sae.features import busiest_latents, checked_latents
 from gpt2_numpy.sae.releases import load_sae
 from gpt2_numpy.sae.page import features_data, features_html
-from gpt2_numpy.sae.present import eval_report
+from gpt2_numpy.sae.present import eval_report, transcoders_report
 from gpt2_numpy.sae.processing import attach
 from gpt2_numpy.sae.releases import listing
 from gpt2_numpy.sae.training import (
@@ -85,10 +86,15 @@ def train_parser():  # -> the parser of `sae train`
 
 
 def eval_parser():  # -> the parser of `sae eval`
-    parser = ArgumentParser(prog="gpt2-numpy sae eval", description="Measure an SAE on held-out text: how well it "
-                            "reconstructs its activation, and how much of the model's loss survives it spliced in.")
-    parser.add_argument("--sae", required=True, type=path_argument, metavar="DIR", help="the SAE folder, or a release "
-                        "of SAELens's by name, RELEASE/ID (gpt2-numpy sae releases)")
+    parser = ArgumentParser(prog="gpt2-numpy sae eval", description="Measure an SAE (or transcoders) on held-out "
+                            "text: how well it reconstructs its activation, and how much of the model's loss survives "
+                            "it spliced in.")
+    parser.add_argument("--sae", type=path_argument, metavar="DIR", help="the SAE folder, or a release of SAELens's by "
+                        "name, RELEASE/ID (gpt2-numpy sae releases)")
+    parser.add_argument("--transcoders", type=path_argument, metavar="DIR", help="measure a transcoder set instead "
+                        "(circuit-tracer's folder, or sae train --transcoder's), each MLP replaced by its transcoder")
+    parser.add_argument("--layers", nargs="+", type=whole_number(0), metavar="L", help="--transcoders: the MLPs the "
+                        "set's transcoders replace, in order (default: every layer; a one-layer run's set: its layer)")
     add_model_args(parser)
     parser.add_argument("--data", required=True, type=path_argument, metavar="FILE", help="UTF-8 held-out text")
     parser.add_argument("--hook", metavar="NAME", help="the activation the SAE reads, for a folder whose cfg.json "
@@ -272,6 +278,14 @@ def resumed_settings(args, saved, source):  # -> the saved run's SaeSettings wit
 
 def eval_command(argv):  # -> exit status
     args = eval_parser().parse_args(argv)
+    if (args.sae is None) == (args.transcoders is None):
+        raise UsageError("give --sae DIR (an SAE) or --transcoders DIR (a transcoder set): one of the two")
+    wrong = [flag for flag, value in (("--hook", args.hook), ("--layers", args.layers)) if value is not None and
+             (flag == "--hook") == (args.sae is None)]
+    if wrong:
+        raise UsageError(f"{wrong[0]} applies to {'--sae' if wrong[0] == '--hook' else '--transcoders'}: drop it")
+    if args.transcoders is not None:
+        return eval_transcoders(args)
     sae = load_sae(args.sae, models_dir=args.models_dir)
     sae.hook = eval_hook(args, sae.hook)
     model = model_from_args(args)
@@ -285,6 +299,37 @@ def eval_command(argv):  # -> exit status
     else:
         write_stdout(eval_report(numbers))
     return 0
+
+
+def eval_transcoders(args):  # -> exit status: sae eval --transcoders
+    transcoders = load_transcoders(args.transcoders)  # a damaged set costs no model load
+    model = model_from_args(args)
+    n_layer = model.hparams["n_layer"]
+    layers = args.layers or list(range(n_layer))
+    check_layers(args, transcoders, layers, n_layer, model.hparams["n_embd"])
+    seq_len = min(args.seq_len, model.hparams["n_ctx"])
+    _, windows = data_windows(model, read_data(args.data), args.data, seq_len, args.windows, targets=True)
+    numbers = evaluate_transcoders(transcoders, layers, model.params, model.hparams["n_head"], windows)
+    if args.json:
+        print_json(numbers)
+    else:
+        write_stdout(transcoders_report(numbers))
+    return 0
+
+
+def check_layers(args, transcoders, layers, n_layer, n_embd):  # -> None; UsageError when the set does not fit the
+    # model's layers it is to replace
+    if transcoders.d_model != n_embd:
+        raise UsageError(f"--transcoders {args.transcoders} reads {transcoders.d_model} numbers per position, but the "
+                         f"model is {n_embd} wide: use transcoders trained on this model")
+    outside = [layer for layer in layers if layer >= n_layer]
+    if outside or len(set(layers)) != len(layers):
+        raise UsageError(f"--layers {' '.join(map(str, args.layers))}: give each layer once, from 0 to {n_layer - 1}")
+    if len(layers) != len(transcoders.layers):
+        given = f"--layers names {plural(len(layers), 'layer')}" if args.layers else \
+            f"the model has {plural(n_layer, 'layer')}"
+        raise UsageError(f"--transcoders {args.transcoders} holds {plural(len(transcoders.layers), 'transcoder')}, "
+                         f"but {given}: give --layers, the layer each replaces (a one-layer run's: its layer)")
 
 
 def eval_hook(args, saved):  # -> the trace name the SAE reads: its cfg.json's, or --hook's where it names none

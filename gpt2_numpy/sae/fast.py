@@ -31,9 +31,9 @@ def scattered(values, indices, width):  # [n, k], int [n, k] -> [n, width]: valu
     return dense
 
 
-def topk_loss_and_grads(x, params, k, dead=None, apply_b_dec_to_input=True, target=None):
-    # -> (losses, grads, stats), as sae.loss_and_grads(..., "topk"); stats also "kth": each row's k-th largest
-    # activation (ReLU'd), averaged: where a JumpReLU's threshold keeps about k (training.py's transcoders)
+def topk_loss_and_grads(x, params, k, dead=None, apply_b_dec_to_input=True, target=None, batch_threshold=False):
+    # -> (losses, grads, stats), as sae.loss_and_grads(..., "topk"); with batch_threshold, stats also "threshold":
+    # the pre-activation that the batch's n k largest reach (BatchTopK's), where a JumpReLU keeps k a row on average
     W_enc, b_enc, W_dec, b_dec = params["W_enc"], params["b_enc"], params["W_dec"], params["b_dec"]
     n, d_sae = x.shape[0], W_enc.shape[1]
     y = x if target is None else target
@@ -72,13 +72,15 @@ def topk_loss_and_grads(x, params, k, dead=None, apply_b_dec_to_input=True, targ
         grads["W_skip"] = d_x_hat.T @ x
     fired = np.bincount(latents[values > 0], minlength=d_sae) > 0
     stats = batch_stats(y, x_hat, (values > 0).sum(axis=-1), fired)
-    return losses, grads, {**stats, "kth": float(values.min(axis=-1).mean())}
+    if batch_threshold:
+        stats["threshold"] = max(float(np.partition(pre, -n * k, axis=None)[-n * k]), 0.0)
+    return losses, grads, stats
 
 
 ROWS = 512  # a batch is worked in pieces of this many rows, whatever the team, so the sums are the same on any team
 
 
-def team_loss_and_grads(x, params, k, dead=None, apply_b_dec_to_input=True, target=None):
+def team_loss_and_grads(x, params, k, dead=None, apply_b_dec_to_input=True, target=None, batch_threshold=False):
     # -> (losses, grads, stats), as topk_loss_and_grads(x, ...)
     # the batch's rows in pieces of ROWS, shared among the cores (cores.split), each piece's losses and gradients
     # weighted by its share of the batch and added up in order. Run within cores.all_cores(): OpenBLAS on one thread,
@@ -91,7 +93,7 @@ def team_loss_and_grads(x, params, k, dead=None, apply_b_dec_to_input=True, targ
         for at in range(len(starts))[share]:
             rows = slice(starts[at], starts[at] + ROWS)
             pieces[at] = topk_loss_and_grads(x[rows], params, k, dead, apply_b_dec_to_input,
-                                             None if target is None else target[rows])
+                                             None if target is None else target[rows], batch_threshold)
 
     cores.split(some_pieces, len(starts), item_size=ROWS * params["W_enc"].size)
     weights = [min(ROWS, n - start) / n for start in starts]  # the mean over the batch is the pieces' weighted sum
@@ -101,6 +103,6 @@ def team_loss_and_grads(x, params, k, dead=None, apply_b_dec_to_input=True, targ
     fired = np.logical_or.reduce([piece[2]["fired"] for piece in pieces])
     y = x if target is None else target
     stats = {"explained_variance": float(1 - n * losses["mse"] / np.sum((y - y.mean(axis=0)) ** 2)),
-             **{name: sum(w * piece[2][name] for w, piece in zip(weights, pieces)) for name in ("l0", "kth")},
-             "fired": fired}
+             **{name: sum(w * piece[2][name] for w, piece in zip(weights, pieces)) for name in pieces[0][2]
+                if name in ("l0", "threshold")}, "fired": fired}  # a piece's threshold: of its rows
     return losses, grads, stats

@@ -69,7 +69,7 @@ class SaeSettings(NamedTuple):
 
 
 KEPT = ("architecture", "d_sae", "k", "l1", "lr", "batch_size", "seed", "hook", "seq_len", "buffer")
-THRESHOLD_PACE = 0.01  # a topk transcoder's threshold: the mean of the steps' so far, then of about the last 100
+THRESHOLD_PACE = 0.1  # a topk transcoder's threshold: a moving average of the steps', over about the last 10
 
 
 def init_params(settings, first_rows, layer=None):  # -> float32 params of a new SAE; first_rows: [n, d_in], the
@@ -106,7 +106,8 @@ def train_step(x, params, opt_state, lr, settings, dead):  # -> (losses, stats);
 
 def batch_loss_and_grads(batch, params, settings, dead):  # -> (losses, grads, stats) of an SAE's batch [n, d_in], or
     # of a transcoder run's [n, n_layers, 2 d_in] (each layer's input and target) with params stacked by layer: each
-    # layer's transcoder on its own rows, grads stacked, losses and stats the layers' mean (fired, kth: per layer)
+    # layer's transcoder on its own rows, grads stacked, losses and stats the layers' mean (fired, threshold: per
+    # layer)
     if settings.target is None:
         return sae_loss_and_grads(batch, None, params, settings, dead)
     results = [sae_loss_and_grads(batch[:, i, :settings.d_in], batch[:, i, settings.d_in:],
@@ -117,14 +118,14 @@ def batch_loss_and_grads(batch, params, settings, dead):  # -> (losses, grads, s
     grads = {name: np.stack([result[1][name] for result in results]) for name in params}
     stats = {name: float(np.mean([result[2][name] for result in results])) for name in ("explained_variance", "l0")}
     stats.update(fired=np.stack([result[2]["fired"] for result in results]),
-                 kth=np.array([result[2].get("kth", 0.0) for result in results]))
+                 threshold=np.array([result[2].get("threshold", 0.0) for result in results]))
     return losses, grads, stats
 
 
 def sae_loss_and_grads(x, target, params, settings, dead):  # -> (losses, grads, stats) of one SAE or transcoder
     centred = settings.target is None  # an SAE takes b_dec from its input; a transcoder, as circuit-tracer's, does not
     if settings.architecture == "topk":  # the same step, from each row's k latents (fast.py)
-        return team_loss_and_grads(x, params, settings.k, dead, centred, target)
+        return team_loss_and_grads(x, params, settings.k, dead, centred, target, batch_threshold=not centred)
     return loss_and_grads(x, params, settings.architecture, settings.k, settings.l1, dead, centred, target)
 
 
@@ -226,7 +227,7 @@ def train_sae(out, settings, stream, params, state, model_name, threshold=None):
             since_fired[stats["fired"]] = 0
             step += 1
             if settings.target is not None and settings.architecture == "topk":
-                threshold += (stats["kth"] - threshold) * max(1 / step, THRESHOLD_PACE)
+                threshold += (stats["threshold"] - threshold) * (1.0 if step == 1 else THRESHOLD_PACE)
             train_seconds += time.perf_counter() - step_start
             dead = float(np.mean(since_fired >= DEAD_AFTER))
             writer.writerow({"step": step, "mse": f"{losses['mse']:.6g}",

@@ -12,10 +12,10 @@ order, plus train_state.npz and log.csv: a run of every layer is the set that `c
 layer is a set of one, which `sae eval --transcoders DIR --layers L` measures in place of MLP L.
 
 A topk transcoder keeps each position's k largest features; circuit-tracer's files hold a ReLU or a JumpReLU. The set
-is saved as a JumpReLU whose threshold is, for every feature of a layer, the k-th largest activation of a position,
-averaged over the positions of the recent batches (training.py keeps the mean): a fixed threshold that keeps about k
-features a position, as Bussmann et al. 2024 turn BatchTopK into a JumpReLU. A standard (ReLU and L1) transcoder is
-saved as the ReLU it is.
+is saved as a JumpReLU whose threshold is, for every feature of a layer, the pre-activation that a batch's n·k largest
+reach (so that k features a position fire on average), a moving average over the last steps (training.py): BatchTopK's
+threshold, as Bussmann et al. 2024 turn a BatchTopK SAE into a JumpReLU for inference. A standard (ReLU and L1)
+transcoder is saved as the ReLU it is.
 """
 import numpy as np
 
