@@ -28,7 +28,7 @@ from gpt2_numpy.formats.safetensors import read_metadata
 from gpt2_numpy.sae.model import decoder_norms, loss_and_grads
 from gpt2_numpy.cores import all_cores
 from gpt2_numpy.sae.fast import team_loss_and_grads
-from gpt2_numpy.circuits.files import layer_file, load_transcoders, save_transcoders
+from gpt2_numpy.circuits.files import CONFIG, layer_file, load_transcoders, save_transcoders
 from gpt2_numpy.sae.files import CFG, WEIGHTS, load_sae_folder, new_sae, save_sae
 from gpt2_numpy.sae.transcoders import run_order, stacked_params, transcoder_set
 from gpt2_numpy.optim import adamw_state, adamw_step, learning_rate
@@ -163,6 +163,9 @@ def load_sae_run(out, transcoder=False):  # -> (params, threshold, state arrays,
     # out (an SAE's, or a transcoder set's), checked; UsageError if not one
     if not (out / STATE).is_file():
         raise UsageError(f"--resume: {out} holds no training state ({STATE}): start the run without --resume")
+    if (out / (CFG if transcoder else CONFIG)).is_file():
+        raise UsageError(f"--resume: {out} holds " + ("an SAE's run: drop --transcoder" if transcoder else
+                                                      "a transcoder run: add --transcoder and its --hook, --target"))
     if transcoder:
         params, threshold = stacked_params(load_transcoders(out))
     else:
@@ -181,9 +184,6 @@ def load_sae_run(out, transcoder=False):  # -> (params, threshold, state arrays,
                     problem = problem or f"the moment {moment}/{name} is not shaped as {name}"
         if state["since_fired"].shape != params["b_enc"].shape:
             problem = problem or "since_fired is not one count per latent"
-        if (settings.get("target") is not None) != transcoder:
-            problem = problem or ("it is an SAE's run: drop --transcoder" if transcoder else
-                                  "it is a transcoder run: add --transcoder and its --target")
     except (OSError, EOFError, ValueError, KeyError, TypeError, zipfile.BadZipFile) as error:
         problem = f"it cannot be read: {error}"
     if problem:
