@@ -25,7 +25,7 @@ from gpt2_numpy.console import log, progress_bar
 from gpt2_numpy.errors import Interrupted, UsageError
 from gpt2_numpy.formats import parse_json
 from gpt2_numpy.formats.safetensors import read_metadata
-from gpt2_numpy.sae.model import decoder_norms, loss_and_grads
+from gpt2_numpy.sae.model import activation, decoder_norms, loss_and_grads
 from gpt2_numpy.cores import all_cores
 from gpt2_numpy.sae.fast import team_loss_and_grads
 from gpt2_numpy.circuits.files import CONFIG, layer_file, load_transcoders, save_transcoders
@@ -87,8 +87,18 @@ def init_params(settings, first_rows, layer=None):  # -> float32 params of a new
 
 
 def init_transcoders(settings, first_batch):  # [n, n_layers, 2 d_in] -> stacked params of a new transcoder run
-    layers = [init_params(settings, first_batch[:, i, settings.d_in:], layer) for i, layer in
-              enumerate(settings.layers)]
+    """Each layer's as init_params's, with W_enc scaled so that the features' output on the first batch is as large as
+    the target's spread: an MLP's output may be far smaller than its input (the SAE's W_enc = W_decᵀ would start the
+    run with an error thousands of times the target's variance). With b_enc zero, ReLU and topk scale with W_enc."""
+    layers = []
+    for i, layer in enumerate(settings.layers):
+        x, y = first_batch[:, i, :settings.d_in], first_batch[:, i, settings.d_in:]
+        params = init_params(settings, y, layer)
+        output = activation(x @ params["W_enc"], settings.architecture, settings.k) @ params["W_dec"]
+        size = np.sqrt(np.mean(np.sum(output**2, axis=-1)))
+        params["W_enc"] *= np.float32(np.sqrt(np.mean(np.sum((y - y.mean(axis=0)) ** 2, axis=-1))) / size if size
+                                      else 1.0)
+        layers.append(params)
     return {name: np.stack([params[name] for params in layers]) for name in layers[0]}
 
 

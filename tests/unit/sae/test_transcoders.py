@@ -129,3 +129,20 @@ def test_a_run_reads_the_input_the_replacement_and_the_graph_compute(step):
         expected = transcoder_input(INPUT_HOOKS[step], names[input_name(INPUT_HOOKS[step], i)])
         assert np.allclose(rows[:, i, :D], expected, atol=1e-6)
         assert np.array_equal(rows[:, i, D:], names[f"blocks.{i}.mlp.out"])
+
+
+@pytest.mark.parametrize("architecture", ["standard", "topk"])
+def test_a_new_transcoders_first_output_is_as_large_as_its_targets_spread(architecture):
+    # an MLP's output far smaller than its input (a freshly trained model's): W_enc scaled, so that the features'
+    # output on the first batch is of the target's size, not the input's
+    rng = np.random.default_rng(4)
+    batch = np.concatenate([rng.standard_normal((64, 2, D)) * 5, rng.standard_normal((64, 2, D)) * 1e-3 + 7], axis=-1)
+    settings = settings_of(False, 1, architecture)._replace(layers=[0, 1])
+    params = init_transcoders(settings, batch.astype(np.float32))
+    for i in range(2):
+        x, y = batch[:, i, :D], batch[:, i, D:]
+        f = encode(x, params["W_enc"][i], params["b_enc"][i], params["b_dec"][i], architecture, k=8,
+                   apply_b_dec_to_input=False)
+        size = np.sqrt(np.mean(np.sum((f @ params["W_dec"][i]) ** 2, axis=-1)))
+        assert size == pytest.approx(np.sqrt(np.mean(np.sum((y - y.mean(axis=0)) ** 2, axis=-1))), rel=1e-4)
+        assert np.allclose(params["b_dec"][i], y.mean(axis=0), atol=1e-5)  # b_dec the targets' mean
