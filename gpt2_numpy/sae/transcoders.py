@@ -17,6 +17,8 @@ reach (so that k features a position fire on average), a moving average over the
 threshold, as Bussmann et al. 2024 turn a BatchTopK SAE into a JumpReLU for inference. A standard (ReLU and L1)
 transcoder is saved as the ReLU it is.
 """
+from pathlib import Path
+
 import numpy as np
 
 from gpt2_numpy.circuits.files import CONFIG, layer_file
@@ -63,7 +65,8 @@ def transcoder_set(params, settings, threshold):  # stacked training params -> T
         if settings.architecture == "topk":
             layer["threshold"] = np.full(settings.d_sae, threshold[i], np.float32)
         layers.append({name: np.ascontiguousarray(value, np.float32) for name, value in layer.items()})
-    return TranscoderSet(layers, INPUT_HOOKS[settings.hook], OUTPUT_HOOK)
+    scan = f"{Path(settings.source).name}-{settings.hook}"  # circuit-tracer's loader requires one: the set's name
+    return TranscoderSet(layers, INPUT_HOOKS[settings.hook], OUTPUT_HOOK, scan)
 
 
 def stacked_params(transcoders):  # TranscoderSet -> (stacked training params, threshold [n_layers]): its inverse

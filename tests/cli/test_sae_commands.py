@@ -499,6 +499,7 @@ def test_a_transcoder_run_is_a_set_that_graph_reads_and_resumes_as_an_uninterrup
     assert log_rows(whole) == log_rows(halves) and len(log_rows(whole)) == 6
     transcoders = load_transcoders(whole)
     assert (transcoders.input_hook, transcoders.output_hook, transcoders.skip) == ("mlp.hook_in", "hook_mlp_out", True)
+    assert transcoders.scan == "tiny-ln_2"  # circuit-tracer's loader requires a scan: the model's folder, the hook
     assert [layer["W_enc"].shape for layer in transcoders.layers] == [(16, 8), (16, 8)]
     assert all(np.ptp(layer["threshold"]) == 0 and layer["threshold"][0] > 0 for layer in transcoders.layers)
     assert np.any(transcoders.layers[0]["W_skip"] != 0)  # trained from its zero init

@@ -1,17 +1,24 @@
 """Transcoder runs (gpt2_numpy/sae/transcoders.py and the trainer's step with a target): training finds a planted sparse
-map with a linear part, the set written is the function trained, and a run reads each MLP input as circuits/ does."""
+map with a linear part, the set written is the function trained, a run reads each MLP input as circuits/ does, and
+circuit-tracer reads a trained set as we compute it (scripts/fixtures/make_trained_transcoder_reference.py)."""
 import numpy as np
 import pytest
 
+from gpt2_numpy.circuits.files import load_transcoders
+from gpt2_numpy.circuits.graph import attribution_graph
+from gpt2_numpy.circuits.transcoders import decode as transcoder_decode
+from gpt2_numpy.circuits.transcoders import encode as transcoder_encode
 from gpt2_numpy.circuits.transcoders import input_name, transcode, transcoder_input
 from gpt2_numpy.errors import UsageError
 from gpt2_numpy.interpret.tracing import trace
+from gpt2_numpy.loading import load_model
 from gpt2_numpy.optim import adamw_state, learning_rate
 from gpt2_numpy.params import random_params
 from gpt2_numpy.sae.activations import transcoder_rows
 from gpt2_numpy.sae.model import encode
 from gpt2_numpy.sae.training import WARMUP, SaeSettings, init_transcoders, train_step
 from gpt2_numpy.sae.transcoders import INPUT_HOOKS, stacked_params, transcoder_layers, transcoder_set
+from tests.conftest import FIXTURES
 
 D, N_FEATURES = 16, 64
 
@@ -146,3 +153,25 @@ def test_a_new_transcoders_first_output_is_as_large_as_its_targets_spread(archit
         size = np.sqrt(np.mean(np.sum((f @ params["W_dec"][i]) ** 2, axis=-1)))
         assert size == pytest.approx(np.sqrt(np.mean(np.sum((y - y.mean(axis=0)) ** 2, axis=-1))), rel=1e-4)
         assert np.allclose(params["b_dec"][i], y.mean(axis=0), atol=1e-5)  # b_dec the targets' mean
+
+
+def test_circuit_tracer_reads_a_trained_set_as_we_compute_it():
+    # sae train --transcoder's folder (topk saved as a JumpReLU, a skip, ln2.hook_normalized), loaded by circuit-tracer:
+    # its features and outputs on the prompt, and its attribution graph, are ours within 1e-4
+    theirs = np.load(FIXTURES / "reference_trained_graph.npz")
+    hparams, params, _ = load_model(FIXTURES / "intervene_three_heads")
+    transcoders = load_transcoders(FIXTURES / "transcoders_trained")
+    assert transcoders.skip and all("threshold" in layer for layer in transcoders.layers)
+    names = trace(theirs["input_ids"], params, hparams["n_head"])
+    for layer, weights in enumerate(transcoders.layers):
+        x = names[f"blocks.{layer}.ln_2.normalized"]
+        features = transcoder_encode(weights, x)
+        assert (features != 0).sum() == (theirs[f"features/{layer}"] != 0).sum() > 0
+        np.testing.assert_allclose(features, theirs[f"features/{layer}"], rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(transcoder_decode(weights, features, x), theirs[f"output/{layer}"], rtol=1e-4,
+                                   atol=1e-5)
+    graph = attribution_graph(theirs["input_ids"], params, hparams["n_head"], transcoders)
+    assert np.array_equal(graph.active_features, theirs["active_features"])
+    assert graph.adjacency.shape == theirs["adjacency"].shape
+    np.testing.assert_allclose(graph.adjacency, theirs["adjacency"], rtol=1e-4,
+                               atol=1e-5 * np.abs(theirs["adjacency"]).max())
