@@ -266,7 +266,8 @@ def resumed_settings(args, saved, source):  # -> the saved run's SaeSettings wit
     given.update(d_sae=args.d_sae, hook=source.hook, layers=source.layers, skip=args.skip or None)
     for name, value in given.items():
         if value is not None and value != saved.get(name):
-            raise UsageError(f"--{name.replace('_', '-')} {value} differs from the saved run's {saved.get(name)}: a "
+            flag = "--hook's layers" if name == "layers" else f"--{name.replace('_', '-')}"
+            raise UsageError(f"{flag} {value} differs from the saved run's {saved.get(name)}: a "
                              "resumed run keeps its settings (only --steps and --save-every may change); start a "
                              "new run in another folder to change them")
     return SaeSettings(**{**{name: saved[name] for name in SaeSettings._fields if name in saved},
