@@ -34,9 +34,12 @@ OUTPUT_HOOK = "hook_mlp_out"  # circuit-tracer's name of it
 
 
 def transcoder_layers(hook, target, n_layer):  # -> (the step read, [layer]): what --hook and --target ask for, checked
-    # blocks.L.STEP (or TransformerLens's name) trains layer L; a step alone (ln_2, mlp.out) every layer
+    # blocks.L.STEP (or TransformerLens's name, or circuit-tracer's hook) trains layer L; a step alone (ln_2, mlp.out;
+    # mlp.hook_in, hook_mlp_out) every layer
     read, written = (name if name in (*INPUT_HOOKS, TARGET) else our_hook(name) or name for name in (hook, target))
     layer, step = layer_of(read), step_of(read)
+    step = {theirs: ours for ours, theirs in INPUT_HOOKS.items()}.get(step, step)  # circuit-tracer's names too
+    written = TARGET if step_of(written) == OUTPUT_HOOK else written
     if step not in INPUT_HOOKS:
         raise UsageError(f"--hook {hook} is not an MLP's input: a transcoder reads blocks.L.ln_2, blocks.L.mid or "
                          "blocks.L.ln_2.normalized (or, for every layer, ln_2, mid or ln_2.normalized)")

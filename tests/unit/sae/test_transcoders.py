@@ -83,6 +83,8 @@ def test_a_transcoder_with_a_skip_learns_a_planted_sparse_map_and_its_linear_par
     ("ln_2.normalized", "mlp.out", ("ln_2.normalized", [0, 1, 2])),
     ("blocks.2.hook_resid_mid", "blocks.2.hook_mlp_out", ("mid", [2])),  # TransformerLens's names
     ("blocks.0.ln2.hook_normalized", "blocks.0.mlp.out", ("ln_2.normalized", [0])),
+    ("mlp.hook_in", "hook_mlp_out", ("ln_2", [0, 1, 2])),  # circuit-tracer's hooks
+    ("blocks.1.mlp.hook_in", "blocks.1.hook_mlp_out", ("ln_2", [1])),
 ])
 def test_hook_and_target_name_the_layers_trained(hook, target, expected):
     assert transcoder_layers(hook, target, 3) == expected
