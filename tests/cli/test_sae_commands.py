@@ -29,6 +29,7 @@ from tests.sae_helpers import exact_sae
 
 HPARAMS = {"n_vocab": 257, "n_ctx": 32, "n_embd": 8, "n_head": 2, "n_layer": 2}
 TRAIN = ["--d-sae", "16", "--k", "2", "--batch-size", "32", "--buffer", "64", "--lr", "1e-2"]
+TRANSCODER = ["--transcoder", "--hook", "ln_2", "--target", "mlp.out", "--seq-len", 16, *TRAIN]
 
 
 def run_sae(*args):  # -> CompletedProcess of python -m gpt2_numpy sae args, never a traceback
@@ -398,8 +399,13 @@ main(sys.argv[2:])
 """
 
 
-def test_a_run_cut_after_its_weights_moved_in_settles_and_resumes_as_an_uninterrupted_one(activations, tmp_path):
-    command = ["train", "--activations", activations, "--steps", 6, "--save-every", 2, *TRAIN]
+@pytest.mark.parametrize("kind", ["sae", pytest.param("transcoders", marks=pytest.mark.slow)])
+def test_a_run_cut_after_its_weights_moved_in_settles_and_resumes_as_an_uninterrupted_one(activations, model, tmp_path,
+                                                                                          kind):
+    # a transcoder run's save: layer 0's file (whose header names the step) in place, the other layer's still staged
+    source = ["--activations", activations, *TRAIN] if kind == "sae" else \
+        ["--model", model[0], "--data", model[1], *TRANSCODER]
+    command = ["train", *source, "--steps", 6, "--save-every", 2]
     cut = subprocess.run([sys.executable, "-c", CUT_AFTER_WEIGHTS, "4", *map(str, command), "--out",
                           str(tmp_path / "cut")], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "PYTHONPATH": str(REPO)})
@@ -408,7 +414,9 @@ def test_a_run_cut_after_its_weights_moved_in_settles_and_resumes_as_an_uninterr
     resumed = run_sae(*command, "--out", tmp_path / "cut", "--resume")
     assert resumed.returncode == 0, resumed.stderr
     assert run_sae(*command, "--out", tmp_path / "whole").returncode == 0
-    for name in ("sae_weights.safetensors", "cfg.json"):
+    names = ("sae_weights.safetensors", "cfg.json") if kind == "sae" else \
+        ("layer_0.safetensors", "layer_1.safetensors", "config.yaml")
+    for name in names:
         assert (tmp_path / "cut" / name).read_bytes() == (tmp_path / "whole" / name).read_bytes(), name
     assert log_rows(tmp_path / "cut") == log_rows(tmp_path / "whole")
 
@@ -481,8 +489,6 @@ def test_eval_numbers_equal_a_next_token_loss_computed_by_hand(model, tmp_path):
     assert numbers["dead_latents"] == 64 - np.logical_or.reduce(fired).sum()
     assert not np.array_equal(fired[-1], np.logical_or.reduce(fired))  # the premise: the windows fire differently
 
-
-TRANSCODER = ["--transcoder", "--hook", "ln_2", "--target", "mlp.out", "--seq-len", 16, *TRAIN]
 
 
 @pytest.mark.slow
