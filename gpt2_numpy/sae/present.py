@@ -9,6 +9,7 @@
 explain's tables are latents_table(ids, result, label) and latents_json(ids, result, text) of features.explain_latents's
 result; label(token_id) is a table's quoted label of a token, text(token_id) its text for JSON.
 """
+from gpt2_numpy.console import plural
 from gpt2_numpy.interpret.present import before_after_json, before_after_table
 from gpt2_numpy.interpret.stepwise import fit
 
@@ -38,7 +39,7 @@ def eval_report(numbers):  # -> the text sae eval prints of evaluation.evaluate'
 def transcoders_report(numbers):  # -> the text sae eval --transcoders prints of evaluate_transcoders's numbers
     recovered = numbers["loss_recovered"]
     return "\n".join([
-        f"{numbers['tokens']:,} tokens, {len(numbers['layers'])} MLPs replaced by transcoders of "
+        f"{numbers['tokens']:,} tokens, {plural(len(numbers['layers']), 'MLP')} replaced by transcoders of "
         f"{numbers['d_transcoder']:,} features reading {numbers['input_hook']}{' with a skip' * numbers['skip']}:",
         f"  L_clean {numbers['L_clean']:.4f}  L_replaced {numbers['L_replaced']:.4f}  L_zero {numbers['L_zero']:.4f} "
         "(nats per token; L_zero: those MLPs' outputs zeroed)",

@@ -533,6 +533,9 @@ def test_a_one_layer_run_is_a_set_of_one_that_eval_places_with_layers(model, tmp
     shown = json.loads(result.stdout)
     assert [row["layer"] for row in shown["layers"]] == [1] and shown["tokens"] == 4
     assert numbers["layers"][0]["layer"] == 1
+    report = run_sae("eval", "--transcoders", out, "--layers", 1, "--model", folder, "--data", text, "--seq-len", 4,
+                     "--windows", 1).stdout
+    assert "4 tokens, 1 MLP replaced" in report and f"loss recovered {shown['loss_recovered']:.4f}" in report
     assert_one_error_line(run_sae("eval", "--transcoders", out, "--model", folder, "--data", text),
                           "holds 1 transcoder, but the model has 2 layers: give --layers")
 
