@@ -124,7 +124,7 @@ def batch_loss_and_grads(batch, params, settings, dead):  # -> (losses, grads, s
                                   {name: value[i] for name, value in params.items()}, settings,
                                   None if dead is None else dead[i]) for i in range(batch.shape[1])]
     losses = {name: float(np.mean([result[0].get(name, 0.0) for result in results]))
-              for name in {name for result in results for name in result[0]}}
+              for name in dict.fromkeys(name for result in results for name in result[0])}  # in the one order
     grads = {name: np.stack([result[1][name] for result in results]) for name in params}
     stats = {name: float(np.mean([result[2][name] for result in results])) for name in ("explained_variance", "l0")}
     stats.update(fired=np.stack([result[2]["fired"] for result in results]),
