@@ -46,7 +46,7 @@ python -m scripts.demo.induction_text "$TEXTS/train.txt" --seed 0 --copies 3  # 
 python -m scripts.demo.induction_text "$TEXTS/unseen.txt" --seed 1 --chars 1 --lengths 7 7 --gaps 0 0
 python -m gpt2_numpy.train --data "$TEXTS/train.txt" --out "$OUT" --vocab-size 257 \
   --n-layer 2 --n-head 4 --n-embd 64 --n-ctx 32 --seq-len 32 --batch-size 32 --lr 6e-3 --warmup 200 \
-  --weight-decay 0 --steps "$STEPS" --eval-every 250 --eval-batches 2 --save-every 2000 --seed "$SEED"
+  --steps "$STEPS" --eval-every 250 --eval-batches 2 --save-every 2000 --seed "$SEED"
 mkdir "$OUT/texts"
 mv "$TEXTS/train.txt" "$TEXTS/unseen.txt" "$OUT/texts/"
 python -m scripts.demo.plot_loss "$OUT/log.csv" "$OUT/induction.png" --induction

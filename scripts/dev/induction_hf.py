@@ -2,7 +2,7 @@
 scripts/demo/induction.sh's), and print the heads' scores: whether an induction head forms is then a fact about the
 recipe, not about our trainer.
 
-    ../refvenv/bin/python -m scripts.dev.induction_hf TEXT [--n-ctx 32] [--lr 6e-3] [--steps 10000] [--weight-decay 0]
+    ../refvenv/bin/python -m scripts.dev.induction_hf TEXT [--n-ctx 32] [--lr 6e-3] [--steps 10000] [--weight-decay 0.1]
 
 TEXT: a text from scripts/demo/induction_text.py (or any). Its UTF-8 bytes are the tokens (id = the byte, 256 =
 <|endoftext|>): a byte-level vocabulary of 257, as `train --vocab-size 257` makes, up to a renaming of the ids, which
@@ -52,8 +52,8 @@ def main():
                           ("--threads", 1)):
         parser.add_argument(flag, type=int, default=default, help=f"({default})")
     parser.add_argument("--lr", type=float, default=6e-3, help="the peak learning rate (6e-3)")
-    parser.add_argument("--weight-decay", type=float, default=0.0,
-                        help=f"AdamW's decay of the matrices and embeddings (0; train's default is {WEIGHT_DECAY})")
+    parser.add_argument("--weight-decay", type=float, default=WEIGHT_DECAY,
+                        help=f"AdamW's decay of the matrices and embeddings ({WEIGHT_DECAY}, as train's)")
     args = parser.parse_args()
     if MISSING:
         sys.exit(f"error: {MISSING} is missing from {sys.executable}: {SETUP}")
