@@ -119,7 +119,11 @@ def partial_influences(rows, probabilities, row_nodes):  # [r, n_sources], [n_lo
 
 
 def layer_features(transcoders, layer, arrays):  # -> [n_seq, d_transcoder]: layer's features, position 0's zeroed
-    features = encode(transcoders.layers[layer], layer_input(transcoders, layer, arrays))
+    return row_features(transcoders, layer, arrays[input_name(transcoders.input_hook, layer)])
+
+
+def row_features(transcoders, layer, rows):  # [n_seq, d_model] of input_name's array -> [n_seq, d_transcoder]
+    features = encode(transcoders.layers[layer], transcoder_input(transcoders.input_hook, rows))
     features[ZERO_POSITIONS] = 0
     return features
 

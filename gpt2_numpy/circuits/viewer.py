@@ -14,30 +14,40 @@ def node(node_id, feature, layer, position, kind, js_id, influence=None, activat
             "influence": influence, "activation": activation}
 
 
-def graph_nodes(graph, pruned, decode):  # -> {index: node JSON} of the pruned graph's nodes
-    """decode(ids) -> their text, as circuit-tracer's tokenizer.decode gives it (a token alone, the prompt)."""
+def node_place(graph, index):  # -> (kind, layer, position, feature) of node `index` in the adjacency's order
+    """kind: "feature" (layer, position, feature index), "error" (layer, position), "token" (position) or "logit"
+    (position the last, feature its rank among the logits); what does not apply is None."""
     n_features, n_seq = len(graph.selected_features), len(graph.input_ids)
     errors_end = n_features + graph.n_layer * n_seq
-    tokens_end = errors_end + n_seq
+    if index < n_features:
+        layer, position, feature = map(int, graph.active_features[graph.selected_features[index]])
+        return "feature", layer, position, feature
+    if index < errors_end:
+        return ("error", *divmod(index - n_features, n_seq), None)
+    if index < errors_end + n_seq:
+        return "token", None, index - errors_end, None
+    return "logit", None, n_seq - 1, index - errors_end - n_seq
+
+
+def graph_nodes(graph, pruned, decode):  # -> {index: node JSON} of the pruned graph's nodes
+    """decode(ids) -> their text, as circuit-tracer's tokenizer.decode gives it (a token alone, the prompt)."""
     nodes = {}
     for index in map(int, pruned.node_mask.nonzero()[0]):
         influence = float(pruned.cumulative_scores[index])
-        if index < n_features:
-            layer, position, feature = map(int, graph.active_features[graph.selected_features[index]])
+        kind, layer, position, feature = node_place(graph, index)
+        if kind == "feature":
+            activation = float(graph.activation_values[graph.selected_features[index]])
             nodes[index] = node(f"{layer}_{feature}_{position}", cantor_pairing(layer, feature), str(layer), position,
-                                "cross layer transcoder", f"{layer}_{feature}-0", influence,
-                                float(graph.activation_values[graph.selected_features[index]]))
-        elif index < errors_end:
-            layer, position = divmod(index - n_features, n_seq)
+                                "cross layer transcoder", f"{layer}_{feature}-0", influence, activation)
+        elif kind == "error":
             nodes[index] = node(f"0_{layer}_{position}", -1, str(layer), position, "mlp reconstruction error",
                                 f"{layer}_{position}-0", influence)
-        elif index < tokens_end:
-            position = index - errors_end
+        elif kind == "token":
             token = int(graph.input_ids[position])
             nodes[index] = node(f"E_{token}_{position}", position, "E", position, "embedding", f"E_{token}-{position}",
                                 influence)
         else:
-            nodes[index] = logit_node(graph, index - tokens_end, decode)
+            nodes[index] = logit_node(graph, feature, decode)
     return nodes
 
 

@@ -5,7 +5,8 @@
 
 stdout gets what is asked for: the logit lens's table (--lens), the head scores (--heads), an ablation (--ablate), a
 direct logit attribution (--attribute), activation patching (--patch), attribution patching
-(--attribution-patching), each one JSON object with --json, and the
+(--attribution-patching), an SAE's latents (--sae: each position's strongest, the effect of --sae-ablate or --steer, or
+with --attribute each latent's share of the logit difference), each one JSON object with --json, and the
 walkthrough (the prompt's tokens, the shape of every step, one head's attention step by step, the
 next-token prediction). The walkthrough prints when nothing else is asked for, or with --walkthrough; a command that
 writes a file (--plot, --html) otherwise prints only, on stderr, where the file went. Long stages show a progress bar
@@ -32,6 +33,7 @@ from gpt2_numpy.commands.common import (
 from gpt2_numpy.console import log, plural, progress_bar
 from gpt2_numpy.errors import NothingToRecover, UsageError
 from gpt2_numpy.loading import is_ready, prompt_ids
+from gpt2_numpy.circuits.latents import latent_gradients
 from gpt2_numpy.interpret.ablation import ABLATIONS, REFERENCE_TOKENS, ablation, reference_windows
 from gpt2_numpy.interpret.attribution import attribution
 from gpt2_numpy.interpret.attribution_patching import (
@@ -157,8 +159,10 @@ def parse_args(argv):  # -> argparse.Namespace, checked
                         "most); never the prompt itself, whose later tokens a mean over its positions would let in")
     parser.add_argument("--attribute", nargs=2, type=text_word, metavar=("A", "B"),
                         help="split logit(A) - logit(B) at the last position into what each head, each MLP, the "
-                        "embeddings and the biases wrote into the residual stream; A and B are texts of one token "
-                        "each, taken as given even when they begin with '-'")
+                        "embeddings and the biases wrote into the residual stream; with --sae, what each of its "
+                        "latents at each position contributes instead (its activation times the difference's "
+                        "gradient with respect to it, the SAE spliced in); A and B are texts of one token each, "
+                        "taken as given even when they begin with '-'")
     parser.add_argument("--patch", type=text_word, metavar="CORRUPT",
                         help="activation patching: run the CORRUPT prompt (as many tokens as PROMPT) with each head's "
                         "output, and the residual stream at each layer and position, copied in from PROMPT's run; "
@@ -212,6 +216,10 @@ def parse_args(argv):  # -> argparse.Namespace, checked
                          "--mean-over")
     if (args.sae_ablate or args.steer) and args.sae is None:
         raise UsageError(f"{'--sae-ablate' if args.sae_ablate else '--steer'} edits an SAE's latents: add --sae DIR")
+    if (args.sae_ablate or args.steer) and args.attribute is not None:
+        edit = "--sae-ablate" if args.sae_ablate else "--steer"
+        raise UsageError(f"--attribute with --sae scores the SAE's latents, and {edit} edits them: give one of them "
+                         "(run explain twice for both)")
     check_attribution_patching(args)
     if args.patch is not None and args.answer is None:
         raise UsageError("--patch needs --answer A B: the two one-token answers whose logit difference it measures")
@@ -220,7 +228,7 @@ def parse_args(argv):  # -> argparse.Namespace, checked
     flag, corrupt = corrupt_prompt(args)
     if corrupt == "-" and args.prompt == "-":
         raise UsageError(f'"-" reads stdin once: give the prompt or the {flag} prompt as an argument')
-    asked = [flag_of(name) for name in OUTPUTS if getattr(args, name) not in (None, False)]
+    asked = [flag_of(name) for name in OUTPUTS if asks(args, name)]
     if args.json and not asked:
         raise UsageError(f"--json belongs to {', '.join(map(flag_of, OUTPUTS))}: add one of them, or drop "
                          "--json")
@@ -333,6 +341,8 @@ def flag_of(name):  # -> a mode's flag: "--attribution-patching" for "attributio
 
 
 def asks(args, name):  # -> whether the arguments ask for mode `name`: its flag, args.NAME, is given
+    if name == "attribute" and args.sae is not None:  # --sae's mode attributes to the SAE's latents instead
+        return False
     return getattr(args, name) not in (None, False)
 
 
@@ -435,9 +445,13 @@ def attribution_patched(request):  # -> attribution_patching's scores, and for t
     return scores, effects, faithful
 
 
-def sae_latents(request):  # -> --sae's result: each position's strongest latents, or the edits' effect
+def sae_latents(request):  # -> --sae's result: each position's strongest latents, the edits' effect, or with
+    # --attribute each latent's attribution: {"sae", "answers", "attribution": latent_gradients's (value, f, d_f)}
     args = request.args
     sae = sae_for_model(args.sae, request.params, request.hparams, args.models_dir)
+    if request.attribute is not None:
+        return {"sae": sae, "answers": request.attribute, "attribution": latent_gradients(
+            request.ids, request.params, request.hparams["n_head"], sae, logit_difference(*request.attribute))}
     ablate = checked_latents(args.sae_ablate or [], sae, "--sae-ablate")
     steers = args.steer or []
     checked_latents([latent for latent, _ in steers], sae, "--steer")

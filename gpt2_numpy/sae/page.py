@@ -34,12 +34,7 @@ def features_data(windows, params, n_head, sae, latents, text, title, n_contexts
     for latent, up, down in zip(latents, promoted, suppressed):
         seen = found["latents"][latent]
         counts, edges = seen["histogram"]
-        contexts = []
-        for value, window, position in seen["contexts"]:
-            start, stop = context_span(position, windows.shape[1])
-            contexts.append({"value": value, "peak": position - start,
-                             "tokens": [text(int(t)) for t in windows[window, start:stop]],
-                             "acts": found["activations"][window, start:stop, column[latent]].tolist()})
+        contexts = context_rows(found, windows, latent, column[latent], text)
         shown.append({"id": int(latent), "neuronpedia": neuronpedia_url(sae, int(latent)), "fired": seen["fired"],
                       "max": contexts[0]["value"] if contexts else 0.0,
                       "contexts": contexts, "histogram": {"counts": counts.tolist(), "edges": edges.tolist()},
@@ -51,3 +46,15 @@ def features_data(windows, params, n_head, sae, latents, text, title, n_contexts
                f"positions ({len(windows)} windows of {windows.shape[1]} tokens). {effect}")
     return {"title": title, "summary": summary, "positions": found["positions"], "no_logits": no_logits,
             "latents": shown}
+
+
+def context_rows(found, windows, latent, column, text):  # -> [{value, peak, tokens, acts}]: a latent's contexts
+    """The strongest contexts of `latent` in scan's result `found` over windows [n_windows, n_seq], its activations in
+    found's column `column`: each context's tokens (text(token_id)), their activations, and where the peak is."""
+    contexts = []
+    for value, window, position in found["latents"][latent]["contexts"]:
+        start, stop = context_span(position, windows.shape[1])
+        contexts.append({"value": value, "peak": position - start,
+                         "tokens": [text(int(t)) for t in windows[window, start:stop]],
+                         "acts": found["activations"][window, start:stop, column].tolist()})
+    return contexts

@@ -1,15 +1,22 @@
 """What the SAE's command lines print, as tables and as JSON (their numbers come from the rest of the package):
 
     gpt2-numpy sae eval --sae my-sae --model my-gpt --data held-out.txt   eval_report: the losses, loss recovered, ...
+    gpt2-numpy sae eval --transcoders my-tc --model my-gpt --data held-out.txt   transcoders_report: the same, per layer
     gpt2-numpy explain PROMPT --sae my-sae [--json]                  each position's strongest latents
     gpt2-numpy explain PROMPT --sae my-sae --sae-ablate F [F ...]    the loss and next tokens with latents taken out
     gpt2-numpy explain PROMPT --sae my-sae --steer F:SCALE [...]     ... with SCALE * W_dec[F] added at every position
+    gpt2-numpy explain PROMPT --sae my-sae --attribute A B           each latent's share of logit(A) - logit(B)
 
 explain's tables are latents_table(ids, result, label) and latents_json(ids, result, text) of features.explain_latents's
 result; label(token_id) is a table's quoted label of a token, text(token_id) its text for JSON.
 """
-from gpt2_numpy.interpret.present import before_after_json, before_after_table
+import numpy as np
+
+from gpt2_numpy.console import plural
+from gpt2_numpy.interpret.present import before_after_json, before_after_table, ids_json
 from gpt2_numpy.interpret.stepwise import fit
+
+ATTRIBUTED = 20  # latents --attribute's table lists, the largest |attribution| first
 
 
 def eval_report(numbers):  # -> the text sae eval prints of evaluation.evaluate's numbers
@@ -34,18 +41,35 @@ def eval_report(numbers):  # -> the text sae eval prints of evaluation.evaluate'
           else []), ""])
 
 
+def transcoders_report(numbers):  # -> the text sae eval --transcoders prints of evaluate_transcoders's numbers
+    recovered = numbers["loss_recovered"]
+    return "\n".join([
+        f"{numbers['tokens']:,} tokens, {plural(len(numbers['layers']), 'MLP')} replaced by transcoders of "
+        f"{numbers['d_transcoder']:,} features reading {numbers['input_hook']}{' with a skip' * numbers['skip']}:",
+        f"  L_clean {numbers['L_clean']:.4f}  L_replaced {numbers['L_replaced']:.4f}  L_zero {numbers['L_zero']:.4f} "
+        "(nats per token; L_zero: those MLPs' outputs zeroed)",
+        f"  loss recovered {shown_number(recovered)} ((L_zero - L_replaced) / (L_zero - L_clean))",
+        "  layer  mse          explained variance  L0       dead features",
+        *(f"  {row['layer']:5}  {row['mse']:<11.6g}  {row['explained_variance']:<18.4f}  {row['l0']:<7.2f}  "
+          f"{row['dead_features']:,}" for row in numbers["layers"]), ""])
+
+
 def shown_number(value):  # -> a number to 4 places, or "undefined" (a ratio over 0: zeroing the activation changed
     # nothing, or the SAE's output is all zeros)
     return "undefined" if value is None else f"{value:.4f}"
 
 
 def latents_table(ids, result, label):  # -> the text explain --sae prints for features.explain_latents's result
+    if "attribution" in result:
+        return latent_attribution_table(ids, result, label)
     if "top" in result:
         return strongest_table(ids, result["sae"], result["top"], label)
     return edit_table(result["sae"], result["ablate"], result["steers"], result["effect"], label)
 
 
 def latents_json(ids, result, text):  # -> the JSON-ready object explain --sae --json prints
+    if "attribution" in result:
+        return latent_attribution_json(ids, result, text)
     if "top" in result:
         return strongest_json(ids, result["sae"], result["top"], text)
     return edit_json(ids, result["sae"], result["ablate"], result["steers"], result["effect"], text)
@@ -79,3 +103,37 @@ def edit_json(ids, sae, ablate, steers, result, text):  # -> the object --sae-ab
 
 def edit_table(sae, ablate, steers, result, label):  # -> the text --sae-ablate / --steer prints, as --ablate's
     return before_after_table(f"SAE at {sae.hook}: {edit_names(ablate, steers)}", result, label)
+
+
+def attributed_latents(result):  # -> [(position, latent, activation, gradient, attribution)], largest |attribution|
+    # first, of every active latent at every position
+    _, activations, gradients = result["attribution"]
+    positions, latents = np.nonzero(activations)
+    scores = activations[positions, latents] * gradients[positions, latents]
+    order = np.argsort(-np.abs(scores), kind="stable")
+    return [(int(positions[i]), int(latents[i]), float(activations[positions[i], latents[i]]),
+             float(gradients[positions[i], latents[i]]), float(scores[i])) for i in order]
+
+
+def latent_attribution_json(ids, result, text):  # -> the object explain --sae --attribute --json prints
+    sae, (value, _, _) = result["sae"], result["attribution"]
+    return {"prompt_ids": ids_json(ids), "hook": sae.hook, "d_sae": sae.d_sae,
+            "answer_ids": ids_json(result["answers"]), "logit_diff": value,
+            "latents": [{"position": position, "token": text(ids[position]), "latent": latent, "activation": f,
+                         "gradient": d_f, "attribution": score}
+                        for position, latent, f, d_f, score in attributed_latents(result)]}
+
+
+def latent_attribution_table(ids, result, label):  # -> the text explain --sae --attribute prints
+    sae, (value, _, _) = result["sae"], result["attribution"]
+    a, b = (label(answer) for answer in result["answers"])
+    found = attributed_latents(result)
+    lines = [f"SAE latent attribution: logit({a}) - logit({b}) = {value:.4f} at the last position with the SAE at "
+             f"{sae.hook} spliced in;",
+             "each active latent's activation times the difference's gradient with respect to it, the "
+             f"{min(ATTRIBUTED, len(found))} largest of {len(found)}", "",
+             f"{'pos':>4} {'token':>20}  {'latent':>7} {'activation':>11} {'gradient':>11} {'attribution':>12}"]
+    lines += [f"{position:4} {fit(label(ids[position]), 19):>20}  {latent:7} {f:11.4f} {d_f:11.4g} {score:12.4g}"
+              for position, latent, f, d_f, score in found[:ATTRIBUTED]]
+    lines += [f"{'sum over the active latents':>45} {sum(score for *_, score in found):>24.4g}"]
+    return "\n".join(lines) + "\n"

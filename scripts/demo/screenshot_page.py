@@ -34,20 +34,10 @@ def main():
 
 
 def screenshot(page, args):  # -> None; opens the page offline, chooses layer, head and query, saves args.out
-    from selenium import webdriver
-    from selenium.webdriver.chrome.options import Options
-    from selenium.webdriver.chrome.service import Service
-    from selenium.webdriver.support.ui import Select, WebDriverWait
+    from selenium.webdriver.support.ui import Select
 
-    options = Options()
-    for argument in ["--headless=new", "--no-sandbox", "--disable-gpu", f"--window-size={args.size}",
-                     "--hide-scrollbars"]:
-        options.add_argument(argument)
-    options.binary_location = shutil.which("chromium") or shutil.which("chromium-browser")
-    driver = webdriver.Chrome(options=options, service=Service(shutil.which("chromedriver")))
+    driver = opened(page, args.size)
     try:
-        driver.get(page.as_uri())
-        WebDriverWait(driver, 120).until(lambda d: d.execute_script("return document.body.dataset.ready"))
         Select(driver.find_element("id", "layer")).select_by_value(str(args.layer))
         Select(driver.find_element("id", "head")).select_by_value(str(args.head))
         tokens = driver.find_elements("css selector", "[data-token-index]")
@@ -56,6 +46,25 @@ def screenshot(page, args):  # -> None; opens the page offline, chooses layer, h
     finally:
         driver.quit()
 
+
+def opened(page, size):  # -> a headless Chromium (selenium) showing the page, once its script is ready
+    from selenium import webdriver
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    options = Options()
+    for argument in ["--headless=new", "--no-sandbox", "--disable-gpu", f"--window-size={size}", "--hide-scrollbars"]:
+        options.add_argument(argument)
+    options.binary_location = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver = webdriver.Chrome(options=options, service=Service(shutil.which("chromedriver")))
+    try:
+        driver.get(Path(page).resolve().as_uri())
+        WebDriverWait(driver, 120).until(lambda d: d.execute_script("return document.body.dataset.ready"))
+    except BaseException:
+        driver.quit()
+        raise
+    return driver
 
 if __name__ == "__main__":
     main()

@@ -59,6 +59,7 @@ def test_the_declared_package_data_is_what_the_package_reads():
     declared = package_data()
     assert "data/sample.txt" in declared["gpt2_numpy"]  # `--data sample:`, the first run's text
     assert "page.html" in declared["gpt2_numpy.interpret"] and "features.html" in declared["gpt2_numpy.sae"]
+    assert "graph.html" in declared["gpt2_numpy.circuits"]  # circuits graph's page
 
 
 @pytest.mark.slow
