@@ -99,8 +99,8 @@ def layer_norm(x, g, b, eps=1e-5):  # [..., n_seq, n_embd] -> [..., n_seq, n_emb
 
 def normalize(x, g, b, eps, out):  # [n_rows, n_embd] -> out [n_rows, n_embd]: layer_norm of each row
     n = x.shape[-1]
-    # x - mean, the row sums as one product with ones: a BLAS pass over x runs about 3 times faster than NumPy's
-    # pairwise sum along rows (and no np.mean Python wrapper)
+    # x - mean, the row sums as dot products with ones: BLAS's dot runs about 3 times faster than NumPy's pairwise
+    # sum along rows (and no np.mean Python wrapper)
     centered = np.subtract(x, row_sums(x)[..., None] / n, out=out)
     variance = np.vecdot(centered, centered)[..., None] / n  # mean of squares as one dot product per row: no temporary
     # g (x - mean) / sqrt(variance + eps) + b, in place on out; times 1 / sqrt(...) divides once per row
@@ -109,8 +109,10 @@ def normalize(x, g, b, eps, out):  # [n_rows, n_embd] -> out [n_rows, n_embd]: l
     centered += b
 
 
-def row_sums(x):  # [..., n] -> [...]: x.sum(axis=-1), as x @ ones
-    return x @ np.ones(x.shape[-1], x.dtype)
+def row_sums(x):  # [..., n] -> [...]: x.sum(axis=-1), as a dot product of each row with ones
+    # (row by row, not one product x @ ones: a matrix-vector product's rounding depends on how many rows it is given,
+    # and a row's must not depend on how the rows are shared among threads)
+    return np.vecdot(x, np.ones(x.shape[-1], x.dtype))
 
 
 def linear(x, w, b):  # [..., n_in] -> [..., n_out]
@@ -164,7 +166,7 @@ def attention(q, k, v, mask):  # [..., n_head, n_q, d_head], [..., n_head, n_k, 
     scores += mask  # in place here and below: the [..., n_head, n_q, n_k] scores are the largest array
     weights = scores_exp(scores)
     # model.attention's softmax(scores + mask) v as (e^s v) / Σ e^s: the division runs over [n_q, d_head], not over
-    # [n_q, n_k]; v first, for a C-ordered result as above; the sums as a product with ones, as in normalize()
+    # [n_q, n_k]; v first, for a C-ordered result as above; the sums as dot products with ones, as in normalize()
     out = einsum("...kd,...qk->...qd", v, weights, n_macs=weights.size * v.shape[-1])
     out /= row_sums(weights)[..., None]
     return out
