@@ -23,6 +23,8 @@ CHUNK = 1 << 17  # elements per pass of in_chunks: a chunk and its output (1 MB)
 # size and a quarter of it: docs/making-it-fast.md)
 ALL = slice(None)  # every position
 UNSHIFTED = 50.0  # attention's scores take e^x without subtracting each row's max where every max lies within ±this
+UNSHIFTED_FROM = 1 << 15  # ... and there are at least this many of them (scores_exp())
+ONES = {}  # dtype -> a read-only vector of ones, as long as the longest row_sums() has summed (ones())
 QUERY_BLOCK = 128  # queries per block of causal attention: a block's scores stay in L3 cache, and it skips the future
 EINSUM_PATH = ["einsum_path", (0, 1)]  # contract operand 0 with operand 1: the only order two operands have
 PLAIN_EINSUM_MACS = 1 << 18  # up to this many multiply-adds, einsum's own loop beats its matmul route (einsum())
@@ -112,7 +114,16 @@ def normalize(x, g, b, eps, out):  # [n_rows, n_embd] -> out [n_rows, n_embd]: l
 def row_sums(x):  # [..., n] -> [...]: x.sum(axis=-1), as a dot product of each row with ones
     # (row by row, not one product x @ ones: a matrix-vector product's rounding depends on how many rows it is given,
     # and a row's must not depend on how the rows are shared among threads)
-    return np.vecdot(x, np.ones(x.shape[-1], x.dtype))
+    return np.vecdot(x, ones(x.shape[-1], x.dtype))
+
+
+def ones(n, dtype):  # -> [n] ones of dtype, read-only: made once for every length up to the longest asked for, as
+    # making them at each call would cost more than the sum they speed up in a decode step
+    made = ONES.get(dtype)
+    if made is None or len(made) < n:
+        made = ONES[dtype] = np.ones(max(n, 1024), dtype)
+        made.flags.writeable = False
+    return made[:n]
 
 
 def linear(x, w, b):  # [..., n_in] -> [..., n_out]
@@ -176,10 +187,11 @@ def scores_exp(scores):  # [..., n] -> [..., n] in place: e^(scores - c), c cons
     # softmax(x) = softmax(x - c) for any c. Where every row's max lies within ±UNSHIFTED, c = 0 is as good as the max
     # (shifted_exp): no e^x overflows float32 (whose exp overflows beyond 88), each row's largest term is at least
     # e^-50, and terms it loses to underflow weigh below e^-37 of it; and it saves a pass over the scores
-    top = scores.max(axis=-1)
-    if -UNSHIFTED < top.min() and top.max() < UNSHIFTED:  # False for NaN, and for -inf (a row with no key)
-        return np.exp(scores, out=scores)
-    return np.exp(np.subtract(scores, top[..., None], out=scores), out=scores)
+    # Below UNSHIFTED_FROM scores (a decode step's), the check's two reductions cost more than the pass they save
+    top = scores.max(axis=-1, keepdims=True)
+    if scores.size >= UNSHIFTED_FROM and -UNSHIFTED < top.min() and top.max() < UNSHIFTED:  # False for NaN, and for
+        return np.exp(scores, out=scores)  # -inf (a row with no key)
+    return np.exp(np.subtract(scores, top, out=scores), out=scores)
 
 
 def einsum(subscripts, a, b, n_macs):  # np.einsum of two operands, in its cheapest measured form

@@ -197,7 +197,8 @@ def test_softmax_does_not_overflow_on_large_logits():
 
 @pytest.mark.parametrize("offset", [0, 200, -200])  # scores within ±UNSHIFTED, and beyond: e^200 overflows float32,
 # e^-200 vanishes (a row of zeros, 0 / 0)
-def test_attention_takes_its_softmax_without_overflow_or_underflow(offset):
+def test_attention_takes_its_softmax_without_overflow_or_underflow(offset, monkeypatch):
+    monkeypatch.setattr(model, "UNSHIFTED_FROM", 1)  # the check at every size, not only at a prefill's
     rng = np.random.default_rng(0)
     q, k, v = (rng.standard_normal((2, 5, 8), dtype=np.float32) for _ in range(3))
     q[..., 0], k[..., 0] = 1, offset * math.sqrt(8)  # every score q kᵀ / √8 moves by offset
