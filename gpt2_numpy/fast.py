@@ -22,6 +22,9 @@ CHUNK = 1 << 17  # elements per pass of in_chunks: a chunk and its output (1 MB)
 # runs long enough that threads sharing a pass seldom queue for the GIL between calls (the shares measured, at this
 # size and a quarter of it: docs/making-it-fast.md)
 ALL = slice(None)  # every position
+UNSHIFTED = 50.0  # attention's scores take e^x without subtracting each row's max where every max lies within ±this
+UNSHIFTED_FROM = 1 << 15  # ... and there are at least this many of them (scores_exp())
+ONES = {}  # dtype -> a read-only vector of ones, as long as the longest row_sums() has summed (ones())
 QUERY_BLOCK = 128  # queries per block of causal attention: a block's scores stay in L3 cache, and it skips the future
 EINSUM_PATH = ["einsum_path", (0, 1)]  # contract operand 0 with operand 1: the only order two operands have
 PLAIN_EINSUM_MACS = 1 << 18  # up to this many multiply-adds, einsum's own loop beats its matmul route (einsum())
@@ -98,12 +101,29 @@ def layer_norm(x, g, b, eps=1e-5):  # [..., n_seq, n_embd] -> [..., n_seq, n_emb
 
 def normalize(x, g, b, eps, out):  # [n_rows, n_embd] -> out [n_rows, n_embd]: layer_norm of each row
     n = x.shape[-1]
-    centered = np.subtract(x, x.sum(axis=-1, keepdims=True) / n, out=out)  # x - mean: no np.mean Python wrapper
+    # x - mean, the row sums as dot products with ones: BLAS's dot runs about 3 times faster than NumPy's pairwise
+    # sum along rows (and no np.mean Python wrapper)
+    centered = np.subtract(x, row_sums(x)[..., None] / n, out=out)
     variance = np.vecdot(centered, centered)[..., None] / n  # mean of squares as one dot product per row: no temporary
     # g (x - mean) / sqrt(variance + eps) + b, in place on out; times 1 / sqrt(...) divides once per row
     centered *= 1 / np.sqrt(variance + eps)
     centered *= g
     centered += b
+
+
+def row_sums(x):  # [..., n] -> [...]: x.sum(axis=-1), as a dot product of each row with ones
+    # (row by row, not one product x @ ones: a matrix-vector product's rounding depends on how many rows it is given,
+    # and a row's must not depend on how the rows are shared among threads)
+    return np.vecdot(x, ones(x.shape[-1], x.dtype))
+
+
+def ones(n, dtype):  # -> [n] ones of dtype, read-only: made once for every length up to the longest asked for, as
+    # making them at each call would cost more than the sum they speed up in a decode step
+    made = ONES.get(dtype)
+    if made is None or len(made) < n:
+        made = ONES[dtype] = np.ones(max(n, 1024), dtype)
+        made.flags.writeable = False
+    return made[:n]
 
 
 def linear(x, w, b):  # [..., n_in] -> [..., n_out]
@@ -155,12 +175,23 @@ def attention_scores(q, k):  # [..., n_head, n_q, d_head], [..., n_head, n_k, d_
 def attention(q, k, v, mask):  # [..., n_head, n_q, d_head], [..., n_head, n_k, d_head] x2, [..., n_q, n_k] -> like q
     scores = attention_scores(q, k)
     scores += mask  # in place here and below: the [..., n_head, n_q, n_k] scores are the largest array
-    weights = shifted_exp(scores, out=scores)
+    weights = scores_exp(scores)
     # model.attention's softmax(scores + mask) v as (e^s v) / Σ e^s: the division runs over [n_q, d_head], not over
-    # [n_q, n_k]; v first, for a C-ordered result as above
+    # [n_q, n_k]; v first, for a C-ordered result as above; the sums as dot products with ones, as in normalize()
     out = einsum("...kd,...qk->...qd", v, weights, n_macs=weights.size * v.shape[-1])
-    out /= weights.sum(axis=-1, keepdims=True)
+    out /= row_sums(weights)[..., None]
     return out
+
+
+def scores_exp(scores):  # [..., n] -> [..., n] in place: e^(scores - c), c constant along each row
+    # softmax(x) = softmax(x - c) for any c. Where every row's max lies within ±UNSHIFTED, c = 0 is as good as the max
+    # (shifted_exp): no e^x overflows float32 (whose exp overflows beyond 88), each row's largest term is at least
+    # e^-50, and terms it loses to underflow weigh below e^-37 of it; and it saves a pass over the scores
+    # Below UNSHIFTED_FROM scores (a decode step's), the check's two reductions cost more than the pass they save
+    top = scores.max(axis=-1, keepdims=True)
+    if scores.size >= UNSHIFTED_FROM and -UNSHIFTED < top.min() and top.max() < UNSHIFTED:  # False for NaN, and for
+        return np.exp(scores, out=scores)  # -inf (a row with no key)
+    return np.exp(np.subtract(scores, top, out=scores), out=scores)
 
 
 def einsum(subscripts, a, b, n_macs):  # np.einsum of two operands, in its cheapest measured form

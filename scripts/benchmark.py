@@ -39,12 +39,12 @@ from gpt2_numpy import keep_freed_memory
 from gpt2_numpy.formats.checkpoint import load_params
 from gpt2_numpy.params import random_params
 from gpt2_numpy.console import plural
-from scripts.bench import (batch, bpe, breakdown, busy, circuits, counts, forward, goals, memory, sae, score, tokenizer,
-                           train)
+from scripts.bench import (batch, bpe, breakdown, busy, circuits, counts, forward, goals, memory, roofline, sae, score,
+                           tokenizer, train)
 from scripts.bench.engines import INSTALL_HF, HuggingFace, Ours
 from gpt2_numpy import cores
-from scripts.bench.harness import (BEGIN, END, HF, HPARAMS_124M, REPO, blas_name, blas_threads, fail, read_page,
-                                   report, sweep_report, vocabulary, write_between_markers)
+from scripts.bench.harness import (BEGIN, END, HF, HPARAMS_124M, REPO, blas_name, blas_threads, cpu_name, fail,
+                                   read_page, report, sweep_report, vocabulary, write_between_markers)
 
 Run = namedtuple("Run", "engines params tf_dir hf_dir vocab_dir repeats corpus circuit_tracer_python")
 PARTS = {  # --only's names, in the order they run -> (run) -> rows (the breakdown: its own table's lines)
@@ -143,11 +143,12 @@ def main(argv=None):
     hparams, params = load_params(tf_dir) if tf_dir else (HPARAMS_124M, random_params(HPARAMS_124M))
     counts = args.threads or [None]  # None: the count in force, once
     loads = [0, args.busy] if args.busy else [0]
-    runs = {}  # column label -> {part: rows}
+    runs, rates = {}, {}  # column label -> {part: rows}, and the rates its rows' bounds come from
     with tempfile.TemporaryDirectory() as scratch:
         engines, hf_dir = engines_for(params, hparams, args.compare_hf, scratch)
         run = Run(engines, params, tf_dir, hf_dir, vocabulary(args.checkpoint), args.repeats, args.corpus,
                   args.circuit_tracer_python)
+        threads_in_force = threads_line(engines)  # before any part: a pass may change OpenBLAS's count
         names = [name for name in PARTS if name in (args.only or PARTS)]
         with tqdm(total=len(names) * len(counts) * len(loads), desc="benchmark", unit="part",
                   file=sys.stderr) as progress:
@@ -162,10 +163,15 @@ def main(argv=None):
                             progress.set_postfix_str(", ".join(filter(None, [name, label])))
                             runs[label][name] = PARTS[name](run)
                             progress.update()
-    torch = f", torch {engines[1].torch.__version__} ({engines[1].torch.get_num_threads()} threads)" if hf_dir else ""
+                        if any(map(roofline.bounded, part_rows(runs[label]))):  # on the same cores, count and load
+                            rates[label] = roofline.measured_rates()
+    torch = f", torch {engines[1].torch.__version__}" if hf_dir else ""
     header = {
-        "machine": f"{os.cpu_count()} cores ({cores.available_cores()} for this process), {platform.machine()}, BLAS "
-                   f"{blas_name()} with {plural(blas_threads(), 'thread')}",
+        "cpu": f"{cpu_name()}, {os.cpu_count()} cores ({cores.available_cores()} for this process), "
+               f"{platform.machine()}",
+        "kernels": f"NumPy's BLAS {blas_name()}" + (f", torch's {torch_isa(engines[1].torch)}" if hf_dir else ""),
+        "threads": threads_in_force if args.threads is None else ", ".join(  # a column per count
+            f"{count}" + (" (oversubscribed)" if count > cores.available_cores() else "") for count in args.threads),
         "load": f"load average {load[0]:.2f}, {load[1]:.2f}, {load[2]:.2f} at the start",
         "versions": f"Python {platform.python_version()}, numpy {np.__version__}{torch}",
         "weights": f"checkpoint {tf_dir}" if tf_dir else "seeded random weights of the 124M shape (no TF checkpoint)",
@@ -173,23 +179,24 @@ def main(argv=None):
     if args.busy:
         header["busy"] = f"{args.busy} CPU-bound process{'es' if args.busy > 1 else ''} beside the run (busy column)"
     breakdowns = {label: results.pop("breakdown", []) for label, results in runs.items()}
-    rows = {label: [r for part in results.values() for r in part] for label, results in runs.items()}
+    names = [e.name for e in engines]
+    rows = {label: roofline.with_bounds(part_rows(results), rates.get(label)) for label, results in runs.items()}
+    bounds = {label: roofline.bound_lines(rows[label], rates[label], names) for label in rates}
     count_of = {column(count, n_busy, args.busy): count for n_busy in loads for count in counts}
     met = {label: goals.verdicts(label_rows, count_of[label] or cores.threads()) for label, label_rows in rows.items()}
-    names = [e.name for e in engines]
     if args.threads or args.busy:
-        if args.threads:
-            header["threads"] = ", ".join(f"{count}" + (" (oversubscribed)" if count > cores.available_cores() else "")
-                                          for count in args.threads)
         by_count = {column(None, n_busy, args.busy): {count: rows[column(count, n_busy, args.busy)] for count in counts}
                     for n_busy in loads}  # "" without --busy
         monotone = {(f"{goals.MONOTONE[:-1]}, {load_label}:" if load_label else goals.MONOTONE):
                     goals.monotone_lines(load_rows)
                     for load_label, load_rows in by_count.items()} if args.threads else {}
         where = {f"Where our time goes, {label}:": breakdowns[label] for label in runs}
+        bounded = {f"Each row against this machine's bound, {label}:": lines for label, lines in bounds.items()}
         title = "Goals, a row per thread count:" if not args.busy else "Goals, a row per column:"
-        tables = sweep_report(header, runs, names, {title: goals.sweep_goal_table(met), **monotone, **where})
-        columns = {label: {"rows": rows[label], "goals": met[label], "breakdown": breakdowns[label]} for label in runs}
+        tables = sweep_report(header, runs, names, {title: goals.sweep_goal_table(met), **monotone, **bounded,
+                                                    **where})
+        columns = {label: {"rows": rows[label], "goals": met[label], "breakdown": breakdowns[label],
+                           "rates": rates_json(rates.get(label))} for label in runs}
         if args.busy:
             data = {"header": header, "columns": columns}
         else:  # a column per count, keyed by the count
@@ -200,11 +207,31 @@ def main(argv=None):
     else:
         label = column(None, 0, 0)
         tables = report(header, rows[label], names, {"Goals:": goals.goal_table(met[label]),
+                                                     "Each row against this machine's bound:": bounds.get(label),
                                                      "Where our time goes:": breakdowns[label]})
-        data = {"header": header, "rows": rows[label], "goals": met[label], "breakdown": breakdowns[label]}
+        data = {"header": header, "rows": rows[label], "goals": met[label], "breakdown": breakdowns[label],
+                "rates": rates_json(rates.get(label))}
     print(json.dumps(data, indent=2) if args.json else tables)
     if args.markdown:
         write_between_markers(args.markdown, tables)
+
+
+def part_rows(results):  # {part: rows} -> the rows of every part but the breakdown (lines of its own table)
+    return [r for part, part_rows in results.items() if part != "breakdown" for r in part_rows]
+
+
+def rates_json(rates):  # -> {"read_bytes_per_s", "gemm_flops_per_s"}, or None where no row had a bound
+    return rates and {"read_bytes_per_s": rates.read, "gemm_flops_per_s": rates.gemm}
+
+
+def threads_line(engines):  # -> "ours 2, NumPy's BLAS 2, torch 2": the counts in force
+    counts = [f"ours {cores.threads()}", f"NumPy's BLAS {blas_threads()}"]
+    counts += [f"torch {engine.torch.get_num_threads()}" for engine in engines[1:]]
+    return ", ".join(counts)
+
+
+def torch_isa(torch):  # -> "AVX512 kernels": the instructions torch's CPU kernels use here
+    return f"{torch.backends.cpu.get_cpu_capability()} kernels"
 
 
 def column(count, n_busy, busy_asked):  # -> "2 threads, busy 1": a table column's label ("" for one plain run)

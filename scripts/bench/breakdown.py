@@ -7,6 +7,7 @@ import numpy as np
 
 from gpt2_numpy import fast as model
 from gpt2_numpy.params import flatten
+from scripts.bench import roofline
 from scripts.bench.harness import HPARAMS_124M, OURS, batch_prompts, blas_threads, median_seconds, prompt_ids
 
 TIMED = ["linear", "mha", "ffn", "gelu", "layer_norm", "lm_head"]
@@ -111,26 +112,21 @@ def breakdown_lines(engines):  # -> markdown lines: a column per engine and pass
 
 
 def floors(params):  # -> (what, prefill ms, decode ms): the limits this machine's hardware sets
-    sgemm, bandwidth, exp = sgemm_gflops(), bandwidth_gbs(), exp_ns()
+    rates, exp = roofline.measured_rates(), exp_ns()
+    sgemm, bandwidth = rates.gemm / 1e9, rates.read / 1e9
     n, n_embd, n_layer, n_head = 1024, HPARAMS_124M["n_embd"], HPARAMS_124M["n_layer"], HPARAMS_124M["n_head"]
     linear_flops = 2 * n * (n_layer - 1) * 12 * n_embd**2 + 2 * n * 3 * n_embd**2  # the last block: c_attn alone
     scores, gelu_inputs = (n_layer - 1) * n_head * n * (n + 1) / 2, (n_layer - 1) * n * 4 * n_embd  # one exp each
     n_cores = blas_threads()  # attention's queries are shared among them (cores.py)
     weight_bytes = sum(leaf.nbytes for _, leaf in flatten(params)) - params["wpe"].nbytes
     return [
-        (f"floor: the linear layers' {linear_flops / 1e9:.0f} GFLOP at {sgemm:.0f} GFLOPS (large sgemm here)",
+        (f"floor: the linear layers' {linear_flops / 1e9:.0f} GFLOP at {sgemm:.0f} GFLOPS (the best large sgemm here)",
          f"{linear_flops / sgemm / 1e6:,.0f}", ""),
         (f"floor: {scores / 1e6:.0f}M exps of the causal triangle of scores and {gelu_inputs / 1e6:.0f}M of gelu, "
          f"on {n_cores} cores at {exp:.2f} ns each", f"{(scores + gelu_inputs) / n_cores * exp / 1e6:,.0f}", ""),
-        (f"floor: reading {weight_bytes / 1e6:.0f} MB of weights at {bandwidth:.1f} GB/s (streaming x @ W)", "",
+        (f"floor: reading {weight_bytes / 1e6:.0f} MB of weights at {bandwidth:.1f} GB/s (best streaming read)", "",
          f"{weight_bytes / bandwidth / 1e6:.1f}"),
     ]
-
-
-def sgemm_gflops():  # float32 matrix multiply speed on the ffn's shape
-    rng = np.random.default_rng(0)
-    x, w = rng.standard_normal((1024, 768), dtype=np.float32), rng.standard_normal((768, 3072), dtype=np.float32)
-    return 2 * 1024 * 768 * 3072 / median_seconds(lambda: x @ w, 5) / 1e9
 
 
 def exp_ns():  # float32 np.exp, per element, on 1M softmax-like inputs in [-10, 0]
@@ -138,8 +134,3 @@ def exp_ns():  # float32 np.exp, per element, on 1M softmax-like inputs in [-10,
     out = np.empty_like(x)
     return median_seconds(lambda: np.exp(x, out=out), 9) / x.size * 1e9
 
-
-def bandwidth_gbs():  # one row times 256 MB of weight matrices: memory-bound, as each decode step is
-    matrices = [np.ones((768, 3072), np.float32) for _ in range(28)]
-    x = np.ones((1, 768), np.float32)
-    return sum(m.nbytes for m in matrices) / median_seconds(lambda: [x @ m for m in matrices], 5) / 1e9

@@ -10,8 +10,10 @@ from scripts.bench.harness import HF, OURS
 
 # start: the row's metric starts with this; over: HF's value in that row (HF), or ours in the row whose metric starts
 # with over; sign, bound: the ratio is at most ("≤") or at least ("≥") bound; of: the words for what it is over;
-# at: the one thread count it holds at, or None for every count
-Goal = namedtuple("Goal", "what start over sign bound of at", defaults=[None])
+# at: the one thread count it holds at, or None for every count; or_share: met too where ours reaches this share of
+# the row's bound on the machine (roofline.py), as a ratio above what the machine allows cannot be met
+Goal = namedtuple("Goal", "what start over sign bound of at or_share", defaults=[None, None])
+DECODE_SHARE = 0.9  # issue 58: decode's goal is the lower of its ratio to HF and 90% of the read-rate bound
 TWO_CORES = 2  # issue 42: "2 cores keep today's figures"
 # the rows that more than one goal reads, by the start of their metric
 DECODE, BATCH_8, SINGLE = "decode with KV cache, 16-token", "generate, 8 prompts of 16", "generate, 1 prompts of 16"
@@ -20,9 +22,10 @@ GOALS = [
     # the prefill row at 2 cores keeps 0.9× too: the goal at every count says it
     Goal("prefill 1024, last logits", "prefill 1024 tokens, last-position", HF, "≤", 0.9, "HF's time"),
     Goal("prefill 1024, all logits", "prefill 1024 tokens, all", HF, "≤", 1.0, "HF's time"),
-    Goal("decode 16 + 128", DECODE, HF, "≥", 1.5, "HF's tok/s"),
-    Goal("decode 16 + 128", DECODE, HF, "≥", 1.7, "HF's tok/s", TWO_CORES),
+    Goal("decode 16 + 128", DECODE, HF, "≥", 1.5, "HF's tok/s", or_share=DECODE_SHARE),
+    Goal("decode 16 + 128", DECODE, HF, "≥", 1.7, "HF's tok/s", TWO_CORES, DECODE_SHARE),
     Goal("batch of 8", BATCH_8, HF, "≥", 1.5, "HF's batched generate"),
+    Goal("batch of 8", BATCH_8, HF, "≥", 2.0, "HF's batched generate", TWO_CORES),  # issue 58
     Goal("train step, 4 layers × 256 wide", TRAIN_STEP, HF, "≤", 1.0, "torch's time"),
     Goal("train step, 4 layers × 256 wide", TRAIN_STEP, HF, "≤", 0.6, "torch's time", TWO_CORES),
     Goal("train step, its own 4,096-token vocabulary", "train step, the same with its own", HF, "≤", 1.0,
@@ -44,7 +47,8 @@ SPEED = re.compile(r"\((s|ms|us)\)$|, s$|/s\b")
 
 
 def goal_name(goal):
-    return f"{goal.what} {goal.sign} {goal.bound:.1f}× {goal.of}" + (f", at {goal.at} threads" if goal.at else "")
+    return (f"{goal.what} {goal.sign} {goal.bound:.1f}× {goal.of}" + (f", at {goal.at} threads" if goal.at else "")
+            + (f", or ≥ {goal.or_share:.0%} of its bound" if goal.or_share else ""))
 
 
 def verdicts(rows, count):  # -> [{"goal", "ratio", "met"}]: the goals that hold at count and that rows measured
@@ -55,9 +59,11 @@ def verdicts(rows, count):  # -> [{"goal", "ratio", "met"}]: the goals that hold
     for goal in GOALS:
         ours, theirs = value(goal.start, OURS), value(goal.start, HF) if goal.over == HF else value(goal.over, OURS)
         if goal.at in (None, count) and ours is not None and theirs is not None:
-            ratio = ours / theirs
+            ratio, limit = ours / theirs, value(goal.start, "bound")
             met = ratio <= goal.bound if goal.sign == "≤" else ratio >= goal.bound
-            found.append({"goal": goal_name(goal), "ratio": ratio, "met": met})
+            share = ours / limit if goal.or_share and limit else None  # a rate's share of its bound
+            found.append({"goal": goal_name(goal), "ratio": ratio, "met": met or (share or 0) >= (goal.or_share or 1),
+                          **({"share": share} if share is not None else {})})
     for r in rows:  # the default count against one thread (scripts/bench/counts.py), as its speed
         if "pair" in r and all(r.get(name) is not None for name in r["pair"]):
             first, second = (r[name] for name in r["pair"])
@@ -87,8 +93,10 @@ def slower(rows_by_count):  # -> [{"metric", "counts", "values"}]: ours got slow
 # --- markdown ---
 
 
-def measured(verdict):  # -> ["0.912×", "no"]: three decimals, so that a ratio printed as the bound is on its side
-    return [f"{verdict['ratio']:.3f}×", "yes" if verdict["met"] else "no"]
+def measured(verdict):  # -> ["0.912× (87% of its bound)", "no"]: three decimals, so that a ratio printed as the
+    # bound is on its side
+    share = f" ({verdict['share']:.1%} of its bound)" if "share" in verdict else ""
+    return [f"{verdict['ratio']:.3f}×{share}", "yes" if verdict["met"] else "no"]
 
 
 def goal_table(found):  # -> "| goal | measured | met |" lines for one run's verdicts, or none

@@ -1,6 +1,7 @@
 """The benchmark's timing harness: engines taking turns, the inputs every part shares, rows and the markdown table they
 make, and the markers between which --markdown writes it into a page."""
 import os
+import platform
 import subprocess
 import sys
 import time
@@ -68,6 +69,20 @@ def blas_name():  # -> "scipy-openblas 0.3.31 (SkylakeX kernels)": its kernels d
     return f"{blas.get('name')} {blas.get('version', '')}".strip() + (f" ({core} kernels)" if core else "")
 
 
+def cpu_name():  # -> "AMD EPYC (AVX-512)": the CPU's model name and its widest vector instructions, from Linux's
+    # /proc/cpuinfo (OpenBLAS and torch pick their kernels by those instructions); elsewhere what platform knows
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor() or platform.machine()
+    fields = dict(line.split(":", 1) for line in lines if ":" in line)  # the last core's, the same as the first's
+    fields = {key.strip(): value.strip() for key, value in fields.items()}
+    flags = set(fields.get("flags", "").split())
+    isa = next((name for flag, name in (("avx512f", "AVX-512"), ("avx2", "AVX2"), ("avx", "AVX")) if flag in flags),
+               None)
+    return fields.get("model name", platform.machine()) + (f" ({isa})" if isa else "")
+
+
 # Peak memory of a whole process: parts run a script in a fresh process per case, with this function in it. VmHWM, not
 # ru_maxrss: Linux carries ru_maxrss over from the parent at fork, so a child would report our own peak.
 PEAK_RSS_BYTES = """
@@ -109,7 +124,8 @@ def row(metric, better, values, pair=None):  # values: {engine or column name: n
 def comparison_table(rows, names):  # -> markdown lines: a column per name, the ratio of the first two, then the rest
     if not rows:
         return []
-    extra = sorted({key for r in rows for key in r} - {"metric", "better", "pair", *names})  # e.g. tiktoken
+    extra = sorted({key for r in rows for key in r} - {"metric", "better", "pair", "bound", *names})  # e.g. tiktoken
+    # (a row's bound: roofline.py's table)
     paired = len(names) == 2 or any("pair" in r for r in rows)  # a ratio column
     columns = ["metric", *names, *extra] + ([f"{names[0]} / {names[1]}" if len(names) == 2 else "ratio"] if paired
                                             else [])

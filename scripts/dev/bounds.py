@@ -4,9 +4,11 @@
     python -m scripts.dev.bounds --line [--busy 1]
     python -m scripts.dev.bounds --few-rows [--threads 1 2]
 
-- decode: one step reads every weight of the 124M model once (124 M floats, 498 MB); the rate at which `wte @ x`
-  reads the 154 MB token embedding gives the fewest seconds a step can take, and so the most tokens a second;
-- products: the rate of a [1024, 768] × [768, 3072] product (a prefill's MLP), in GFLOP/s;
+- decode: one step reads every weight of the 124M model once (124 M floats, 495 MB); the best rate at which products
+  stream weights from memory (scripts/bench/roofline.py: `wte @ x`, and one row times 28 [768, 3072] weights) gives
+  the fewest seconds a step can take, and so the most tokens a second;
+- products: the best rate of large products ([1024, 768] × [768, 3072], a prefill's MLP, and 2048³), in GFLOP/s:
+  the benchmark's bounds on each row come from these two rates (roofline.py);
 - the training step of `--only training` (4 layers × 256 wide, 8 × 128 tokens, GPT-2's 50,257 tokens): the time of its
   lm head's three products (the logits, their gradient into the hidden state and into wte) and of one elementwise pass
   over the logits (np.exp), which no step can do without;
@@ -16,8 +18,8 @@
   threads (their spin), what handing a piece to a thread of our pool costs (a split of no work, on 2 threads), and the
   share of GELU's time on [1024, 3072] that its chunks' calls hold the GIL for (the same calls on one element), at
   chunks of 2^15 and of fast.CHUNK.
-Each time is the median of 5 runs (3 for the lm head's and the batch step's) after a warm-up, as the benchmark's are;
-the arrays are seeded random float32.
+Each time is the median of 5 runs (3 for the lm head's and the batch step's) after a warm-up, as the benchmark's are
+(the two rates: the best of 7); the arrays are seeded random float32.
 
 --line measures where cores.NARROW stands instead: models of GPT-2's vocabulary and widths from 32 to 768 decode 20
 tokens after a 1-token prompt and run a pass of 128 positions, on OpenBLAS's 2 threads (set_threads(2)) and on one, in
@@ -38,19 +40,13 @@ import numpy as np
 from gpt2_numpy import cores, fast
 from gpt2_numpy.console import plural
 from gpt2_numpy.params import random_params
-from scripts.bench import busy
+from scripts.bench import busy, roofline
 from scripts.bench.harness import HPARAMS_124M, fail, in_turns, median_seconds, wall_seconds
-
-N_PARAMS_124M = 124_439_808  # GPT-2 124M's weights, wte counted once (the lm head reuses it)
-
 
 def bounds_lines(count, rng, params):  # -> the printed lines for `count` threads
     cores.set_threads(count)
-    wte, x = rng.standard_normal((50257, 768), dtype=np.float32), rng.standard_normal(768, dtype=np.float32)
-    read_rate = wte.nbytes / median_seconds(lambda: wte @ x, 5)
-    step_bytes = 4 * N_PARAMS_124M
-    a, b = rng.standard_normal((1024, 768), dtype=np.float32), rng.standard_normal((768, 3072), dtype=np.float32)
-    flop_rate = 2 * a.shape[0] * a.shape[1] * b.shape[1] / median_seconds(lambda: a @ b, 5)
+    read_rate, flop_rate = roofline.measured_rates()
+    step_bytes = roofline.FLOAT * roofline.n_weights(HPARAMS_124M)
     hidden = rng.standard_normal((1024, 256), dtype=np.float32)
     head = rng.standard_normal((50257, 256), dtype=np.float32)
     grad = rng.standard_normal((1024, 50257), dtype=np.float32)
@@ -61,10 +57,10 @@ def bounds_lines(count, rng, params):  # -> the printed lines for `count` thread
     rows, wide = (rng.standard_normal((8, n), dtype=np.float32) for n in (n_embd, 4 * n_embd))
     batch_products = median_seconds(lambda: batch_step_products(rows, wide, params), 3)
     return [f"{plural(count, 'thread')}:",
-            f"  memory read (wte @ x, {wte.nbytes / 1e6:.0f} MB): {read_rate / 1e9:.1f} GB/s; a decode step reads "
-            f"{step_bytes / 1e6:.0f} MB: at least {step_bytes / read_rate * 1e3:.1f} ms, at most "
+            f"  memory read (the best of wte @ x and one row times 28 weights): {read_rate / 1e9:.1f} GB/s; a decode "
+            f"step reads {step_bytes / 1e6:.0f} MB of weights: at least {step_bytes / read_rate * 1e3:.1f} ms, at most "
             f"{read_rate / step_bytes:.1f} tokens/s",
-            f"  products ([1024, 768] x [768, 3072]): {flop_rate / 1e9:.0f} GFLOP/s",
+            f"  products (the best of [1024, 768] x [768, 3072] and 2048³): {flop_rate / 1e9:.0f} GFLOP/s",
             f"  training step's lm head: logits {products[0]:.3f} s, gradient into the hidden state "
             f"{products[1]:.3f} s, into wte {products[2]:.3f} s, together {sum(products):.3f} s; one pass over the "
             f"logits (np.exp) {exp_pass:.3f} s",

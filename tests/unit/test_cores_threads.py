@@ -326,7 +326,8 @@ GOALS_42 = [  # issue 42's goals and the older ones it keeps, read from the issu
     ("prefill 1024 tokens, last-position logits (s)", "HF", [("≤", 0.9, None)]),
     ("prefill 1024 tokens, all positions (s)", "HF", [("≤", 1.0, None)]),
     ("decode with KV cache, 16-token prompt + 128 (tok/s)", "HF", [("≥", 1.5, None), ("≥", 1.7, 2)]),
-    ("generate, 8 prompts of 16 tokens + 128 new each, total (tok/s)", "HF", [("≥", 1.5, None)]),
+    ("generate, 8 prompts of 16 tokens + 128 new each, total (tok/s)", "HF", [("≥", 1.5, None), ("≥", 2.0, 2)]),  # 2.0:
+    # issue 58's
     ("train step, 4 layers x 256 wide, 8 x 128 tokens (s)", "HF", [("≤", 1.0, None), ("≤", 0.6, 2)]),
     ("train step, the same with its own 4,096-token vocabulary (s)", "HF", [("≤", 1.0, None)]),
     ("score 10,000 tokens of English, stride 512 (s)", "HF", [("≤", 0.9, None)]),
@@ -425,6 +426,8 @@ def fake_benchmark(monkeypatch, capsys, *args):  # -> stdout of scripts.benchmar
     count = [cores.threads()]
     monkeypatch.setattr(benchmark, "use_threads", lambda n, engines: count.__setitem__(0, n))
     monkeypatch.setattr(benchmark, "keep_freed_memory", lambda: None)
+    # rates no run reaches a share of (0.0%): the bounds' products take seconds and vary with the machine
+    monkeypatch.setattr(benchmark.roofline, "measured_rates", lambda: benchmark.roofline.Rates(1e30, 1e30))
     monkeypatch.setitem(benchmark.PARTS, "CRC32C", lambda run: [
         {"metric": "decode with KV cache, 16-token prompt + 128 (tok/s)", "better": "higher", OURS: 16.0, HF: 10.0},
         {"metric": "prefill 1024 tokens, all positions (s)", "better": "lower", OURS: 1.1 ** count[0]}])
@@ -441,8 +444,9 @@ def test_the_benchmark_prints_and_keeps_in_its_json_the_goals_at_each_count_and_
                               for low in (1, 2)]
     lines = fake_benchmark(monkeypatch, capsys, "--threads", "1", "2").splitlines()
     goals = lines.index("Goals, a row per thread count:")
-    assert [line.split(" | ")[1:] for line in lines[goals + 4:goals + 6]] == [["1.600× yes", "- |"],
-                                                                               ["1.600× yes", "1.600× no |"]]
+    assert [line.split(" | ")[1:] for line in lines[goals + 4:goals + 6]] == [
+        ["1.600× (0.0% of its bound) yes", "- |"],
+        ["1.600× (0.0% of its bound) yes", "1.600× (0.0% of its bound) no |"]]
     assert lines[lines.index("Monotone (ours, within 5% when the count doubles):") + 2].startswith("- prefill 1024")
 
 

@@ -195,6 +195,18 @@ def test_softmax_does_not_overflow_on_large_logits():
     np.testing.assert_allclose(softmax(np.array([1000, 1000, 0], np.float32)), [0.5, 0.5, 0], atol=1e-7)
 
 
+@pytest.mark.parametrize("offset", [0, 200, -200])  # scores within ±UNSHIFTED, and beyond: e^200 overflows float32,
+# e^-200 vanishes (a row of zeros, 0 / 0)
+def test_attention_takes_its_softmax_without_overflow_or_underflow(offset, monkeypatch):
+    monkeypatch.setattr(model, "UNSHIFTED_FROM", 1)  # the check at every size, not only at a prefill's
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((2, 5, 8), dtype=np.float32) for _ in range(3))
+    q[..., 0], k[..., 0] = 1, offset * math.sqrt(8)  # every score q kᵀ / √8 moves by offset
+    mask = offset_causal_mask(5, 5)
+    expected = textbook.attention(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), mask)
+    np.testing.assert_allclose(attention(q, k, v, mask), expected, atol=1e-4)
+
+
 def test_layer_norm_normalizes_before_the_affine():
     x = np.random.default_rng(0).standard_normal((4, 64), dtype=np.float32) * 3 + 5
     y = layer_norm(x, g=np.ones(64, np.float32), b=np.zeros(64, np.float32))
