@@ -26,7 +26,7 @@ from gpt2_numpy.formats import parse_json
 from gpt2_numpy.formats.safetensors import read_metadata
 from gpt2_numpy.sae.model import decoder_norms, loss_and_grads
 from gpt2_numpy.cores import all_cores
-from gpt2_numpy.sae.fast import team_loss_and_grads
+from gpt2_numpy.sae.fast import topk_loss_and_grads
 from gpt2_numpy.sae.files import CFG, WEIGHTS, load_sae_folder, new_sae, save_sae
 from gpt2_numpy.optim import adamw_state, adamw_step, learning_rate
 from gpt2_numpy.params import flatten
@@ -81,7 +81,7 @@ def train_step(x, params, opt_state, lr, settings, dead):  # -> (losses, stats);
     # step shared among the cores
     with all_cores():
         if settings.architecture == "topk":  # the same step, from each row's k latents (fast.py)
-            losses, grads, stats = team_loss_and_grads(x, params, settings.k, dead)
+            losses, grads, stats = topk_loss_and_grads(x, params, settings.k, dead)
         else:
             losses, grads, stats = loss_and_grads(x, params, settings.architecture, settings.k, settings.l1, dead)
         if all(math.isfinite(value) for value in losses.values()):

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from gpt2_numpy import cores
-from gpt2_numpy.sae.fast import team_loss_and_grads, top_k_grouped, topk_loss_and_grads
+from gpt2_numpy.sae.fast import top_k_grouped, topk_loss_and_grads
 from gpt2_numpy.sae.model import loss_and_grads
 from tests.sae_helpers import relative_error
 
@@ -28,7 +28,7 @@ def test_the_tuned_topk_step_equals_the_textbook(with_dead, tuned):
         try:
             cores.set_threads(2)
             with cores.all_cores():
-                fast_losses, fast_grads, fast_stats = team_loss_and_grads(x, params, 4, dead)
+                fast_losses, fast_grads, fast_stats = topk_loss_and_grads(x, params, 4, dead)
         finally:
             cores.set_threads(threads)
         assert fast_stats["explained_variance"] == pytest.approx(stats["explained_variance"], rel=1e-5)
