@@ -17,7 +17,7 @@ ROWS = 512  # rows per piece of the forward pass, whatever the team, so that eac
 # a latent used by more than 1 / DENSE_SHARE of the rows has its sum taken by a dense product (its column of the
 # mostly-zero matrix) rather than pair by pair: a multiply-add in OpenBLAS costs about 1 / DENSE_SHARE of a gathered,
 # scaled and scattered element in NumPy's passes (measured on the AVX2 and AVX-512 machines of docs/performance.md)
-DENSE_SHARE = 128
+DENSE_SHARE = 64
 TILE = 256  # rows per tile of transposed(): a [TILE, d] tile and its transpose stay in cache
 
 
@@ -65,52 +65,50 @@ def rows_forward(x, params, k, dead, n):  # [m, d_in] -> {name: [m, ...]}: one p
     return piece
 
 
-def latent_sums(ids, rows, weights, vectors, d_sae, transpose=False):
-    """int [p], int [p], [p], [m, d] -> [d_sae, d] ([d, d_sae] if transpose): row j the sum over the pairs at latent j
-    of weights[p] vectors[rows[p]], which the textbook writes as the product scattered(weights)ᵀ @ vectors, with an
-    [m, d_sae] array of p nonzeros. Here the pairs are sorted by latent, and a latent's sum is taken pair by pair (in
-    passes: every latent's first pair, then its second, ...), or, for one used by more than m / DENSE_SHARE rows, by a
-    product with its column alone. The latents are shared among the cores; each sum runs in row order, on any team."""
-    m, d = vectors.shape
-    order = np.argsort(ids, kind="stable")  # each latent's pairs together, in row order
-    ids, rows, weights = ids[order], rows[order], weights[order]
-    bounds = np.searchsorted(ids, np.arange(d_sae + 1))  # latent j's pairs: bounds[j] to bounds[j + 1]
-    dense = np.diff(bounds) * DENSE_SHARE > m
-    out = np.empty((d, d_sae), vectors.dtype) if transpose else np.zeros((d_sae, d), vectors.dtype)
+def latent_sums(ids, rows, products, d_sae):
+    """int [p], int [p]: (row, latent) pairs, no two alike -> for each (weights [p], vectors [m, d], transpose) of
+    products, [d_sae, d] ([d, d_sae] if transpose): row j the sum over the pairs at latent j of weights[p]
+    vectors[rows[p]], which the textbook writes as the product scattered(weights)ᵀ @ vectors, of an [m, d_sae] array
+    with p nonzeros. Here a latent used by more than m / DENSE_SHARE rows has its sum taken by that product with its
+    column alone; the others pair by pair (pair_passes), in row order. The latents are shared among the cores."""
+    m = len(products[0][1])
+    dense = np.bincount(ids, minlength=d_sae) * DENSE_SHARE > m
+    heavy, light = np.flatnonzero(dense[ids]), np.flatnonzero(~dense[ids])
+    light = light[np.argsort(ids[light], kind="stable")]  # each latent's pairs together, in row order
+    bounds = np.searchsorted(ids[light], np.arange(d_sae + 1))  # latent j's: light[bounds[j]:bounds[j + 1]]
+    outs = [np.empty((vectors.shape[1], d_sae), vectors.dtype) if transpose else
+            np.zeros((d_sae, vectors.shape[1]), vectors.dtype) for _, vectors, transpose in products]
 
     def some_latents(share):
-        sums = np.zeros((share.stop - share.start, d), vectors.dtype) if transpose else out[share]
-        pairs = slice(bounds[share.start], bounds[share.stop])
-        at, heavy = ids[pairs] - share.start, dense[share]
-        by_column = heavy[at]
-        light = ~by_column
-        if by_column.any():
-            columns = np.flatnonzero(heavy)  # [h]
-            weight_columns = np.zeros((m, len(columns)), vectors.dtype)  # [m, h]: the mostly-zero matrix's columns
-            # add.at: a row may use a latent twice (once among its k, once among its AuxK picks)
-            np.add.at(weight_columns, (rows[pairs][by_column], np.searchsorted(columns, at[by_column])),
-                      weights[pairs][by_column])
-            sums[columns] = weight_columns.T @ vectors  # [h, m] @ [m, d], transposed first as model.py's d_W_enc
-        add_pair_by_pair(sums, at[light], rows[pairs][light], weights[pairs][light], vectors)
-        if transpose:
-            transposed(sums, out[:, share])
+        columns = np.flatnonzero(dense[share])  # [h]: the share's latents whose sums are products
+        column_of = np.cumsum(dense[share]) - 1  # a latent's place among them
+        ours = heavy[(ids[heavy] >= share.start) & (ids[heavy] < share.stop)]
+        pairs = light[bounds[share.start]:bounds[share.stop]]
+        at, passes = ids[pairs] - share.start, pair_passes(ids[pairs])
+        for (weights, vectors, transpose), out in zip(products, outs):
+            sums = np.zeros((len(dense[share]), vectors.shape[1]), vectors.dtype) if transpose else out[share]
+            if len(columns):
+                weight_columns = np.zeros((len(columns), m), vectors.dtype)  # [h, m]: the mostly-zero matrix's
+                weight_columns[column_of[ids[ours] - share.start], rows[ours]] = weights[ours]
+                sums[columns] = weight_columns @ vectors
+            for picked in passes:  # a pass writes no row of sums twice, so that a fancy-indexed += adds each pair
+                contributions = vectors[rows[pairs[picked]]]
+                contributions *= weights[pairs[picked], None]
+                sums[at[picked]] += contributions
+            if transpose:
+                transposed(sums, out[:, share])
 
-    cores.split(some_latents, d_sae, item_size=max(1, len(ids) * d // d_sae))
-    return out
+    cores.split(some_latents, d_sae, item_size=max(1, len(ids) * products[0][1].shape[1] // d_sae))
+    return outs
 
 
-def add_pair_by_pair(sums, at, rows, weights, vectors):  # sums [l, d] += the pairs' weights[p] vectors[rows[p]] at
-    # sums[at[p]], at sorted: in passes of one pair per latent (its first, then its second, ...), so that no pass
-    # writes a row twice and a fancy-indexed += adds each pair (np.add.at does the same, several times slower)
+def pair_passes(at):  # int [p], sorted -> [int [q]]: the pairs in passes, every latent's first pair, then its second,
+    # ...: np.add.at would add them all at once, but several times slower
     first = np.flatnonzero(np.r_[True, at[1:] != at[:-1]])  # where each latent's pairs start
     rank = np.arange(len(at)) - np.repeat(first, np.diff(np.r_[first, len(at)]))  # a pair's place among its latent's
     by_rank = np.argsort(rank, kind="stable")
-    passes = np.searchsorted(rank[by_rank], np.arange(rank.max(initial=-1) + 2))
-    for start, stop in zip(passes, passes[1:]):
-        picked = by_rank[start:stop]
-        contributions = vectors[rows[picked]]
-        contributions *= weights[picked, None]
-        sums[at[picked]] += contributions
+    bounds = np.searchsorted(rank[by_rank], np.arange(rank.max(initial=-1) + 2))
+    return [by_rank[start:stop] for start, stop in zip(bounds, bounds[1:])]
 
 
 def transposed(a, out):  # [l, d] -> out [d, l]: a's transpose, copied TILE rows at a time (NumPy's copy of a.T runs
@@ -134,23 +132,24 @@ def topk_loss_and_grads(x, params, k, dead=None):  # -> (losses, grads, stats), 
 
     cores.split(some_pieces, len(starts), item_size=ROWS * params["W_enc"].size)
     batch = {name: np.concatenate([piece[name] for piece in pieces]) for name in pieces[0]}
-    row_of = np.repeat(np.arange(n), k)  # the row of each (row, latent) pair, latents.ravel()'s order
-    ids, enc_weights, dec_weights = batch["latents"].ravel(), batch["d_values"].ravel(), batch["values"].ravel()
-    dec_rows, dec_vectors = row_of, batch["d_x_hat"]
+    ids, rows = batch["latents"].ravel(), np.repeat(np.arange(n), k)  # the (row, latent) pairs, latents.ravel()'s order
+    enc_weights, dec_weights = batch["d_values"].ravel(), batch["values"].ravel()
+    enc_vectors, dec_vectors = batch["x_in"], batch["d_x_hat"]
     losses = {"mse": float(np.mean(batch["squared_error"]))}
-    if "aux_latents" in batch:  # the AuxK pairs: W_dec's from the AuxK error, W_enc's from x_in as the others
-        aux_row_of = np.repeat(np.arange(n), batch["aux_latents"].shape[1])
+    if "aux_latents" in batch:  # the AuxK pairs, as rows n to 2n: W_dec's from the AuxK error, W_enc's from x_in again
+        # (a row may pick a latent among its k and its AuxK ones both: as a row of its own, no pair repeats)
         ids = np.concatenate([ids, batch["aux_latents"].ravel()])
+        rows = np.concatenate([rows, n + np.repeat(np.arange(n), batch["aux_latents"].shape[1])])
         enc_weights = np.concatenate([enc_weights, batch["d_aux_values"].ravel()])
         dec_weights = np.concatenate([dec_weights, batch["aux_values"].ravel()])
-        dec_rows = np.concatenate([row_of, n + aux_row_of])
+        enc_vectors = np.concatenate([enc_vectors, enc_vectors])
         dec_vectors = np.concatenate([dec_vectors, batch["d_aux_error"]])
-        row_of = np.concatenate([row_of, aux_row_of])
         losses["aux"] = float(np.mean(batch["aux_squared_error"]))
-    # d_W_dec = fᵀ d_x̂ and d_W_enc = (d_preᵀ x_in)ᵀ, with f and d_pre's nonzeros at the pairs
+    # d_W_enc = (d_preᵀ x_in)ᵀ and d_W_dec = fᵀ d_x̂, with d_pre's and f's nonzeros at the pairs
+    d_W_enc, d_W_dec = latent_sums(ids, rows, [(enc_weights, enc_vectors, True), (dec_weights, dec_vectors, False)],
+                                   d_sae)
     d_b_enc = np.bincount(ids, weights=enc_weights, minlength=d_sae).astype(np.float32)  # d_pre.sum(axis=0)
-    grads = {"W_enc": latent_sums(ids, row_of, enc_weights, batch["x_in"], d_sae, transpose=True), "b_enc": d_b_enc,
-             "W_dec": latent_sums(ids, dec_rows, dec_weights, dec_vectors, d_sae),
+    grads = {"W_enc": d_W_enc, "b_enc": d_b_enc, "W_dec": d_W_dec,
              "b_dec": batch["d_x_hat"].sum(axis=0) - d_b_enc @ params["W_enc"].T}
     active = batch["values"] > 0
     stats = {"explained_variance": float(1 - np.sum(batch["squared_error"]) / np.sum((x - x.mean(axis=0)) ** 2)),
