@@ -10,14 +10,16 @@ small's residual (768 -> 24,576 latents, k 32) about d_sae / k = 768 times less 
 import numpy as np
 
 from gpt2_numpy import cores
+from gpt2_numpy.allocator import HEAP_ARRAYS_UP_TO
 from gpt2_numpy.sae.model import AUX_COEFFICIENT, aux_k, has_aux, top_k_indices
 
 GROUP = 8  # latents per group in top_k_grouped
-ROWS = 512  # rows per piece of the forward pass, whatever the team, so that each row's numbers are the same on any team
+ROWS = 512  # rows per piece of the forward pass at most (piece_rows), whatever the team: each row's numbers are the
+# same on any team
 # a latent used by more than 1 / DENSE_SHARE of the rows has its sum taken by a dense product (its column of the
 # mostly-zero matrix) rather than pair by pair: a multiply-add in OpenBLAS costs about 1 / DENSE_SHARE of a gathered,
 # scaled and scattered element in NumPy's passes (measured on the AVX2 and AVX-512 machines of docs/performance.md)
-DENSE_SHARE = 64
+DENSE_SHARE = 128
 TILE = 256  # rows per tile of transposed(): a [TILE, d] tile and its transpose stay in cache
 
 
@@ -118,19 +120,27 @@ def transposed(a, out):  # [l, d] -> out [d, l]: a's transpose, copied TILE rows
     return out
 
 
+def piece_rows(d_sae, k, d_in):  # -> rows per piece of the forward pass: ROWS, or fewer where a piece's largest
+    # arrays ([rows, d_sae] pre-activations, [rows, k, d_in] decoder rows) would pass HEAP_ARRAYS_UP_TO, so that glibc
+    # reuses them from piece to piece (keep_freed_memory) instead of mapping fresh pages, each a fault (the gather of
+    # the decoder rows took 3x as long at 768 -> 24,576 latents, k 32, measured)
+    return max(1, min(ROWS, HEAP_ARRAYS_UP_TO // (4 * max(d_sae, k * d_in))))
+
+
 def topk_loss_and_grads(x, params, k, dead=None):  # -> (losses, grads, stats), as sae.loss_and_grads(..., "topk")
-    # the forward pass in pieces of ROWS rows, the backward over the batch's (row, latent) pairs (latent_sums), each
-    # shared among the cores (cores.split). Run within cores.all_cores(): OpenBLAS on one thread, as its own threads
-    # spend more time handing over products this small than multiplying
-    n, d_sae = len(x), params["W_enc"].shape[1]
-    starts = range(0, n, ROWS)
+    # the forward pass in pieces of piece_rows() rows, the backward over the batch's (row, latent) pairs (latent_sums),
+    # each shared among the cores (cores.split). Run within cores.all_cores(): OpenBLAS on one thread, as its own
+    # threads spend more time handing over products this small than multiplying
+    (n, d_in), d_sae = x.shape, params["W_enc"].shape[1]
+    rows_each = piece_rows(d_sae, k, d_in)
+    starts = range(0, n, rows_each)
     pieces = [None] * len(starts)
 
     def some_pieces(share):
         for at in range(len(starts))[share]:
-            pieces[at] = rows_forward(x[starts[at]: starts[at] + ROWS], params, k, dead, n)
+            pieces[at] = rows_forward(x[starts[at]: starts[at] + rows_each], params, k, dead, n)
 
-    cores.split(some_pieces, len(starts), item_size=ROWS * params["W_enc"].size)
+    cores.split(some_pieces, len(starts), item_size=rows_each * params["W_enc"].size)
     batch = {name: np.concatenate([piece[name] for piece in pieces]) for name in pieces[0]}
     ids, rows = batch["latents"].ravel(), np.repeat(np.arange(n), k)  # the (row, latent) pairs, latents.ravel()'s order
     enc_weights, dec_weights = batch["d_values"].ravel(), batch["values"].ravel()
