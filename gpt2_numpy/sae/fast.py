@@ -23,7 +23,8 @@ DENSE_SHARE = 128
 TILE = 256  # rows per tile of transposed(): a [TILE, d] tile and its transpose stay in cache
 
 
-def top_k_grouped(x, k):  # [n, m] -> int [n, k]: where each row's k largest values are, as sae.top_k_indices
+def top_k_grouped(x, k):  # [n, m] -> (int [n, k], [n, k]): where each row's k largest values are, as
+    # sae.top_k_indices, and those values
     # a partial sort of every row's m values is most of a step's time; the k largest lie in the k groups whose largest
     # member is largest (each of them is at least its own value), so the sort runs on the groups' maxima, then on
     # those k groups' members: two small sorts and one pass of max. A group is GROUP latents m / GROUP apart, so
@@ -31,10 +32,18 @@ def top_k_grouped(x, k):  # [n, m] -> int [n, k]: where each row's k largest val
     n, m = x.shape
     n_groups = m // GROUP
     if m % GROUP or n_groups <= k:
-        return top_k_indices(x, k)
+        indices = top_k_indices(x, k)
+        return indices, take_rows(x, indices)
     groups = top_k_indices(x.reshape(n, GROUP, n_groups).max(axis=1), k)  # [n, k]
     members = (groups[:, :, None] + n_groups * np.arange(GROUP)).reshape(n, k * GROUP)  # [n, k GROUP]
-    return np.take_along_axis(members, top_k_indices(np.take_along_axis(x, members, axis=-1), k), axis=-1)
+    member_values = take_rows(x, members)
+    best = top_k_indices(member_values, k)
+    return take_rows(members, best), take_rows(member_values, best)
+
+
+def take_rows(x, indices):  # [n, m], int [n, j] -> [n, j]: np.take_along_axis(x, indices, axis=-1), from flat indices
+    # into x (about 2x faster: take_along_axis indexes with a broadcast pair of index arrays)
+    return x.ravel().take(indices + (np.arange(len(x)) * x.shape[1])[:, None])
 
 
 def rows_forward(x, params, k, dead, n):  # [m, d_in] -> {name: [m, ...]}: one piece's latents, reconstruction and the
@@ -43,8 +52,8 @@ def rows_forward(x, params, k, dead, n):  # [m, d_in] -> {name: [m, ...]}: one p
     x_in = x - b_dec
     pre = x_in @ W_enc
     pre += b_enc  # in place: [m, d_sae] is the step's largest array
-    latents = top_k_grouped(pre, k)  # [m, k]
-    values = np.maximum(np.take_along_axis(pre, latents, axis=-1), 0)  # [m, k]: f's nonzero entries, and zeros
+    latents, values = top_k_grouped(pre, k)  # [m, k] each
+    values = np.maximum(values, 0)  # [m, k]: f's nonzero entries, and zeros
     rows = W_dec[latents]  # [m, k, d_in]: the decoder rows each activation uses
     x_hat = (values[:, None, :] @ rows)[:, 0] + b_dec  # Σ over its k latents of f_j W_dec[j]: k rows, not d_sae
     error = x_hat - x
@@ -57,7 +66,7 @@ def rows_forward(x, params, k, dead, n):  # [m, d_in] -> {name: [m, ...]}: one p
         k_aux, scale = aux_k(x.shape[-1], len(dead_ids))
         dead_pre = pre[:, dead_ids]  # [m, n_dead]: the sort runs on the dead latents alone
         picked = top_k_indices(dead_pre, k_aux)
-        aux_latents, aux_values = dead_ids[picked], np.take_along_axis(dead_pre, picked, axis=-1)  # [m, k_aux]
+        aux_latents, aux_values = dead_ids[picked], take_rows(dead_pre, picked)  # [m, k_aux]
         aux_rows = W_dec[aux_latents]  # [m, k_aux, d_in]
         aux_error = (aux_values[:, None, :] @ aux_rows)[:, 0] + error  # Σ aux_j W_dec[j] - (x - x̂)
         d_aux_error = aux_error * np.float32(AUX_COEFFICIENT * scale * 2 / n)
