@@ -21,6 +21,8 @@ ROWS = 512  # rows per piece of the forward pass at most (piece_rows), whatever 
 # scaled and scattered element in NumPy's passes (measured on the AVX2 and AVX-512 machines of docs/performance.md)
 DENSE_SHARE = 128
 TILE = 256  # rows per tile of transposed(): a [TILE, d] tile and its transpose stay in cache
+PASS_PAIRS = 4096  # pairs per block of a pass of latent_sums at most: their [PASS_PAIRS, d] vectors stay on glibc's
+# heap (under HEAP_ARRAYS_UP_TO for d up to 2,048) instead of fresh pages, each a fault
 
 
 def top_k_grouped(x, k):  # [n, m] -> (int [n, k], [n, k]): where each row's k largest values are, as
@@ -114,12 +116,13 @@ def latent_sums(ids, rows, products, d_sae):
 
 
 def pair_passes(at):  # int [p], sorted -> [int [q]]: the pairs in passes, every latent's first pair, then its second,
-    # ...: np.add.at would add them all at once, but several times slower
+    # ..., each in blocks of PASS_PAIRS at most: np.add.at would add them all at once, but several times slower
     first = np.flatnonzero(np.r_[True, at[1:] != at[:-1]])  # where each latent's pairs start
     rank = np.arange(len(at)) - np.repeat(first, np.diff(np.r_[first, len(at)]))  # a pair's place among its latent's
     by_rank = np.argsort(rank, kind="stable")
     bounds = np.searchsorted(rank[by_rank], np.arange(rank.max(initial=-1) + 2))
-    return [by_rank[start:stop] for start, stop in zip(bounds, bounds[1:])]
+    return [by_rank[block:min(block + PASS_PAIRS, stop)] for start, stop in zip(bounds, bounds[1:])
+            for block in range(start, stop, PASS_PAIRS)]
 
 
 def transposed(a, out):  # [l, d] -> out [d, l]: a's transpose, copied TILE rows at a time (NumPy's copy of a.T runs

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from gpt2_numpy import cores
+from gpt2_numpy.sae import fast
 from gpt2_numpy.sae.fast import DENSE_SHARE, latent_sums, top_k_grouped, topk_loss_and_grads
 from gpt2_numpy.sae.model import loss_and_grads
 from tests.sae_helpers import relative_error
@@ -74,7 +75,7 @@ def test_a_topk_sae_of_one_number_has_no_auxk_loss(step):
 def test_the_latents_sums_equal_the_product_with_the_mostly_zero_matrix(transpose, monkeypatch):
     # latent 0 in every row (its sum a product), 1 to 3 in a third of them each (also products), the rest in one to a
     # few rows each (pair by pair): the textbook's scattered(weights)ᵀ @ vectors, with an [m, d_sae] array. Two
-    # threads, each with half the latents however little work that is
+    # threads, each with half the latents however little work that is, and each pass in blocks of 3 pairs
     rng = np.random.default_rng(8)
     m, d, d_sae = 3 * DENSE_SHARE, 5, 600
     latents = np.stack([np.r_[0, 1 + row % 3, rng.choice(np.arange(4, d_sae), 3, replace=False)] for row in range(m)])
@@ -84,6 +85,7 @@ def test_the_latents_sums_equal_the_product_with_the_mostly_zero_matrix(transpos
     np.put_along_axis(mostly_zero, latents, weights, axis=-1)
     rows = np.repeat(np.arange(m), latents.shape[1])
     monkeypatch.setattr(cores, "MIN_WORK", 1)
+    monkeypatch.setattr(fast, "PASS_PAIRS", 3)
     threads = cores.threads()
     try:
         cores.set_threads(2)
