@@ -17,8 +17,9 @@ GROUP = 8  # latents per group in top_k_grouped
 ROWS = 512  # rows per piece of the forward pass at most (piece_rows), whatever the team: each row's numbers are the
 # same on any team
 # a latent used by more than 1 / DENSE_SHARE of the rows has its sum taken by a dense product (its column of the
-# mostly-zero matrix) rather than pair by pair: a multiply-add in OpenBLAS costs about 1 / DENSE_SHARE of a gathered,
-# scaled and scattered element in NumPy's passes (measured on the AVX2 and AVX-512 machines of docs/performance.md)
+# mostly-zero matrix) rather than pair by pair: a multiply-add in OpenBLAS costs about 1 / 64 to 1 / 128 of a gathered,
+# scaled and added element in NumPy's passes (measured on the project's AMD EPYC: 64 and 128 took the same time at
+# both of scripts/bench/sae.py's sizes, 0 or a million up to 6x longer; 128 keeps the small size's sums all products)
 DENSE_SHARE = 128
 TILE = 256  # rows per tile of transposed(): a [TILE, d] tile and its transpose stay in cache
 PASS_PAIRS = 4096  # pairs per block of a pass of latent_sums at most: their [PASS_PAIRS, d] vectors stay on glibc's
@@ -126,7 +127,7 @@ def pair_passes(at):  # int [p], sorted -> [int [q]]: the pairs in passes, every
 
 
 def transposed(a, out):  # [l, d] -> out [d, l]: a's transpose, copied TILE rows at a time (NumPy's copy of a.T runs
-    # down a's columns, a cache miss an element at [24,576, 768]; tiles are about 3x faster)
+    # down a's columns, a cache miss an element at [24,576, 768]; tiles are about 2x faster, measured)
     for start in range(0, len(a), TILE):
         out[:, start:start + TILE] = a[start:start + TILE].T
     return out
