@@ -19,7 +19,8 @@ ROWS = 512  # rows per piece of the forward pass at most (piece_rows), whatever 
 # a latent used by more than 1 / DENSE_SHARE of the rows has its sum taken by a dense product (its column of the
 # mostly-zero matrix) rather than pair by pair: a multiply-add in OpenBLAS costs about 1 / 64 to 1 / 128 of a gathered,
 # scaled and added element in NumPy's passes (measured on the project's AMD EPYC: 64 and 128 took the same time at
-# both of scripts/bench/sae.py's sizes, 0 or a million up to 6x longer; 128 keeps the small size's sums all products)
+# both of scripts/bench/sae.py's sizes, 0 (all pair by pair) or 1,024 up to 9x longer; 128 keeps the small size's sums
+# all products)
 DENSE_SHARE = 128
 TILE = 256  # rows per tile of transposed(): a [TILE, d] tile and its transpose stay in cache
 PASS_PAIRS = 4096  # pairs per block of a pass of latent_sums at most: their [PASS_PAIRS, d] vectors stay on glibc's
