@@ -45,6 +45,7 @@ from gpt2_numpy.disk import atomic_write, check_folder_path, disk_fix, fsync_fol
 from gpt2_numpy.save import save_model
 from gpt2_numpy.formats.vocabulary import FILE_NAMES
 from gpt2_numpy.locks import release_lock, take_lock
+from gpt2_numpy.optim import WEIGHT_DECAY
 
 STATE = "train_state.npz"
 LOG = "log.csv"
@@ -78,6 +79,8 @@ class Settings(NamedTuple):
     init: Optional[str]  # the official size or model folder fine-tuned; None from scratch
     vocab_size: Optional[int] = None  # the run's own tokenizer's size (--vocab-size); None for its model's
     min_frequency: Optional[int] = None
+    weight_decay: float = WEIGHT_DECAY  # AdamW's decoupled decay of the matrices and embeddings (a run saved before
+    # the flag existed used this)
 
     @classmethod
     def saved(cls, values, **changes):  # -> Settings from a saved run's JSON object (load_run checked it), changed
@@ -256,11 +259,13 @@ def damaged_state(out, problem):  # -> UsageError for a train_state.npz that can
                       f"{out} starts it from the saved weights)")
 
 
+MISSING = object()  # a saved setting absent, with no default
 SCALARS = {"step": "iu", "opt/step": "iu", "data_position": "iu", "seconds": "fiu", "settings": "U", "data_rng": "U"}
 SETTING_CHECKS = {  # a saved setting -> is its value one that the flags could have given
     **dict.fromkeys(("batch_size", "seq_len", "eval_batches"), lambda value: type(value) is int and value >= 1),
     **dict.fromkeys(("seed", "warmup", "steps"), lambda value: type(value) is int and value >= 0),
     "lr": lambda value: type(value) in (int, float) and 0 < value < math.inf,
+    "weight_decay": lambda value: type(value) in (int, float) and 0 <= value < math.inf,
     "val_fraction": lambda value: type(value) in (int, float) and 0 < value < 1,
     "schedule": lambda value: value in ("cosine", "constant"),
     "data_sha256": lambda value: isinstance(value, str),
@@ -288,8 +293,9 @@ def state_problem(state, params):  # -> what makes train_state.npz's arrays unfi
         return f"its settings or data_rng are not what was saved: {error}"
     if not isinstance(settings, dict):
         return "its settings are not a JSON object"
-    wrong = next((name for name, check in SETTING_CHECKS.items() if name not in settings or not check(settings[name])),
-                 None)
+    # a setting newer than the run (weight_decay) is its default; any other missing one is damage
+    wrong = next((name for name, check in SETTING_CHECKS.items()
+                  if not check(settings.get(name, Settings._field_defaults.get(name, MISSING)))), None)
     if wrong:
         return f"the setting {wrong} is {settings.get(wrong, 'missing')!r}"
     if order.ndim != 1 or order.dtype.kind not in "iu" or not np.array_equal(np.sort(order), np.arange(len(order))):

@@ -20,7 +20,7 @@ from gpt2_numpy.console import log, plural, progress_bar
 from gpt2_numpy.errors import Interrupted, UsageError
 from gpt2_numpy.fast import lm_head, log_softmax_at, transformer
 from gpt2_numpy.interpret.heads import PATTERNS, head_scores, repeat_length, repeated_tokens, repetition_problem
-from gpt2_numpy.optim import adamw_state, adamw_step, clip_grads, learning_rate
+from gpt2_numpy.optim import WEIGHT_DECAY, adamw_state, adamw_step, clip_grads, learning_rate
 from gpt2_numpy.params import flatten
 from gpt2_numpy.runs import HEADS, diverged, open_log, restore_moments, save_run
 from gpt2_numpy.tokenizer import checked_ids, token_windows
@@ -222,7 +222,7 @@ def train(run, params, state, data):  # -> exit status: run (runs.Run) trained f
             step_start = time.perf_counter()
             inputs, targets = batches.next()
             lr = learning_rate(step, settings.lr, settings.warmup, steps, settings.schedule)
-            loss, grad_norm = train_step(inputs, targets, params, n_head, opt_state, lr)
+            loss, grad_norm = train_step(inputs, targets, params, n_head, opt_state, lr, settings.weight_decay)
             if not (math.isfinite(loss) and math.isfinite(grad_norm)):  # no update was made: the weights stay finite
                 raise diverged(out, step + 1, f"the loss is {loss:.4g} and the gradient norm {grad_norm:.4g}")
             step += 1
@@ -252,7 +252,8 @@ def train(run, params, state, data):  # -> exit status: run (runs.Run) trained f
     return 0
 
 
-def train_step(inputs, targets, params, n_head, opt_state, lr):  # -> (loss, gradient norm); params, opt_state updated
+def train_step(inputs, targets, params, n_head, opt_state, lr, weight_decay=WEIGHT_DECAY):  # -> (loss, gradient norm);
+    # params, opt_state updated
     """One training step: the loss and gradients, clipping and AdamW, updating params and opt_state in place; no
     update where the loss or the gradient norm is not finite."""
     # one cores.all_cores() for the whole step, not one per part: every product and pass of it runs on our team, with
@@ -261,7 +262,7 @@ def train_step(inputs, targets, params, n_head, opt_state, lr):  # -> (loss, gra
         loss, grads = loss_and_grads(inputs, targets, params, n_head)
         grad_norm = clip_grads(grads)
         if math.isfinite(loss) and math.isfinite(grad_norm):
-            adamw_step(params, grads, opt_state, lr)
+            adamw_step(params, grads, opt_state, lr, weight_decay=weight_decay)
     return loss, grad_norm
 
 

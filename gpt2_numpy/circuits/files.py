@@ -43,12 +43,14 @@ def layer_file(layer):  # -> the name circuit-tracer gives layer `layer`'s file
     return f"layer_{layer}.safetensors"
 
 
-def save_transcoders(transcoders, folder):  # -> None: folder holds config.yaml and a safetensors file per layer
+def save_transcoders(transcoders, folder, metadata=None):  # -> None: folder holds config.yaml and a safetensors file
+    # per layer; metadata ({str: str}): more of each layer file's header ({"step": "100"} for a training run's save)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     for layer, params in enumerate(transcoders.layers):
         tensors = {name: params[key] for name, key in STORED.items() if key in params}
-        atomic_write(folder / layer_file(layer), lambda file, tensors=tensors: write_safetensors(file, tensors))
+        atomic_write(folder / layer_file(layer),
+                     lambda file, tensors=tensors: write_safetensors(file, tensors, metadata))
     atomic_write(folder / CONFIG, lambda file: file.write(config_text(transcoders).encode()))
 
 

@@ -129,10 +129,11 @@ def whole_number(minimum):  # -> an argparse type accepting integers >= minimum
     return parse
 
 
-def number_between(low, high, name):  # -> an argparse type for a number strictly between low and high
+def number_between(low, high, name, low_included=False):  # -> an argparse type for a number between low and high,
+    # high excluded, low too unless low_included
     def parse(text):
         value = float(text)
-        if not low < value < high:  # NaN too
+        if not ((low <= value) if low_included else (low < value)) or not value < high:  # NaN too
             raise ValueError(text)  # argparse says "invalid <name> value: 'x'"
         return value
 
@@ -141,6 +142,7 @@ def number_between(low, high, name):  # -> an argparse type for a number strictl
 
 
 positive_float = number_between(0, math.inf, "positive number")
+non_negative_float = number_between(0, math.inf, "number at least 0", low_included=True)
 fraction = number_between(0, 1, "fraction between 0 and 1")
 
 

@@ -3,6 +3,9 @@ it spliced into the model, and draw its latents (gpt2_numpy/sae/ computes all of
 
     gpt2-numpy sae train --model my-gpt --hook blocks.0.out --data plays.txt --out my-sae --d-sae 2048 --k 16
     gpt2-numpy sae train --activations acts.npy --out toy-sae --architecture standard --l1 3
+    gpt2-numpy sae train --transcoder --model my-gpt --hook ln_2 --target mlp.out --data plays.txt --out my-tc --skip
+        transcoders for every MLP (blocks.1.ln_2 with blocks.1.mlp.out: MLP 1's alone), as circuit-tracer's set
+    gpt2-numpy sae eval --transcoders my-tc --model my-gpt --data held-out.txt
     gpt2-numpy sae eval --sae my-sae --model my-gpt --data held-out.txt
     gpt2-numpy sae features --sae my-sae --model my-gpt --data plays.txt --html features.html
         a page of the latents that fire most on the text (or --latents F ...): their strongest contexts, shaded, a
@@ -21,18 +24,23 @@ from gpt2_numpy.runs import check_out, claimed, settled_if_cut
 from gpt2_numpy.sae.activations import (
     Stream, check_hook, check_sae_hook, file_source, model_source, resolve_hook, sae_for_model,
 )
-from gpt2_numpy.sae.evaluation import evaluate
+from gpt2_numpy.circuits.files import load_transcoders
+from gpt2_numpy.sae.evaluation import evaluate, evaluate_transcoders
 from gpt2_numpy.sae.features import busiest_latents, checked_latents
 from gpt2_numpy.sae.releases import load_sae
 from gpt2_numpy.sae.page import features_data, features_html
-from gpt2_numpy.sae.present import eval_report
+from gpt2_numpy.sae.present import eval_report, transcoders_report
 from gpt2_numpy.sae.processing import attach
 from gpt2_numpy.sae.releases import listing
-from gpt2_numpy.sae.training import KEPT, SAE_ORDER, SaeSettings, init_params, load_sae_run, sae_of, train_sae
+from gpt2_numpy.sae.training import (
+    KEPT, SAE_ORDER, SaeSettings, init_params, init_transcoders, load_sae_run, train_sae,
+)
+from gpt2_numpy.sae.transcoders import TARGET, run_order, transcoder_layers
 from gpt2_numpy.tokenizer import text_windows
 
-SUBCOMMANDS = {"train": "train an SAE on one activation of a model, or on an .npy file of activations",
-               "eval": "an SAE on held-out text: MSE, explained variance, L0, dead latents and the loss recovered",
+SUBCOMMANDS = {"train": "train an SAE on one activation of a model, or on an .npy file of activations, or "
+                        "transcoders for the MLPs (--transcoder)",
+               "eval": "an SAE (or transcoders) on held-out text: MSE, explained variance, L0 and the loss recovered",
                "features": "a page of the SAE's latents: top contexts, histograms, promoted tokens",
                "releases": "SAELens's released SAEs of GPT-2 small, loaded by name (--sae RELEASE/ID)"}
 DEFAULTS = {"architecture": "topk", "k": 32, "l1": 1.0, "lr": 4e-4, "batch_size": 4096, "seed": 0, "seq_len": 128,
@@ -53,6 +61,13 @@ def train_parser():  # -> the parser of `sae train`
                         help="the SAE folder to write (cfg.json + sae_weights.safetensors), with log.csv and the "
                         "resume state")
     parser.add_argument("--resume", action="store_true", help="continue the run saved in --out")
+    parser.add_argument("--transcoder", action="store_true", help="train transcoders instead: --hook is an MLP's input "
+                        "(blocks.L.ln_2, blocks.L.mid, blocks.L.ln_2.normalized; without blocks.L.: every layer's), "
+                        "--target its output (blocks.L.mlp.out, or mlp.out); --out becomes circuit-tracer's "
+                        "transcoder set (config.yaml + layer_<i>.safetensors)")
+    parser.add_argument("--target", metavar="NAME", help="--transcoder: the activation reconstructed, the MLP's output")
+    parser.add_argument("--skip", action="store_true", help="--transcoder: with a linear skip connection W_skip "
+                        "[d_model, d_model], trained with the rest (Paulo et al. 2025)")
     parser.add_argument("--architecture", choices=("topk", "standard"),
                         help="topk (the k largest latents, with the AuxK loss; default) or standard (ReLU and L1)")
     parser.add_argument("--d-sae", type=whole_number(1), metavar="N", help="latents (8 x the activation's width)")
@@ -71,10 +86,15 @@ def train_parser():  # -> the parser of `sae train`
 
 
 def eval_parser():  # -> the parser of `sae eval`
-    parser = ArgumentParser(prog="gpt2-numpy sae eval", description="Measure an SAE on held-out text: how well it "
-                            "reconstructs its activation, and how much of the model's loss survives it spliced in.")
-    parser.add_argument("--sae", required=True, type=path_argument, metavar="DIR", help="the SAE folder, or a release "
-                        "of SAELens's by name, RELEASE/ID (gpt2-numpy sae releases)")
+    parser = ArgumentParser(prog="gpt2-numpy sae eval", description="Measure an SAE (or transcoders) on held-out "
+                            "text: how well it reconstructs its activation, and how much of the model's loss survives "
+                            "it spliced in.")
+    parser.add_argument("--sae", type=path_argument, metavar="DIR", help="the SAE folder, or a release of SAELens's by "
+                        "name, RELEASE/ID (gpt2-numpy sae releases)")
+    parser.add_argument("--transcoders", type=path_argument, metavar="DIR", help="measure a transcoder set instead "
+                        "(circuit-tracer's folder, or sae train --transcoder's), each MLP replaced by its transcoder")
+    parser.add_argument("--layers", nargs="+", type=whole_number(0), metavar="L", help="--transcoders: the MLPs the "
+                        "set's transcoders replace, in order (default: every layer; a one-layer run's set: its layer)")
     add_model_args(parser)
     parser.add_argument("--data", required=True, type=path_argument, metavar="FILE", help="UTF-8 held-out text")
     parser.add_argument("--hook", metavar="NAME", help="the activation the SAE reads, for a folder whose cfg.json "
@@ -118,6 +138,18 @@ def hook_flag(name):  # -> the trace name --hook gives (ours, or TransformerLens
     return hook
 
 
+def check_transcoder_flags(args):  # -> None; UsageError for --target or --skip without --transcoder, or the reverse
+    given = [flag for flag, value in (("--target", args.target), ("--skip", args.skip)) if value]
+    if given and not args.transcoder:
+        raise UsageError(f"{given[0]} applies to transcoders: add --transcoder, or drop {given[0]}")
+    if args.transcoder and args.target is None:
+        raise UsageError("--transcoder needs --target, the MLP output the transcoders write: blocks.L.mlp.out with "
+                         "--hook blocks.L.ln_2, or mlp.out with --hook ln_2 for every layer")
+    if args.transcoder and args.activations is not None:
+        raise UsageError("--transcoder reads the MLPs' inputs and outputs from a model: give --model and --data, not "
+                         "--activations")
+
+
 def activation_source(args):  # -> Source of the flags given
     if args.activations is not None:
         extra = [flag for flag, value in (("--model", args.model), ("--data", args.data)) if value is not None]
@@ -133,14 +165,18 @@ def activation_source(args):  # -> Source of the flags given
     if missing:
         raise UsageError(f"{missing[0]} is missing: give --model DIR --hook NAME --data FILE, or --activations FILE")
     model = model_from_args(args)
-    hook = resolve_hook(args.hook, model.hparams["n_layer"])
+    layers = None
+    if args.transcoder:
+        hook, layers = transcoder_layers(args.hook, args.target, model.hparams["n_layer"])
+    else:
+        hook = resolve_hook(args.hook, model.hparams["n_layer"])
     n_ctx = model.hparams["n_ctx"]
     if args.seq_len is not None and args.seq_len > n_ctx:  # as train refuses it; only the default is cut to fit
         raise UsageError(f"--seq-len {args.seq_len} is over the model's context of {n_ctx} tokens: give at most "
                          f"{n_ctx}")
     seq_len = min(args.seq_len or DEFAULTS["seq_len"], n_ctx)
     ids, windows = data_windows(model, read_data(args.data), args.data, seq_len)
-    return model_source(model.params, model.hparams["n_head"], hook, ids, windows, str(args.model))
+    return model_source(model.params, model.hparams["n_head"], hook, ids, windows, str(args.model), layers)
 
 
 def data_windows(model, text, path, seq_len, n_windows=None, targets=False):  # -> (ids, windows) of the text of
@@ -157,29 +193,36 @@ def data_windows(model, text, path, seq_len, n_windows=None, targets=False):  # 
 
 def train(argv):  # -> exit status
     args = train_parser().parse_args(argv)
+    check_transcoder_flags(args)
     with ExitStack() as lock:
         out = args.out
         ours = check_out(out, args.resume, kind="sae")
-        if ours:
+        if ours and not args.transcoder:  # a transcoder run's files (a layer file each) are known from the model
             lock.enter_context(claimed(out, args.resume, SAE_ORDER))
         source = activation_source(args)
+        order = SAE_ORDER if source.layers is None else run_order(source.layers)
+        if ours and args.transcoder:
+            lock.enter_context(claimed(out, args.resume, order))
+        threshold = None
         if args.resume:
-            sae, state, saved = load_sae_run(out)
+            params, threshold, state, saved = load_sae_run(out, args.transcoder)
             settings = resumed_settings(args, saved, source)
         else:
-            settings, sae, state = new_settings(args, source), None, None
+            settings, params, state = new_settings(args, source), None, None
         stream = Stream(source.window, source.n_windows, settings.batch_size, settings.buffer, settings.seed)
-        if sae is None:
+        if params is None:
             first = stream.next()  # the first batch, for b_dec's init; the stream starts again for the run
-            params = init_params(settings, first)
+            params = init_params(settings, first) if source.layers is None else init_transcoders(settings, first)
             stream = Stream(source.window, source.n_windows, settings.batch_size, settings.buffer, settings.seed)
-            sae = sae_of(params, settings, source.model_name)
         if not ours:
-            lock.enter_context(claimed(out, False, SAE_ORDER))  # only now, the input known to be good, is out made
-        log(f"training a {settings.architecture} SAE of {settings.d_sae:,} latents on {source.hook or 'activations'} "
-            f"({settings.d_in} numbers each) from {source.name}")
-        with settled_if_cut(out, SAE_ORDER):
-            return train_sae(out, settings, stream, sae, state, source.model_name)
+            lock.enter_context(claimed(out, False, order))  # only now, the input known to be good, is out made
+        what = (f"{settings.architecture} SAE of {settings.d_sae:,} latents on {source.hook or 'activations'}"
+                if source.layers is None else f"{settings.architecture} transcoders of {settings.d_sae:,} features "
+                f"from {source.hook} to {TARGET}{' with a skip' * settings.skip} for "
+                f"{plural(len(source.layers), 'layer')} ({', '.join(map(str, source.layers))})")
+        log(f"training {what} ({settings.d_in} numbers each) from {source.name}")
+        with settled_if_cut(out, order):
+            return train_sae(out, settings, stream, params, state, source.model_name, threshold)
 
 
 def new_settings(args, source):  # -> SaeSettings of a new run, checked
@@ -201,7 +244,8 @@ def new_settings(args, source):  # -> SaeSettings of a new run, checked
         values["l1"] = 0.0
     return SaeSettings(**values, d_in=source.d_in, d_sae=d_sae, hook=source.hook, source=source.name,
                        data_sha256=source.digest, seq_len=source.seq_len, steps=args.steps,
-                       save_every=args.save_every, model_sha256=source.model_digest)
+                       save_every=args.save_every, model_sha256=source.model_digest,
+                       target=None if source.layers is None else TARGET, layers=source.layers, skip=args.skip)
 
 
 def resumed_settings(args, saved, source):  # -> the saved run's SaeSettings with this run's steps, save_every
@@ -219,10 +263,11 @@ def resumed_settings(args, saved, source):  # -> the saved run's SaeSettings wit
         raise UsageError(f"the activations are not the ones the run in {args.out} trained on: pass the same --data "
                          "(or --activations) to --resume")
     given = {name: getattr(args, name, None) for name in KEPT}
-    given.update(d_sae=args.d_sae, hook=source.hook)
+    given.update(d_sae=args.d_sae, hook=source.hook, layers=source.layers, skip=args.skip or None)
     for name, value in given.items():
         if value is not None and value != saved.get(name):
-            raise UsageError(f"--{name.replace('_', '-')} {value} differs from the saved run's {saved.get(name)}: a "
+            flag = "--hook's layers" if name == "layers" else f"--{name.replace('_', '-')}"
+            raise UsageError(f"{flag} {value} differs from the saved run's {saved.get(name)}: a "
                              "resumed run keeps its settings (only --steps and --save-every may change); start a "
                              "new run in another folder to change them")
     return SaeSettings(**{**{name: saved[name] for name in SaeSettings._fields if name in saved},
@@ -234,6 +279,14 @@ def resumed_settings(args, saved, source):  # -> the saved run's SaeSettings wit
 
 def eval_command(argv):  # -> exit status
     args = eval_parser().parse_args(argv)
+    if (args.sae is None) == (args.transcoders is None):
+        raise UsageError("give --sae DIR (an SAE) or --transcoders DIR (a transcoder set): one of the two")
+    wrong = [flag for flag, value in (("--hook", args.hook), ("--layers", args.layers)) if value is not None and
+             (flag == "--hook") == (args.sae is None)]
+    if wrong:
+        raise UsageError(f"{wrong[0]} applies to {'--sae' if wrong[0] == '--hook' else '--transcoders'}: drop it")
+    if args.transcoders is not None:
+        return eval_transcoders(args)
     sae = load_sae(args.sae, models_dir=args.models_dir)
     sae.hook = eval_hook(args, sae.hook)
     model = model_from_args(args)
@@ -247,6 +300,37 @@ def eval_command(argv):  # -> exit status
     else:
         write_stdout(eval_report(numbers))
     return 0
+
+
+def eval_transcoders(args):  # -> exit status: sae eval --transcoders
+    transcoders = load_transcoders(args.transcoders)  # a damaged set costs no model load
+    model = model_from_args(args)
+    n_layer = model.hparams["n_layer"]
+    layers = args.layers or list(range(n_layer))
+    check_layers(args, transcoders, layers, n_layer, model.hparams["n_embd"])
+    seq_len = min(args.seq_len, model.hparams["n_ctx"])
+    _, windows = data_windows(model, read_data(args.data), args.data, seq_len, args.windows, targets=True)
+    numbers = evaluate_transcoders(transcoders, layers, model.params, model.hparams["n_head"], windows)
+    if args.json:
+        print_json(numbers)
+    else:
+        write_stdout(transcoders_report(numbers))
+    return 0
+
+
+def check_layers(args, transcoders, layers, n_layer, n_embd):  # -> None; UsageError when the set does not fit the
+    # model's layers it is to replace
+    if transcoders.d_model != n_embd:
+        raise UsageError(f"--transcoders {args.transcoders} reads {transcoders.d_model} numbers per position, but the "
+                         f"model is {n_embd} wide: use transcoders trained on this model")
+    outside = [layer for layer in layers if layer >= n_layer]
+    if outside or len(set(layers)) != len(layers):
+        raise UsageError(f"--layers {' '.join(map(str, args.layers))}: give each layer once, from 0 to {n_layer - 1}")
+    if len(layers) != len(transcoders.layers):
+        given = f"--layers names {plural(len(layers), 'layer')}" if args.layers else \
+            f"the model has {plural(n_layer, 'layer')}"
+        raise UsageError(f"--transcoders {args.transcoders} holds {plural(len(transcoders.layers), 'transcoder')}, "
+                         f"but {given}: give --layers, the layer each replaces (a one-layer run's: its layer)")
 
 
 def eval_hook(args, saved):  # -> the trace name the SAE reads: its cfg.json's, or --hook's where it names none

@@ -18,13 +18,14 @@ from gpt2_numpy.catalog import MODEL_SIZES
 from gpt2_numpy.formats.checkpoint import load_params
 from gpt2_numpy.formats.vocabulary import check_model_vocabulary
 from gpt2_numpy.commands.common import (
-    ArgumentParser, add_models_dir, fraction, model_choice, path_argument, positive_float, read_data, run_cli,
-    whole_number,
+    ArgumentParser, add_models_dir, fraction, model_choice, non_negative_float, path_argument, positive_float,
+    read_data, run_cli, whole_number,
 )
 from gpt2_numpy.console import log, plural
 from gpt2_numpy.cores import threads
 from gpt2_numpy.errors import UsageError
 from gpt2_numpy.loading import read_model, ready
+from gpt2_numpy.optim import WEIGHT_DECAY
 from gpt2_numpy.params import gpt2_init, map_leaves
 from gpt2_numpy.runs import Run, Settings, check_out, claimed, load_run, settled_if_cut
 from gpt2_numpy.save import copy_tokenizer
@@ -40,7 +41,7 @@ SHAPE_DEFAULTS = {"n_layer": 4, "n_head": 4, "n_embd": 256, "n_ctx": 256}
 
 # settings a resumed run keeps (changing one would make it a different run); --steps, --eval-every, --save-every may
 # change
-KEPT = ("batch_size", "seq_len", "val_fraction", "seed", "lr", "warmup", "schedule", "eval_batches")
+KEPT = ("batch_size", "seq_len", "val_fraction", "seed", "lr", "warmup", "schedule", "eval_batches", "weight_decay")
 
 
 def parse_args(argv):  # -> argparse.Namespace
@@ -76,6 +77,9 @@ def parse_args(argv):  # -> argparse.Namespace
     parser.add_argument("--seq-len", type=whole_number(1), metavar="T", help="tokens per sequence (128)")
     parser.add_argument("--lr", type=positive_float, metavar="LR",
                         help="peak learning rate (6e-4 from scratch, 3e-5 with --init)")
+    parser.add_argument("--weight-decay", type=non_negative_float, metavar="D",
+                        help="AdamW's decoupled weight decay of the matrices and embeddings (0.1, as GPT-2's); 0 keeps "
+                        "a circuit that one head learned in that head, where decay would spread it over several")
     parser.add_argument("--warmup", type=whole_number(0), metavar="N",
                         help="steps of linear warmup to the peak rate (100)")
     parser.add_argument("--schedule", choices=("cosine", "constant"),
@@ -94,7 +98,8 @@ def parse_args(argv):  # -> argparse.Namespace
 
 def new_settings(args, digest):  # -> the Settings of a new run: the flags given, else defaults; digest: the text's
     defaults = {"batch_size": 8, "seq_len": 128, "lr": 3e-5 if args.init else 6e-4, "warmup": 100,
-                "schedule": "cosine", "val_fraction": 0.1, "seed": 0, "eval_batches": 4}
+                "schedule": "cosine", "val_fraction": 0.1, "seed": 0, "eval_batches": 4,
+                "weight_decay": WEIGHT_DECAY}
     given = {name: getattr(args, name) for name in KEPT if getattr(args, name) is not None}
     return Settings(**{**defaults, **given}, steps=args.steps, eval_every=args.eval_every, save_every=args.save_every,
                     data_sha256=digest, init=None if args.init is None else init_name(args.init),

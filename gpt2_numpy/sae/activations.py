@@ -22,6 +22,7 @@ from gpt2_numpy.params import flatten
 from gpt2_numpy.sae.files import check_fits
 from gpt2_numpy.sae.processing import attach, model_activation
 from gpt2_numpy.sae.releases import load_sae
+from gpt2_numpy.sae.transcoders import TARGET
 
 def hook_rows(array, hook):  # trace's array for hook -> [n_seq, d_in]: a row per position
     return np.swapaxes(array, 0, 1).reshape(array.shape[1], -1) if is_per_head(hook) else array
@@ -93,6 +94,13 @@ def model_rows(ids, params, n_head, hook):  # int [n_seq] -> [n_seq, d_in]: hook
     return hook_rows(steps[step], hook)
 
 
+def transcoder_rows(ids, params, n_head, step, layers):  # int [n_seq] -> [n_seq, len(layers), 2 n_embd]: each
+    # layer's transcoder input (block L's `step`) and target (its mlp.out) side by side, from one pass
+    x = embedding(ids, params["wte"], params["wpe"])
+    blocks = list(block_traces(x, params["blocks"][: max(layers) + 1], n_head))
+    return np.stack([np.concatenate([blocks[i][step], blocks[i][TARGET]], axis=-1) for i in layers], axis=1)
+
+
 class Stream:
     """Batches of activation rows, shuffled: windows (window(i) -> [m, d_in], i < n_windows) are read in a seeded
     order, a new one each epoch, into a buffer of about `capacity` rows; the buffer is shuffled, its first half
@@ -158,6 +166,7 @@ class Source(NamedTuple):
     digest: str  # sha256 of the file, or of the text's tokens
     seq_len: Optional[int]
     model_digest: Optional[str] = None  # sha256 of the model's weights: the same model, whatever path names it
+    layers: Optional[list] = None  # a transcoder run's layers (its hook a step of each: ln_2, ...); None for an SAE
 
 
 def params_digest(params):  # -> sha256 of every weight's values, in the tree's order
@@ -167,15 +176,19 @@ def params_digest(params):  # -> sha256 of every weight's values, in the tree's 
     return digest.hexdigest()
 
 
-def model_source(params, n_head, hook, ids, windows, name):  # -> Source: hook's activations on windows [n, seq_len]
-    # of the token ids `ids` (the whole text's, whose digest the run records), for the model folder `name`
+def model_source(params, n_head, hook, ids, windows, name, layers=None):  # -> Source: hook's activations on windows
+    # [n, seq_len] of the token ids `ids` (the whole text's, whose digest the run records), for the model folder
+    # `name`; with layers, a transcoder run's: the step `hook` and mlp.out of each layer (transcoder_rows)
     def window(i):
-        return model_rows(windows[i], params, n_head, hook)
+        if layers is None:
+            return model_rows(windows[i], params, n_head, hook)
+        return transcoder_rows(windows[i], params, n_head, hook, layers)
 
     digest = hashlib.sha256(np.asarray(ids, dtype=np.int64).tobytes()).hexdigest()
     n_windows, seq_len = windows.shape
-    return Source(window, n_windows, n_windows * seq_len, window(0).shape[1], hook, name, name, digest, seq_len,
-                  params_digest(params))
+    d_in = window(0).shape[1] if layers is None else params["wte"].shape[1]
+    return Source(window, n_windows, n_windows * seq_len, d_in, hook, name, name, digest, seq_len,
+                  params_digest(params), layers)
 
 
 def file_source(path, hook):  # -> Source of the activations an .npy file holds, checked; hook: a trace name or None

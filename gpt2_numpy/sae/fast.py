@@ -11,6 +11,7 @@ import numpy as np
 
 from gpt2_numpy import cores
 from gpt2_numpy.allocator import HEAP_ARRAYS_UP_TO
+from gpt2_numpy.circuits.transcoders import skip
 from gpt2_numpy.sae.model import AUX_COEFFICIENT, aux_k, has_aux, top_k_indices
 
 GROUP = 8  # latents per group in top_k_grouped
@@ -50,21 +51,24 @@ def take_rows(x, indices):  # [n, m], int [n, j] -> [n, j]: np.take_along_axis(x
     return x.ravel().take(indices + (np.arange(len(x)) * x.shape[1])[:, None])
 
 
-def rows_forward(x, params, k, dead, n):  # [m, d_in] -> {name: [m, ...]}: one piece's latents, reconstruction and the
-    # gradients at its k latents (and k_aux AuxK latents), of losses averaged over a batch of n rows
+def rows_forward(x, y, params, k, dead, n, apply_b_dec_to_input, top=0):  # [m, d_in] x2 -> {name: [m, ...]}: one
+    # piece's latents, reconstruction of y and the gradients at its k latents (and k_aux AuxK latents), of losses
+    # averaged over a batch of n rows; with top, "top_pre": the piece's top largest pre-activations, in no order
     W_enc, b_enc, W_dec, b_dec = params["W_enc"], params["b_enc"], params["W_dec"], params["b_dec"]
-    x_in = x - b_dec
+    x_in = x - b_dec if apply_b_dec_to_input else x
     pre = x_in @ W_enc
     pre += b_enc  # in place: [m, d_sae] is the step's largest array
     latents, values = top_k_grouped(pre, k)  # [m, k] each
     values = np.maximum(values, 0)  # [m, k]: f's nonzero entries, and zeros
     rows = W_dec[latents]  # [m, k, d_in]: the decoder rows each activation uses
-    x_hat = (values[:, None, :] @ rows)[:, 0] + b_dec  # Σ over its k latents of f_j W_dec[j]: k rows, not d_sae
-    error = x_hat - x
+    x_hat = (values[:, None, :] @ rows)[:, 0] + b_dec + skip(params, x)  # Σ over its k latents of f_j W_dec[j]
+    error = x_hat - y
     d_x_hat = error * np.float32(2 / n)
     d_values = (rows @ d_x_hat[:, :, None])[..., 0] * (values > 0)  # [m, k]: d_pre at its k latents (ReLU's mask)
     piece = {"x_in": x_in, "latents": latents, "values": values, "d_values": d_values, "d_x_hat": d_x_hat,
              "squared_error": np.sum(error**2, axis=-1)}
+    if top:  # the batch's n k largest are among its pieces' n k largest each
+        piece["top_pre"] = np.partition(pre, -min(top, pre.size), axis=None)[-min(top, pre.size):]
     if has_aux(x.shape[-1], dead):  # the AuxK loss, from each row's k_aux dead latents in the same way
         dead_ids = np.flatnonzero(dead)
         k_aux, scale = aux_k(x.shape[-1], len(dead_ids))
@@ -72,7 +76,7 @@ def rows_forward(x, params, k, dead, n):  # [m, d_in] -> {name: [m, ...]}: one p
         picked = top_k_indices(dead_pre, k_aux)
         aux_latents, aux_values = dead_ids[picked], take_rows(dead_pre, picked)  # [m, k_aux]
         aux_rows = W_dec[aux_latents]  # [m, k_aux, d_in]
-        aux_error = (aux_values[:, None, :] @ aux_rows)[:, 0] + error  # Σ aux_j W_dec[j] - (x - x̂)
+        aux_error = (aux_values[:, None, :] @ aux_rows)[:, 0] + error  # Σ aux_j W_dec[j] - (y - x̂)
         d_aux_error = aux_error * np.float32(AUX_COEFFICIENT * scale * 2 / n)
         piece.update(aux_latents=aux_latents, aux_values=aux_values, d_aux_error=d_aux_error,
                      d_aux_values=(aux_rows @ d_aux_error[:, :, None])[..., 0],
@@ -141,18 +145,23 @@ def piece_rows(d_sae, k, d_in):  # -> rows per piece of the forward pass: ROWS, 
     return max(1, min(ROWS, HEAP_ARRAYS_UP_TO // (4 * max(d_sae, k * d_in))))
 
 
-def topk_loss_and_grads(x, params, k, dead=None):  # -> (losses, grads, stats), as sae.loss_and_grads(..., "topk")
+def topk_loss_and_grads(x, params, k, dead=None, apply_b_dec_to_input=True, target=None, batch_threshold=False):
+    # -> (losses, grads, stats), as sae.loss_and_grads(..., "topk"); with batch_threshold, stats also "threshold":
+    # the pre-activation that the batch's n k largest reach (BatchTopK's), where a JumpReLU keeps k a row on average
     # the forward pass in pieces of piece_rows() rows, the backward over the batch's (row, latent) pairs (latent_sums),
     # each shared among the cores (cores.split). Run within cores.all_cores(): OpenBLAS on one thread, as its own
     # threads spend more time handing over products this small than multiplying
     (n, d_in), d_sae = x.shape, params["W_enc"].shape[1]
+    y = x if target is None else target
     rows_each = piece_rows(d_sae, k, d_in)
     starts = range(0, n, rows_each)
     pieces = [None] * len(starts)
 
     def some_pieces(share):
         for at in range(len(starts))[share]:
-            pieces[at] = rows_forward(x[starts[at]: starts[at] + rows_each], params, k, dead, n)
+            span = slice(starts[at], starts[at] + rows_each)
+            pieces[at] = rows_forward(x[span], y[span], params, k, dead, n, apply_b_dec_to_input,
+                                      n * k if batch_threshold else 0)
 
     cores.split(some_pieces, len(starts), item_size=rows_each * params["W_enc"].size)
     batch = {name: np.concatenate([piece[name] for piece in pieces]) for name in pieces[0]}
@@ -173,10 +182,15 @@ def topk_loss_and_grads(x, params, k, dead=None):  # -> (losses, grads, stats), 
     d_W_enc, d_W_dec = latent_sums(ids, rows, [(enc_weights, enc_vectors, True), (dec_weights, dec_vectors, False)],
                                    d_sae)
     d_b_enc = np.bincount(ids, weights=enc_weights, minlength=d_sae).astype(np.float32)  # d_pre.sum(axis=0)
-    grads = {"W_enc": d_W_enc, "b_enc": d_b_enc, "W_dec": d_W_dec,
-             "b_dec": batch["d_x_hat"].sum(axis=0) - d_b_enc @ params["W_enc"].T}
+    grads = {"W_enc": d_W_enc, "b_enc": d_b_enc, "W_dec": d_W_dec, "b_dec": batch["d_x_hat"].sum(axis=0)}
+    if apply_b_dec_to_input:  # x_in = x - b_dec
+        grads["b_dec"] -= d_b_enc @ params["W_enc"].T
+    if "W_skip" in params:  # x̂ += x W_skipᵀ
+        grads["W_skip"] = batch["d_x_hat"].T @ x
     active = batch["values"] > 0
-    stats = {"explained_variance": float(1 - np.sum(batch["squared_error"]) / np.sum((x - x.mean(axis=0)) ** 2)),
+    stats = {"explained_variance": float(1 - np.sum(batch["squared_error"]) / np.sum((y - y.mean(axis=0)) ** 2)),
              "l0": float(np.mean(active.sum(axis=-1))),
              "fired": np.bincount(batch["latents"][active], minlength=d_sae) > 0}
+    if batch_threshold:
+        stats["threshold"] = max(float(np.partition(batch["top_pre"], -n * k)[-n * k]), 0.0)
     return losses, grads, stats

@@ -16,9 +16,16 @@ Training minimises the mean squared error of x̂, plus
     topk:     the AuxK loss: the k_aux largest pre-activations of the dead latents reconstruct what the live ones
               missed, which gives the dead ones a gradient again.
 The gradients are written out below (loss_and_grads), one formula a line, and checked against torch autograd.
+
+A transcoder (circuits/transcoders.py; Dunefsky et al. 2024) is trained by the same step with a target that is not its
+input: x̂ = f @ W_dec + b_dec + x W_skipᵀ reconstructs the MLP's output from the MLP's input, with no b_dec taken
+from the input (apply_b_dec_to_input False, as circuit-tracer's encoder has it) and an optional linear skip W_skip
+[d_in, d_in] (Paulo et al. 2025).
 files.py reads and writes SAELens's folders; SAE below is what they hold; fast.py is topk's step, tuned.
 """
 import numpy as np
+
+from gpt2_numpy.circuits.transcoders import skip
 
 ARCHITECTURES = ("standard", "topk", "jumprelu")
 TRAINED = ("standard", "topk")
@@ -105,19 +112,21 @@ def aux_activations(pre, dead, k_aux):  # [n, d_sae], bool [d_sae] -> [n, d_sae]
     return keep_at(pre, top_k_indices(np.where(dead, pre, -np.inf), k_aux))
 
 
-def loss_and_grads(x, params, architecture, k=None, l1=0.0, dead=None, apply_b_dec_to_input=True):
+def loss_and_grads(x, params, architecture, k=None, l1=0.0, dead=None, apply_b_dec_to_input=True, target=None):
     """[n, d_in] -> (losses {"mse", "l1" or "aux"}: floats, grads {name: like params}, stats): the training loss of a
-    batch (the sum of the losses) and its gradient with respect to each of W_enc, b_enc, W_dec, b_dec. dead: bool
-    [d_sae], the latents that have not fired for a while (topk's AuxK loss; None or none dead: no AuxK loss). stats:
-    what a training run reports, batch_stats's."""
+    batch (the sum of the losses) and its gradient with respect to each of W_enc, b_enc, W_dec, b_dec (and W_skip,
+    when params hold one). dead: bool [d_sae], the latents that have not fired for a while (topk's AuxK loss; None or
+    none dead: no AuxK loss). target: [n, d_in], what x̂ reconstructs (a transcoder's MLP output); x when None.
+    stats: what a training run reports, batch_stats's."""
     W_enc, b_enc, W_dec, b_dec = params["W_enc"], params["b_enc"], params["W_dec"], params["b_dec"]
     n = x.shape[0]
+    y = x if target is None else target  # [n, d_in]
     x_in = x - b_dec * apply_b_dec_to_input  # [n, d_in]
     pre = x_in @ W_enc + b_enc  # [n, d_sae]
     f = activation(pre, architecture, k)  # [n, d_sae]
-    x_hat = f @ W_dec + b_dec  # [n, d_in]
-    losses = {"mse": mse(x_hat, x)}
-    d_x_hat = 2 * (x_hat - x) / n  # mse = (1/n) Σ ‖x̂ - x‖²
+    x_hat = f @ W_dec + b_dec + skip(params, x)  # [n, d_in]
+    losses = {"mse": mse(x_hat, y)}
+    d_x_hat = 2 * (x_hat - y) / n  # mse = (1/n) Σ ‖x̂ - y‖²
     d_W_dec = f.T @ d_x_hat  # x̂ = f W_dec + b_dec
     d_b_dec = d_x_hat.sum(axis=0)
     d_f = d_x_hat @ W_dec.T
@@ -130,7 +139,7 @@ def loss_and_grads(x, params, architecture, k=None, l1=0.0, dead=None, apply_b_d
     if architecture == "topk" and has_aux(x.shape[-1], dead):
         k_aux, scale = aux_k(x.shape[-1], int(dead.sum()))
         aux = aux_activations(pre, dead, k_aux)  # [n, d_sae]
-        residual = x - x_hat  # what the live latents missed: a target, no gradient flows into it
+        residual = y - x_hat  # what the live latents missed: a target, no gradient flows into it
         error = aux @ W_dec - residual  # [n, d_in]
         losses["aux"] = AUX_COEFFICIENT * scale * float(np.mean(np.sum(error**2, axis=-1)))
         d_error = AUX_COEFFICIENT * scale * 2 * error / n
@@ -141,7 +150,9 @@ def loss_and_grads(x, params, architecture, k=None, l1=0.0, dead=None, apply_b_d
     if apply_b_dec_to_input:
         d_b_dec = d_b_dec - d_pre.sum(axis=0) @ W_enc.T  # x_in = x - b_dec
     grads = {"W_enc": d_W_enc, "b_enc": d_b_enc, "W_dec": d_W_dec, "b_dec": d_b_dec}
-    return losses, grads, batch_stats(x, x_hat, (f > 0).sum(axis=-1), (f > 0).any(axis=0))
+    if "W_skip" in params:
+        grads["W_skip"] = d_x_hat.T @ x  # x̂ += x W_skipᵀ
+    return losses, grads, batch_stats(y, x_hat, (f > 0).sum(axis=-1), (f > 0).any(axis=0))
 
 
 def batch_stats(x, x_hat, active, fired):  # [n, d_in] x2, int [n], bool [d_sae] -> {"explained_variance", "l0",

@@ -1,6 +1,7 @@
 """What the SAE's command lines print, as tables and as JSON (their numbers come from the rest of the package):
 
     gpt2-numpy sae eval --sae my-sae --model my-gpt --data held-out.txt   eval_report: the losses, loss recovered, ...
+    gpt2-numpy sae eval --transcoders my-tc --model my-gpt --data held-out.txt   transcoders_report: the same, per layer
     gpt2-numpy explain PROMPT --sae my-sae [--json]                  each position's strongest latents
     gpt2-numpy explain PROMPT --sae my-sae --sae-ablate F [F ...]    the loss and next tokens with latents taken out
     gpt2-numpy explain PROMPT --sae my-sae --steer F:SCALE [...]     ... with SCALE * W_dec[F] added at every position
@@ -11,6 +12,7 @@ result; label(token_id) is a table's quoted label of a token, text(token_id) its
 """
 import numpy as np
 
+from gpt2_numpy.console import plural
 from gpt2_numpy.interpret.present import before_after_json, before_after_table, ids_json
 from gpt2_numpy.interpret.stepwise import fit
 
@@ -37,6 +39,19 @@ def eval_report(numbers):  # -> the text sae eval prints of evaluation.evaluate'
         *(["  published in SAELens's list: " + "  ".join(f"{name.replace('_', ' ')} {value:g}" for name, value in
                                                           numbers["published"].items())] if numbers["published"]
           else []), ""])
+
+
+def transcoders_report(numbers):  # -> the text sae eval --transcoders prints of evaluate_transcoders's numbers
+    recovered = numbers["loss_recovered"]
+    return "\n".join([
+        f"{numbers['tokens']:,} tokens, {plural(len(numbers['layers']), 'MLP')} replaced by transcoders of "
+        f"{numbers['d_transcoder']:,} features reading {numbers['input_hook']}{' with a skip' * numbers['skip']}:",
+        f"  L_clean {numbers['L_clean']:.4f}  L_replaced {numbers['L_replaced']:.4f}  L_zero {numbers['L_zero']:.4f} "
+        "(nats per token; L_zero: those MLPs' outputs zeroed)",
+        f"  loss recovered {shown_number(recovered)} ((L_zero - L_replaced) / (L_zero - L_clean))",
+        "  layer  mse          explained variance  L0       dead features",
+        *(f"  {row['layer']:5}  {row['mse']:<11.6g}  {row['explained_variance']:<18.4f}  {row['l0']:<7.2f}  "
+          f"{row['dead_features']:,}" for row in numbers["layers"]), ""])
 
 
 def shown_number(value):  # -> a number to 4 places, or "undefined" (a ratio over 0: zeroing the activation changed

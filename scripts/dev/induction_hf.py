@@ -2,11 +2,11 @@
 scripts/demo/induction.sh's), and print the heads' scores: whether an induction head forms is then a fact about the
 recipe, not about our trainer.
 
-    ../refvenv/bin/python -m scripts.dev.induction_hf TEXT [--n-ctx 32] [--n-embd 64] [--lr 3e-3] [--steps 20000] ...
+    ../refvenv/bin/python -m scripts.dev.induction_hf TEXT [--n-ctx 32] [--lr 6e-3] [--steps 10000] [--weight-decay 0.1]
 
 TEXT: a text from scripts/demo/induction_text.py (or any). Its UTF-8 bytes are the tokens (id = the byte, 256 =
 <|endoftext|>): a byte-level vocabulary of 257, as `train --vocab-size 257` makes, up to a renaming of the ids, which
-changes nothing here since the probe draws its ids uniformly. As `train` does: AdamW (betas 0.9, 0.95; weight decay 0.1
+changes nothing here since the probe draws its ids uniformly. As `train` does: AdamW (betas 0.9, 0.95; --weight-decay
 on the matrices and embeddings), the global gradient norm clipped to 1, linear warmup then a cosine to 10% of the peak,
 random windows of the first 90% of the text, no dropout. Every --eval-every steps it prints the step, the training
 loss, and the best previous_token score and the best induction score of a layer-1-or-later head, on heads.csv's probe
@@ -48,10 +48,12 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("text", help="the training text (UTF-8)")
     for flag, default in (("--n-layer", 2), ("--n-head", 4), ("--n-embd", 64), ("--n-ctx", 32), ("--batch-size", 32),
-                          ("--warmup", 100), ("--steps", 20000), ("--eval-every", 250), ("--seed", 0),
+                          ("--warmup", 200), ("--steps", 10000), ("--eval-every", 250), ("--seed", 0),
                           ("--threads", 1)):
         parser.add_argument(flag, type=int, default=default, help=f"({default})")
-    parser.add_argument("--lr", type=float, default=3e-3, help="the peak learning rate (3e-3)")
+    parser.add_argument("--lr", type=float, default=6e-3, help="the peak learning rate (6e-3)")
+    parser.add_argument("--weight-decay", type=float, default=WEIGHT_DECAY,
+                        help=f"AdamW's decay of the matrices and embeddings ({WEIGHT_DECAY}, as train's)")
     args = parser.parse_args()
     if MISSING:
         sys.exit(f"error: {MISSING} is missing from {sys.executable}: {SETUP}")
@@ -72,7 +74,7 @@ def main():
     model = GPT2LMHeadModel(config)
     matrices = [p for p in model.parameters() if p.ndim >= 2]
     others = [p for p in model.parameters() if p.ndim < 2]
-    optimizer = torch.optim.AdamW([{"params": matrices, "weight_decay": WEIGHT_DECAY},
+    optimizer = torch.optim.AdamW([{"params": matrices, "weight_decay": args.weight_decay},
                                    {"params": others, "weight_decay": 0.0}], lr=args.lr, betas=BETAS, eps=EPS)
     length = repeat_length(args.n_ctx)
     probe = repeated_tokens(EOT + 1, EOT, length, PROBE_SEED)

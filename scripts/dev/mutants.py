@@ -24,6 +24,7 @@ Every mutant must be caught. The test files that catch each part (the word befor
     sae                         tests/unit/sae/test_evaluation.py tests/cli/test_sae_commands.py
     sae                         tests/unit/sae/test_page.py tests/unit/sae/test_training.py
     sae                         tests/unit/sae/test_activations.py tests/unit/sae/test_fast.py
+    sae                         tests/unit/sae/test_transcoders.py
     sae                         tests/unit/sae/test_releases.py tests/cli/test_sae_release_commands.py
     paths                       tests/cli/test_common.py
 
@@ -158,6 +159,21 @@ MUTANTS = [  # (what, file, text, replacement)
      "since_fired > DEAD_AFTER)"),
     ("sae: a save cut after its weights settled as GPT-2's", "gpt2_numpy/commands/sae.py",
      "lock.enter_context(claimed(out, args.resume, SAE_ORDER))", "lock.enter_context(claimed(out, args.resume))"),
+    # issue 57's transcoders, trained by the SAE's trainer: tests/unit/sae/test_transcoders.py and the files above
+    ("sae: a transcoder's skip gets no gradient", "gpt2_numpy/sae/fast.py", 'grads["W_skip"] = batch["d_x_hat"].T @ x',
+     'grads["W_skip"] = 0 * batch["d_x_hat"].T @ x'),
+    ("sae: a transcoder's AuxK loss reconstructs its input's residual", "gpt2_numpy/sae/model.py",
+     "residual = y - x_hat", "residual = x - x_hat"),
+    ("sae: a transcoder's encoder not scaled to its target at init", "gpt2_numpy/sae/training.py",
+     'params["W_enc"] *= np.float32(', 'params["W_enc"] *= 1 or np.float32('),
+    ("sae: a transcoder of ln_2 named mid in its set", "gpt2_numpy/sae/transcoders.py",
+     '"ln_2": "mlp.hook_in",', '"ln_2": "hook_resid_mid",'),
+    ("sae: a topk transcoder saved as a ReLU", "gpt2_numpy/sae/transcoders.py",
+     'layer["threshold"] = np.full(settings.d_sae, threshold[i], np.float32)', "pass"),
+    ("sae: a transcoder run's save settled as an SAE's", "gpt2_numpy/commands/sae.py",
+     "claimed(out, args.resume, order))", "claimed(out, args.resume, SAE_ORDER))"),
+    ("sae: eval zeroes only the first MLP of a set", "gpt2_numpy/sae/evaluation.py",
+     "np.zeros_like) for layer in layers]", "np.zeros_like) for layer in layers[:1]]"),
     ("sae: --resume keeps the saved --save-every", "gpt2_numpy/commands/sae.py",
      '"steps": args.steps, "save_every": args.save_every})', '"steps": args.steps})'),
     ("sae: eval's targets the inputs", "gpt2_numpy/sae/evaluation.py",

@@ -16,6 +16,9 @@ from gpt2_numpy.sae import training as run_module
 from gpt2_numpy.commands import sae as sae_command
 from gpt2_numpy.sae.activations import sae_for_model
 from gpt2_numpy.errors import Gpt2NumpyError, UsageError
+from gpt2_numpy.circuits.files import load_transcoders, save_transcoders
+from gpt2_numpy.circuits.transcoders import TranscoderSet
+from gpt2_numpy.sae.evaluation import evaluate_transcoders
 from gpt2_numpy.sae.files import new_sae, save_sae
 from gpt2_numpy.sae.releases import load_sae
 from gpt2_numpy.model import block, layer_norm
@@ -26,6 +29,7 @@ from tests.sae_helpers import exact_sae
 
 HPARAMS = {"n_vocab": 257, "n_ctx": 32, "n_embd": 8, "n_head": 2, "n_layer": 2}
 TRAIN = ["--d-sae", "16", "--k", "2", "--batch-size", "32", "--buffer", "64", "--lr", "1e-2"]
+TRANSCODER = ["--transcoder", "--hook", "ln_2", "--target", "mlp.out", "--seq-len", 16, *TRAIN]
 
 
 def run_sae(*args):  # -> CompletedProcess of python -m gpt2_numpy sae args, never a traceback
@@ -395,8 +399,13 @@ main(sys.argv[2:])
 """
 
 
-def test_a_run_cut_after_its_weights_moved_in_settles_and_resumes_as_an_uninterrupted_one(activations, tmp_path):
-    command = ["train", "--activations", activations, "--steps", 6, "--save-every", 2, *TRAIN]
+@pytest.mark.parametrize("kind", ["sae", pytest.param("transcoders", marks=pytest.mark.slow)])
+def test_a_run_cut_after_its_weights_moved_in_settles_and_resumes_as_an_uninterrupted_one(activations, model, tmp_path,
+                                                                                          kind):
+    # a transcoder run's save: layer 0's file (whose header names the step) in place, the other layer's still staged
+    source = ["--activations", activations, *TRAIN] if kind == "sae" else \
+        ["--model", model[0], "--data", model[1], *TRANSCODER]
+    command = ["train", *source, "--steps", 6, "--save-every", 2]
     cut = subprocess.run([sys.executable, "-c", CUT_AFTER_WEIGHTS, "4", *map(str, command), "--out",
                           str(tmp_path / "cut")], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "PYTHONPATH": str(REPO)})
@@ -405,7 +414,9 @@ def test_a_run_cut_after_its_weights_moved_in_settles_and_resumes_as_an_uninterr
     resumed = run_sae(*command, "--out", tmp_path / "cut", "--resume")
     assert resumed.returncode == 0, resumed.stderr
     assert run_sae(*command, "--out", tmp_path / "whole").returncode == 0
-    for name in ("sae_weights.safetensors", "cfg.json"):
+    names = ("sae_weights.safetensors", "cfg.json") if kind == "sae" else \
+        ("layer_0.safetensors", "layer_1.safetensors", "config.yaml")
+    for name in names:
         assert (tmp_path / "cut" / name).read_bytes() == (tmp_path / "whole" / name).read_bytes(), name
     assert log_rows(tmp_path / "cut") == log_rows(tmp_path / "whole")
 
@@ -477,3 +488,101 @@ def test_eval_numbers_equal_a_next_token_loss_computed_by_hand(model, tmp_path):
     assert numbers["tokens"] == n_windows * seq_len
     assert numbers["dead_latents"] == 64 - np.logical_or.reduce(fired).sum()
     assert not np.array_equal(fired[-1], np.logical_or.reduce(fired))  # the premise: the windows fire differently
+
+
+
+@pytest.mark.slow
+def test_a_transcoder_run_is_a_set_that_graph_reads_and_resumes_as_an_uninterrupted_one(model, tmp_path):
+    folder, text = model
+    whole, halves = tmp_path / "whole", tmp_path / "halves"
+    common = ["--model", folder, "--data", text, "--skip", *TRANSCODER]
+    assert run_sae("train", *common, "--out", whole, "--steps", 6).returncode == 0
+    assert run_sae("train", *common, "--out", halves, "--steps", 3).returncode == 0
+    resumed = run_sae("train", *common, "--out", halves, "--steps", 6, "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    for name in ("layer_0.safetensors", "layer_1.safetensors", "config.yaml"):
+        assert (whole / name).read_bytes() == (halves / name).read_bytes(), name
+    assert log_rows(whole) == log_rows(halves) and len(log_rows(whole)) == 6
+    transcoders = load_transcoders(whole)
+    assert (transcoders.input_hook, transcoders.output_hook, transcoders.skip) == ("mlp.hook_in", "hook_mlp_out", True)
+    assert transcoders.scan == "tiny-ln_2"  # circuit-tracer's loader requires a scan: the model's folder, the hook
+    assert [layer["W_enc"].shape for layer in transcoders.layers] == [(16, 8), (16, 8)]
+    assert all(np.ptp(layer["threshold"]) == 0 and layer["threshold"][0] > 0 for layer in transcoders.layers)
+    assert np.any(transcoders.layers[0]["W_skip"] != 0)  # trained from its zero init
+    graph = subprocess.run([sys.executable, "-m", "gpt2_numpy", "circuits", "graph", "--model", folder,
+                            "--transcoders", whole, "the cat", "--out", tmp_path / "graph"], capture_output=True,
+                           text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    assert graph.returncode == 0, graph.stderr
+    assert (tmp_path / "graph" / "graph.npz").is_file()
+
+
+@pytest.mark.slow
+def test_a_one_layer_run_is_a_set_of_one_that_eval_places_with_layers(model, tmp_path):
+    folder, text = model
+    out = tmp_path / "mid1"
+    assert sae_command.run(["train", "--model", str(folder), "--data", str(text), "--out", str(out), "--steps", "2",
+                            *map(str, TRANSCODER[:1]), "--hook", "blocks.1.mid", "--target", "blocks.1.mlp.out",
+                            *map(str, TRANSCODER[5:])]) == 0
+    transcoders = load_transcoders(out)
+    assert (len(transcoders.layers), transcoders.input_hook) == (1, "hook_resid_mid")
+    numbers = evaluate_transcoders(transcoders, [1], random_params(HPARAMS, 4), HPARAMS["n_head"],
+                                   np.array([[1, 2, 3, 4, 5]]))
+    result = run_sae("eval", "--transcoders", out, "--layers", 1, "--model", folder, "--data", text, "--seq-len", 4,
+                     "--windows", 1, "--json")
+    assert result.returncode == 0, result.stderr
+    shown = json.loads(result.stdout)
+    assert [row["layer"] for row in shown["layers"]] == [1] and shown["tokens"] == 4
+    assert numbers["layers"][0]["layer"] == 1
+    report = run_sae("eval", "--transcoders", out, "--layers", 1, "--model", folder, "--data", text, "--seq-len", 4,
+                     "--windows", 1).stdout
+    assert "4 tokens, 1 MLP replaced" in report and f"loss recovered {shown['loss_recovered']:.4f}" in report
+    assert_one_error_line(run_sae("eval", "--transcoders", out, "--model", folder, "--data", text),
+                          "holds 1 transcoder, but the model has 2 layers: give --layers")
+
+
+def other_sets(tmp_path):  # -> {name: folder} of transcoder sets that do not fit the tiny model
+    rng = np.random.default_rng(0)
+
+    def layer(d_model):
+        return {"W_enc": rng.standard_normal((4, d_model)).astype(np.float32), "b_enc": np.zeros(4, np.float32),
+                "W_dec": rng.standard_normal((4, d_model)).astype(np.float32), "b_dec": np.zeros(d_model, np.float32)}
+
+    sets = {"three": [layer(8)] * 3, "narrow": [layer(4)] * 2}
+    for name, layers in sets.items():
+        save_transcoders(TranscoderSet(layers, "mlp.hook_in", "hook_mlp_out"), tmp_path / name)
+    return {name: tmp_path / name for name in sets}
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["train", "--transcoder", "--hook", "ln_2"], "--transcoder needs --target"),
+    (["train", "--hook", "blocks.0.ln_2", "--target", "blocks.0.mlp.out"], "--target applies to transcoders"),
+    (["train", "--hook", "blocks.0.out", "--skip"], "--skip applies to transcoders"),
+    (["train", "--transcoder", "--hook", "blocks.0.ln_2", "--target", "blocks.0.attn.out"], "not an MLP's output"),
+    (["train", "--transcoder", "--hook", "blocks.0.attn.z", "--target", "blocks.0.mlp.out"], "not an MLP's input"),
+    (["train", "--transcoder", "--hook", "blocks.0.ln_2", "--target", "blocks.1.mlp.out"], "not of one layer"),
+    (["eval", "--transcoders", "{three}"], "holds 3 transcoders, but the model has 2 layers"),
+    (["eval", "--transcoders", "{narrow}"], "reads 4 numbers per position, but the model is 8 wide"),
+    (["eval", "--transcoders", "{three}", "--layers", "0", "2"], "--layers 0 2: give each layer once, from 0 to 1"),
+    (["eval", "--transcoders", "{three}", "--hook", "blocks.0.out"], "--hook applies to --sae"),
+    (["eval", "--transcoders", "{three}", "--sae", "{three}"], "one of the two"),
+])
+def test_bad_transcoder_input_gets_one_line_and_writes_nothing(model, tmp_path, argv, fragment):
+    folder, text = model
+    sets = other_sets(tmp_path)
+    argv = [arg.format(**sets) for arg in argv] + ["--model", str(folder), "--data", str(text)]
+    if argv[0] == "train":
+        argv += ["--out", str(tmp_path / "out")]
+    with pytest.raises(UsageError, match=re.escape(fragment)):
+        sae_command.run(argv)
+    assert not (tmp_path / "out").exists()
+    if "--skip" in argv:  # one of them end to end: the line, the status
+        assert_one_error_line(run_sae(*argv), fragment)
+
+
+@pytest.mark.slow
+def test_a_transcoder_resume_of_an_sae_run_is_refused(activations, model, tmp_path):
+    folder, text = model
+    assert run_sae("train", "--activations", activations, "--out", tmp_path / "sae", "--steps", 1, *TRAIN) \
+        .returncode == 0
+    assert_one_error_line(run_sae("train", "--model", folder, "--data", text, "--out", tmp_path / "sae", "--resume",
+                                  *TRANSCODER), "holds an SAE's run: drop --transcoder")

@@ -301,6 +301,7 @@ def test_a_resume_at_another_thread_count_says_so_in_one_note(tmp_path, short_te
     ("--n-layer", 2, "saved run's 1"),
     ("--init", "124M", "saved run's none (it trained from scratch)"),
     ("--seq-len", 16, "saved run's 8"),
+    ("--weight-decay", 0.0, "saved run's 0.1"),
 ])
 def test_resume_refuses_a_flag_that_differs_naming_the_saved_value(tmp_path, short_text, saved_run, flag, value,
                                                                    saved):
@@ -313,6 +314,31 @@ def test_resume_refuses_a_flag_that_differs_naming_the_saved_value(tmp_path, sho
     result = train(short_text, out, *args, "--resume")
     assert_one_error_line(result, f"{flag} {value} differs from the {saved}")
     assert snapshot(out) == before
+
+
+def test_weight_decay_shrinks_the_matrices_alone_by_lr_times_decay(tmp_path, short_text):
+    # AdamW's decoupled decay: p <- p (1 - lr λ) - update, the update the same for any λ; so after one step from the
+    # same init, (p at λ = 0) - (p at λ) = lr λ p_init on the matrices and embeddings, and 0 on the biases and gains
+    flags = [*FLAGS, "--warmup", 0, "--schedule", "constant"]  # the rate is --lr's 1e-2 from the first step
+    runs = {}
+    for name, steps, decay in (("init", 0, 0.1), ("decayed", 1, 0.3), ("undecayed", 1, 0)):
+        result = train(short_text, tmp_path / name, *flags, "--steps", steps, "--weight-decay", decay)
+        assert result.returncode == 0, result.stderr
+        runs[name] = weights(tmp_path / name)
+    for key, start in runs["init"].items():
+        expected = 1e-2 * 0.3 * start if start.ndim >= 2 else np.zeros_like(start)
+        np.testing.assert_allclose(runs["undecayed"][key] - runs["decayed"][key], expected, rtol=0, atol=2e-8,
+                                   err_msg=str(key))
+
+
+def test_a_run_saved_before_weight_decay_was_a_setting_resumes_with_gpt2s_decay(tmp_path, short_text, saved_run):
+    out = tmp_path / "out"
+    shutil.copytree(saved_run, out)
+    rewrite_state(out, lambda arrays: drop_setting(arrays, "weight_decay"))
+    result = train(short_text, out, *FLAGS, "--steps", 3, "--resume")
+    assert result.returncode == 0, result.stderr
+    with np.load(out / "train_state.npz") as state:
+        assert json.loads(str(state["settings"]))["weight_decay"] == 0.1
 
 
 def test_validation_bits_per_byte_counts_the_bytes_of_the_predicted_tokens():

@@ -158,7 +158,7 @@ def test_train_step_runs_the_whole_step_on_one_team(openblas, monkeypatch):
     # short step
     cores.set_threads(2)
     seen = []
-    monkeypatch.setattr(training, "adamw_step", lambda *args: seen.append((openblas[1](), cores.team_size())))
+    monkeypatch.setattr(training, "adamw_step", lambda *args, **kwargs: seen.append((openblas[1](), cores.team_size())))
     params = random_params(TRAIN_HPARAMS, seed=7)
     for n_seq in (7, 8):  # 448 positions, and 512: a long step
         ids = np.random.default_rng(5).integers(0, TRAIN_HPARAMS["n_vocab"], (2, 64, n_seq))

@@ -96,3 +96,38 @@ def test_the_latents_sums_equal_the_product_with_the_mostly_zero_matrix(transpos
     expected = mostly_zero.T.astype(np.float64) @ vectors
     assert sums.shape == (expected.T if transpose else expected).shape
     assert np.allclose(sums.T if transpose else sums, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("tuned", ["rows", "team"])
+def test_the_tuned_step_of_a_transcoder_equals_the_textbook(tuned):
+    # a transcoder's form: a target apart from the input, no b_dec taken from the input, a skip W_skip; some latents
+    # dead, for the AuxK loss against the target's residual
+    rng = np.random.default_rng(8)
+    x, y = rng.standard_normal((1100, 16)).astype(np.float32), rng.standard_normal((1100, 16)).astype(np.float32)
+    params = {"W_enc": rng.standard_normal((16, 128)).astype(np.float32),
+              "b_enc": rng.standard_normal(128).astype(np.float32),
+              "W_dec": rng.standard_normal((128, 16)).astype(np.float32),
+              "b_dec": rng.standard_normal(16).astype(np.float32),
+              "W_skip": rng.standard_normal((16, 16)).astype(np.float32)}
+    dead = rng.random(128) < 0.3
+    losses, grads, stats = loss_and_grads(x, params, "topk", k=4, dead=dead, apply_b_dec_to_input=False, target=y)
+    if tuned == "rows":
+        fast_losses, fast_grads, fast_stats = topk_loss_and_grads(x, params, 4, dead, False, y, batch_threshold=True)
+    else:
+        threads = cores.threads()
+        try:
+            cores.set_threads(2)
+            with cores.all_cores():
+                fast_losses, fast_grads, fast_stats = topk_loss_and_grads(x, params, 4, dead, False, y)
+        finally:
+            cores.set_threads(threads)
+    assert fast_losses.keys() == losses.keys() == {"mse", "aux"}
+    for name in losses:
+        assert fast_losses[name] == pytest.approx(losses[name], rel=1e-5)
+    assert fast_grads.keys() == grads.keys()
+    for name in grads:
+        assert relative_error(fast_grads[name], grads[name]) < 1e-5, name
+    assert fast_stats["explained_variance"] == pytest.approx(stats["explained_variance"], rel=1e-5)
+    if tuned == "rows":  # BatchTopK's threshold: exactly n k pre-activations of the batch reach it
+        pre = x @ params["W_enc"] + params["b_enc"]
+        assert np.sum(pre >= fast_stats["threshold"]) == 1100 * 4
