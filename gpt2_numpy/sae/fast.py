@@ -61,7 +61,9 @@ def rows_forward(x, y, params, k, dead, n, apply_b_dec_to_input, top=0):  # [m, 
     latents, values = top_k_grouped(pre, k)  # [m, k] each
     values = np.maximum(values, 0)  # [m, k]: f's nonzero entries, and zeros
     rows = W_dec[latents]  # [m, k, d_in]: the decoder rows each activation uses
-    x_hat = (values[:, None, :] @ rows)[:, 0] + b_dec + skip(params, x)  # Σ over its k latents of f_j W_dec[j]
+    x_hat = (values[:, None, :] @ rows)[:, 0] + b_dec  # Σ over its k latents of f_j W_dec[j]: k rows, not d_sae
+    if "W_skip" in params:  # a transcoder's skip connection (skip() would add zeros without one)
+        x_hat += skip(params, x)
     error = x_hat - y
     d_x_hat = error * np.float32(2 / n)
     d_values = (rows @ d_x_hat[:, :, None])[..., 0] * (values > 0)  # [m, k]: d_pre at its k latents (ReLU's mask)
