@@ -27,7 +27,7 @@ from gpt2_numpy.formats import parse_json
 from gpt2_numpy.formats.safetensors import read_metadata
 from gpt2_numpy.sae.model import activation, decoder_norms, loss_and_grads
 from gpt2_numpy.cores import all_cores
-from gpt2_numpy.sae.fast import team_loss_and_grads
+from gpt2_numpy.sae.fast import topk_loss_and_grads
 from gpt2_numpy.circuits.files import CONFIG, layer_file, load_transcoders, save_transcoders
 from gpt2_numpy.sae.files import CFG, WEIGHTS, load_sae_folder, new_sae, save_sae
 from gpt2_numpy.sae.transcoders import run_order, stacked_params, transcoder_set
@@ -135,7 +135,7 @@ def batch_loss_and_grads(batch, params, settings, dead):  # -> (losses, grads, s
 def sae_loss_and_grads(x, target, params, settings, dead):  # -> (losses, grads, stats) of one SAE or transcoder
     centred = settings.target is None  # an SAE takes b_dec from its input; a transcoder, as circuit-tracer's, does not
     if settings.architecture == "topk":  # the same step, from each row's k latents (fast.py)
-        return team_loss_and_grads(x, params, settings.k, dead, centred, target, batch_threshold=not centred)
+        return topk_loss_and_grads(x, params, settings.k, dead, centred, target, batch_threshold=not centred)
     return loss_and_grads(x, params, settings.architecture, settings.k, settings.l1, dead, centred, target)
 
 

@@ -35,10 +35,10 @@ def test_a_latent_that_never_fires_keeps_its_weights_exactly():
 def test_the_benchmark_shows_why_an_installed_sae_lens_does_not_import(monkeypatch):
     from scripts.bench import sae as bench
 
-    def broken(data):
+    def broken(data, size):
         raise ImportError("No module named 'torch'")
-    monkeypatch.setattr(bench, "batches", lambda: [])
-    monkeypatch.setattr(bench, "our_measure", lambda data: lambda: 1.0)
+    monkeypatch.setattr(bench, "batches", lambda size: [])
+    monkeypatch.setattr(bench, "our_measure", lambda data, size: lambda: 1.0)
     monkeypatch.setattr(bench, "sae_lens_measure", broken)
     monkeypatch.setattr(bench.importlib.util, "find_spec", lambda name: object() if name == "sae_lens" else None)
     metric = bench.sae_rows(1)[0]["metric"]
