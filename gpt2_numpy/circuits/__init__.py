@@ -1,2 +1,3 @@
-"""Circuits between features: transcoders (transcoders.py: the math and circuit-tracer's transcoder-set folders),
-spliced in as MLP replacements (replacement.py), and attribution graphs through the linearized model (graph.py)."""
+"""Circuits between features: attribution graphs through the linearized model (graph.py), of transcoders that sae/
+holds (transcoder_model.py, transcoder_files.py, replacement.py), pruned (prune.py), for circuit-tracer's viewer
+(viewer.py) and a page of their own (page.py with graph.html)."""

@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from gpt2_numpy.circuits.transcoders import (
+from gpt2_numpy.sae.transcoder_model import (
     INPUT_HOOKS, encode, decode, input_name, output_name, transcoder_input,
 )
 from gpt2_numpy.interpret.tracing import trace

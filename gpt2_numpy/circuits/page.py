@@ -13,7 +13,7 @@ import types
 from importlib import resources
 
 from gpt2_numpy.circuits.graph import row_features
-from gpt2_numpy.circuits.transcoders import input_name
+from gpt2_numpy.sae.transcoder_model import input_name
 from gpt2_numpy.circuits.viewer import node_place
 from gpt2_numpy.sae.features import scan
 from gpt2_numpy.sae.page import context_rows

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gpt2_numpy.circuits.files import check_fits, load_transcoders
+from gpt2_numpy.sae.transcoder_files import check_fits, load_transcoders
 from gpt2_numpy.circuits.graph import attribution_graph
 from gpt2_numpy.circuits.page import contexts, graph_data, graph_features, graph_html
 from gpt2_numpy.circuits.prune import prune

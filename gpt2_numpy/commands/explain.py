@@ -33,7 +33,7 @@ from gpt2_numpy.commands.common import (
 from gpt2_numpy.console import log, plural, progress_bar
 from gpt2_numpy.errors import NothingToRecover, UsageError
 from gpt2_numpy.loading import is_ready, prompt_ids
-from gpt2_numpy.circuits.latents import latent_gradients
+from gpt2_numpy.sae.attribution import latent_gradients
 from gpt2_numpy.interpret.ablation import ABLATIONS, REFERENCE_TOKENS, ablation, reference_windows
 from gpt2_numpy.interpret.attribution import attribution
 from gpt2_numpy.interpret.attribution_patching import (

@@ -24,7 +24,7 @@ from gpt2_numpy.runs import check_out, claimed, settled_if_cut
 from gpt2_numpy.sae.activations import (
     Stream, check_hook, check_sae_hook, file_source, model_source, resolve_hook, sae_for_model,
 )
-from gpt2_numpy.circuits.files import load_transcoders
+from gpt2_numpy.sae.transcoder_files import load_transcoders
 from gpt2_numpy.sae.evaluation import evaluate, evaluate_transcoders
 from gpt2_numpy.sae.features import busiest_latents, checked_latents
 from gpt2_numpy.sae.releases import load_sae

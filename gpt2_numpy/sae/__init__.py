@@ -7,7 +7,9 @@
 The rooms, as model.py beside fast.py: model.py (the textbook math: encode, decode, the losses and their gradients, the
 SAE class), fast.py (topk's tuned training step); files.py (SAELens's folders); activations.py (an activation as rows,
 the shuffling stream, where a run's activations come from, text into windows of tokens); training.py (the training loop
-and its run folder) with transcoders.py (a transcoder run's hooks, and its circuit-tracer set); evaluation.py (loss
+and its run folder) with transcoders.py (a transcoder run's hooks, and its circuit-tracer set); transcoder_model.py (a
+transcoder's math), transcoder_files.py (circuit-tracer's transcoder sets) and replacement.py (transcoders spliced in
+for the MLPs); attribution.py (each latent's activation times a metric's gradient); evaluation.py (loss
 recovered and the rest, the SAE or transcoders spliced into the model) with metrics.py (SAELens's evals.py metrics);
 releases.py (SAELens's released SAEs by name, downloaded once) with processing.py (the activation each was trained on:
 TransformerLens's processed model, layer-normalised inputs); features.py (latents on a model: which fire where, their

@@ -9,13 +9,13 @@
     density, on the activation the SAE reads (TransformerLens's, processing.model_activation)
 
 Transcoders (evaluate_transcoders) are measured the same way with the MLPs as the activation: L_replaced with every
-MLP of the set replaced by its transcoder (circuits/replacement.py), L_zero with those MLPs' outputs zeroed, and per
+MLP of the set replaced by its transcoder (sae/replacement.py), L_zero with those MLPs' outputs zeroed, and per
 layer the mse, explained variance and L0 of each transcoder's output against its MLP's, on the clean run.
 """
 import numpy as np
 
-from gpt2_numpy.circuits.replacement import replacement_edits
-from gpt2_numpy.circuits.transcoders import decode, encode, input_name, output_name, transcoder_input
+from gpt2_numpy.sae.replacement import replacement_edits
+from gpt2_numpy.sae.transcoder_model import decode, encode, input_name, output_name, transcoder_input
 from gpt2_numpy.interpret.edits import Edit, run_with_edits
 from gpt2_numpy.interpret.tracing import log_softmax
 from gpt2_numpy.sae.activations import hook_rows, splice, zeroed_activation

@@ -11,7 +11,7 @@ import numpy as np
 
 from gpt2_numpy import cores
 from gpt2_numpy.allocator import HEAP_ARRAYS_UP_TO
-from gpt2_numpy.circuits.transcoders import skip
+from gpt2_numpy.sae.transcoder_model import skip
 from gpt2_numpy.sae.model import AUX_COEFFICIENT, aux_k, has_aux, top_k_indices
 
 GROUP = 8  # latents per group in top_k_grouped

@@ -17,7 +17,7 @@ Training minimises the mean squared error of x̂, plus
               missed, which gives the dead ones a gradient again.
 The gradients are written out below (loss_and_grads), one formula a line, and checked against torch autograd.
 
-A transcoder (circuits/transcoders.py; Dunefsky et al. 2024) is trained by the same step with a target that is not its
+A transcoder (sae/transcoder_model.py; Dunefsky et al. 2024) is trained by the same step with a target that is not its
 input: x̂ = f @ W_dec + b_dec + x W_skipᵀ reconstructs the MLP's output from the MLP's input, with no b_dec taken
 from the input (apply_b_dec_to_input False, as circuit-tracer's encoder has it) and an optional linear skip W_skip
 [d_in, d_in] (Paulo et al. 2025).
@@ -25,7 +25,7 @@ files.py reads and writes SAELens's folders; SAE below is what they hold; fast.p
 """
 import numpy as np
 
-from gpt2_numpy.circuits.transcoders import skip
+from gpt2_numpy.sae.transcoder_model import skip
 
 ARCHITECTURES = ("standard", "topk", "jumprelu")
 TRAINED = ("standard", "topk")

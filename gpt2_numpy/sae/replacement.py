@@ -12,7 +12,7 @@ array, which gradients (interpret/gradients.py) would hold fixed.
 """
 import functools
 
-from gpt2_numpy.circuits.transcoders import decode, encode, input_name, output_name, transcoder_input
+from gpt2_numpy.sae.transcoder_model import decode, encode, input_name, output_name, transcoder_input
 from gpt2_numpy.interpret.edits import Edit
 
 

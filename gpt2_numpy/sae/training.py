@@ -28,7 +28,7 @@ from gpt2_numpy.formats.safetensors import read_metadata
 from gpt2_numpy.sae.model import activation, decoder_norms, loss_and_grads
 from gpt2_numpy.cores import all_cores
 from gpt2_numpy.sae.fast import topk_loss_and_grads
-from gpt2_numpy.circuits.files import CONFIG, layer_file, load_transcoders, save_transcoders
+from gpt2_numpy.sae.transcoder_files import CONFIG, layer_file, load_transcoders, save_transcoders
 from gpt2_numpy.sae.files import CFG, WEIGHTS, load_sae_folder, new_sae, save_sae
 from gpt2_numpy.sae.transcoders import run_order, stacked_params, transcoder_set
 from gpt2_numpy.optim import adamw_state, adamw_step, learning_rate

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gpt2_numpy.circuits.transcoders import INPUT_HOOKS, OUTPUT_HOOKS, TranscoderSet
+from gpt2_numpy.sae.transcoder_model import INPUT_HOOKS, OUTPUT_HOOKS, TranscoderSet
 from gpt2_numpy.console import plural
 from gpt2_numpy.disk import atomic_write
 from gpt2_numpy.errors import CheckpointError, UsageError
@@ -27,7 +27,7 @@ from gpt2_numpy.formats.safetensors import read_safetensors, to_float32, write_s
 CONFIG = "config.yaml"
 KIND = "transcoder_set"
 THRESHOLD = "activation_function.threshold"  # circuit-tracer's name of a JumpReLU's threshold in a layer file
-# a layer file's tensor names -> the parameter names of transcoders.py
+# a layer file's tensor names -> the parameter names of transcoder_model.py
 STORED = {"W_enc": "W_enc", "W_dec": "W_dec", "b_enc": "b_enc", "b_dec": "b_dec", "W_skip": "W_skip",
           THRESHOLD: "threshold"}
 KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

@@ -1,13 +1,13 @@
 """Transcoder runs of the SAE trainer (training.py): what they read and write.
 
-A transcoder (circuits/transcoders.py) is trained as an SAE whose target is not its input: it reads block L's MLP
+A transcoder (sae/transcoder_model.py) is trained as an SAE whose target is not its input: it reads block L's MLP
 input (ln_2, its output before the gain and bias ln_2.normalized, or the stream before it, mid) and reconstructs the
 MLP's output (mlp.out), with no b_dec taken from its input and an optional skip connection W_skip (model.py's
 loss_and_grads). A run trains the transcoders of some layers at once, from one pass of the model per window: each
 layer's parameters are stacked on a first axis, in the SAE's layout (W_enc [d_in, d_sae]), and each layer's
 transcoder minimises its own loss.
 
-The run's folder is circuit-tracer's transcoder set (circuits/files.py), one layer file per trained layer in layer
+The run's folder is circuit-tracer's transcoder set (sae/transcoder_files.py), one layer file per trained layer in layer
 order, plus train_state.npz and log.csv: a run of every layer is the set that `circuits graph` reads; a run of one
 layer is a set of one, which `sae eval --transcoders DIR --layers L` measures in place of MLP L.
 
@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from gpt2_numpy.circuits.files import CONFIG, layer_file
-from gpt2_numpy.circuits.transcoders import TranscoderSet
+from gpt2_numpy.sae.transcoder_files import CONFIG, layer_file
+from gpt2_numpy.sae.transcoder_model import TranscoderSet
 from gpt2_numpy.errors import UsageError
 from gpt2_numpy.interpret.names import layer_of, our_hook, step_of
 from gpt2_numpy.runs import STATE

@@ -31,9 +31,9 @@ from pathlib import Path
 import numpy as np
 
 from gpt2_numpy import keep_freed_memory
-from gpt2_numpy.circuits.files import save_transcoders
+from gpt2_numpy.sae.transcoder_files import save_transcoders
 from gpt2_numpy.circuits.graph import QUEUE, attribution_graph, layer_input
-from gpt2_numpy.circuits.transcoders import TranscoderSet, pre_activations
+from gpt2_numpy.sae.transcoder_model import TranscoderSet, pre_activations
 from gpt2_numpy.interpret.tracing import trace
 from gpt2_numpy.params import random_params
 from gpt2_numpy.save import save_model

@@ -17,7 +17,7 @@ MODEL: the folder induction.sh wrote (its texts/train.txt is what the transcoder
    along it): the input positions ranked by their tokens' total effect, which should put B's first occurrence first,
    and the layer-1 head whose frozen pattern carries it (its weight from the last position to that one).
 4. The 3 features with the largest total effect on B's logit, each switched off in the model (every MLP replaced by
-   its transcoder plus its error, circuits/replacement.py, through run_with_edits): the change of B's logit less the
+   its transcoder plus its error, sae/replacement.py, through run_with_edits): the change of B's logit less the
    mean logit (what the graph's logit node measures), against the graph's prediction, minus the feature's total
    effect. Twice: in the graph's own local replacement model, every attention pattern, LayerNorm denominator and
    MLP error held at the prompt's values by edits (graph_model_edits), where the check is the same sign and the
@@ -38,9 +38,9 @@ from pathlib import Path
 import numpy as np
 
 from gpt2_numpy import load_model
-from gpt2_numpy.circuits.files import load_transcoders
-from gpt2_numpy.circuits.replacement import record, replacement_edits
-from gpt2_numpy.circuits.transcoders import input_name, transcode, transcoder_input
+from gpt2_numpy.sae.transcoder_files import load_transcoders
+from gpt2_numpy.sae.replacement import record, replacement_edits
+from gpt2_numpy.sae.transcoder_model import input_name, transcode, transcoder_input
 from gpt2_numpy.interpret.edits import Edit, run_with_edits
 from gpt2_numpy.interpret.tracing import attention_weights, trace
 

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 
 from gpt2_numpy import load_model
-from gpt2_numpy.circuits.files import load_transcoders
+from gpt2_numpy.sae.transcoder_files import load_transcoders
 from gpt2_numpy.circuits.graph import attribution_graph
-from gpt2_numpy.circuits.replacement import replacement_edits
+from gpt2_numpy.sae.replacement import replacement_edits
 from gpt2_numpy.interpret.tracing import trace
 from scripts.demo.induction_circuit import graph_model_edits, logit_less_mean, total_effects
 from tests.conftest import FIXTURES

@@ -16,8 +16,8 @@ from gpt2_numpy.sae import training as run_module
 from gpt2_numpy.commands import sae as sae_command
 from gpt2_numpy.sae.activations import sae_for_model
 from gpt2_numpy.errors import Gpt2NumpyError, UsageError
-from gpt2_numpy.circuits.files import load_transcoders, save_transcoders
-from gpt2_numpy.circuits.transcoders import TranscoderSet
+from gpt2_numpy.sae.transcoder_files import load_transcoders, save_transcoders
+from gpt2_numpy.sae.transcoder_model import TranscoderSet
 from gpt2_numpy.sae.evaluation import evaluate_transcoders
 from gpt2_numpy.sae.files import new_sae, save_sae
 from gpt2_numpy.sae.releases import load_sae

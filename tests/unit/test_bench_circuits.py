@@ -41,7 +41,7 @@ def test_without_circuit_tracer_the_row_is_ours_and_says_how_to_install(tmp_path
 
 def test_thresholds_move_off_the_prompt_s_pre_activations():  # else float32's rounding may fire a feature in one engine
     from gpt2_numpy.circuits.graph import layer_input
-    from gpt2_numpy.circuits.transcoders import pre_activations
+    from gpt2_numpy.sae.transcoder_model import pre_activations
     from gpt2_numpy.interpret.tracing import trace
     from gpt2_numpy.params import random_params
 

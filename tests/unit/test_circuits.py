@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 
 from gpt2_numpy import load_model, model
-from gpt2_numpy.circuits.files import load_transcoders, parse_yaml, save_transcoders
+from gpt2_numpy.sae.transcoder_files import load_transcoders, parse_yaml, save_transcoders
 from gpt2_numpy.circuits import graph as graph_module
 from gpt2_numpy.circuits.graph import Graph, attribution_graph, select_features
-from gpt2_numpy.circuits.latents import latent_attribution
+from gpt2_numpy.sae.attribution import latent_attribution
 from gpt2_numpy.circuits.prune import prune
-from gpt2_numpy.circuits.replacement import replacement_edits
-from gpt2_numpy.circuits.transcoders import INPUT_HOOKS, TranscoderSet, encode, transcode
+from gpt2_numpy.sae.replacement import replacement_edits
+from gpt2_numpy.sae.transcoder_model import INPUT_HOOKS, TranscoderSet, encode, transcode
 from gpt2_numpy.commands import circuits as circuits_cli
 from gpt2_numpy.errors import CheckpointError, Gpt2NumpyError
 from gpt2_numpy.interpret.edits import Edit, run_with_edits

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from gpt2_numpy import model
-from gpt2_numpy.circuits.files import save_transcoders
-from gpt2_numpy.circuits.transcoders import TranscoderSet
+from gpt2_numpy.sae.transcoder_files import save_transcoders
+from gpt2_numpy.sae.transcoder_model import TranscoderSet
 from gpt2_numpy.commands import circuits as circuits_cli
 from gpt2_numpy.params import random_params
 from tests.conftest import FIXTURES, assert_one_error_line, byte_model_dir

@@ -6,7 +6,7 @@ import pytest
 
 from gpt2_numpy.interpret.tracing import log_softmax, trace
 from gpt2_numpy.params import random_params
-from gpt2_numpy.circuits.transcoders import TranscoderSet
+from gpt2_numpy.sae.transcoder_model import TranscoderSet
 from gpt2_numpy.model import ffn, layer_norm, mha
 from gpt2_numpy.sae.evaluation import evaluate, evaluate_transcoders
 from gpt2_numpy.tokenizer import token_windows

@@ -4,11 +4,11 @@ circuit-tracer reads a trained set as we compute it (scripts/fixtures/make_train
 import numpy as np
 import pytest
 
-from gpt2_numpy.circuits.files import load_transcoders
+from gpt2_numpy.sae.transcoder_files import load_transcoders
 from gpt2_numpy.circuits.graph import attribution_graph
-from gpt2_numpy.circuits.transcoders import decode as transcoder_decode
-from gpt2_numpy.circuits.transcoders import encode as transcoder_encode
-from gpt2_numpy.circuits.transcoders import input_name, transcode, transcoder_input
+from gpt2_numpy.sae.transcoder_model import decode as transcoder_decode
+from gpt2_numpy.sae.transcoder_model import encode as transcoder_encode
+from gpt2_numpy.sae.transcoder_model import input_name, transcode, transcoder_input
 from gpt2_numpy.errors import UsageError
 from gpt2_numpy.interpret.tracing import trace
 from gpt2_numpy.loading import load_model
