@@ -52,8 +52,8 @@ def main():
                           ("--threads", 1)):
         parser.add_argument(flag, type=int, default=default, help=f"({default})")
     parser.add_argument("--lr", type=float, default=6e-3, help="the peak learning rate (6e-3)")
-    parser.add_argument("--weight-decay", type=float, default=WEIGHT_DECAY,
-                        help=f"AdamW's decay of the matrices and embeddings ({WEIGHT_DECAY}, as train's)")
+    parser.add_argument("--weight-decay", type=float,
+                        help="AdamW's decay of the matrices and embeddings (train's default, 0.1)")
     args = parser.parse_args()
     if MISSING:
         sys.exit(f"error: {MISSING} is missing from {sys.executable}: {SETUP}")
@@ -74,7 +74,8 @@ def main():
     model = GPT2LMHeadModel(config)
     matrices = [p for p in model.parameters() if p.ndim >= 2]
     others = [p for p in model.parameters() if p.ndim < 2]
-    optimizer = torch.optim.AdamW([{"params": matrices, "weight_decay": args.weight_decay},
+    decay = WEIGHT_DECAY if args.weight_decay is None else args.weight_decay
+    optimizer = torch.optim.AdamW([{"params": matrices, "weight_decay": decay},
                                    {"params": others, "weight_decay": 0.0}], lr=args.lr, betas=BETAS, eps=EPS)
     length = repeat_length(args.n_ctx)
     probe = repeated_tokens(EOT + 1, EOT, length, PROBE_SEED)
