@@ -13,6 +13,7 @@ Every mutant must be caught. The test files that catch each part (the word befor
     gradients                   tests/unit/test_gradients.py
     "attribution patching"      tests/unit/test_attribution_patching.py
     circuits                    tests/unit/test_circuits.py
+    "graph page"                tests/unit/test_circuits_page.py
     download                    tests/unit/test_fetch.py tests/unit/test_loading.py tests/unit/test_locks.py
     sampling,decode,tokenizer   tests/unit/test_sampling.py tests/unit/test_decode.py tests/cli/test_tokenizer.py
     vocabulary,score,checkpoint  tests/unit/test_tokenizer.py tests/unit/test_checkpoint.py tests/unit/test_tracing.py
@@ -455,6 +456,11 @@ MUTANTS = [  # (what, file, text, replacement)
      'sae.encode(seen["input"])', "sae.encode(arrays[sae.hook])"),
     ("circuits: --no-bos ignored", "gpt2_numpy/commands/circuits.py", "bos = [] if args.no_bos else",
      "bos = [] if False else"),
+    # caught by tests/unit/test_circuits_page.py (the page in headless Chromium, against graph.npz)
+    ("graph page: an edge's weight read target for source", "gpt2_numpy/circuits/page.py",
+     "rounded(graph.adjacency[target, source])", "rounded(graph.adjacency[source, target])"),
+    ("graph page: a logit's text read from the prompt", "gpt2_numpy/circuits/page.py",
+     "text=text(int(graph.logit_token_ids[feature]))", "text=text(int(graph.input_ids[-1]))"),
     # caught by tests/unit/test_fast_backward.py and tests/unit/test_optim.py
     ("backward: GELU's slope at x = 0 taken as 0", "gpt2_numpy/fast_backward.py", "    out.fill(0.5)\n",
      "    out.fill(0.0)\n"),

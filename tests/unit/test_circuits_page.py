@@ -173,6 +173,15 @@ def test_a_logit_shows_its_probability_and_its_strongest_inputs(opened, run):
     expected = strongest(graph["adjacency"][top], kept_edges(graph)[top])
     assert [node for node, _ in shown["incoming"]] == [node for node, _ in expected]
     assert shown["outgoing"] == []
+    from gpt2_numpy.tokenizer import bytes_to_unicode
+
+    byte_of = list(bytes_to_unicode())  # token id -> its byte, as byte_ids orders them
+    printable = [(rank, byte_of[token]) for rank, token in enumerate(graph["logit_token_ids"].tolist())
+                 if 33 <= byte_of[token] < 127 and chr(byte_of[token]) not in "\\\""]
+    assert len({byte for _, byte in printable}) >= 2  # logits of two different letters: their titles must differ
+    for rank, byte in printable:
+        click(opened, top + rank)
+        assert panel(opened)["title"] == f'logit "{chr(byte)}"'
 
 
 def feature_activations(params, transcoders, ids, layer, feature):  # -> [n_seq]: by model.py's functions, here
