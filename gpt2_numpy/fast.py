@@ -29,7 +29,7 @@ QUERY_BLOCK = 128  # queries per block of causal attention: a block's scores sta
 EINSUM_PATH = ["einsum_path", (0, 1)]  # contract operand 0 with operand 1: the only order two operands have
 PLAIN_EINSUM_MACS = 1 << 18  # up to this many multiply-adds, einsum's own loop beats its matmul route (einsum())
 FEW_ROWS = 32  # 2 to FEW_ROWS rows (a batch's decode step) multiply a weight piece by piece (few_rows_product())
-FEW_ROWS_PIECE = 128  # output columns per piece, per thread of OpenBLAS's: at 2 threads, 256 tokens of wte, 768 KB
+FEW_ROWS_PIECE = 32  # output columns per piece of few_rows_product(): 768 inputs x 32 outputs, 96 KB, stays in L2
 ALL_CORES_FROM = 512  # positions from which a pass shares its heads, columns and rows among the cores (cores.py):
 # shorter passes gain nothing, as OpenBLAS's workers, still spinning from a product before, cost more than it saves
 
@@ -130,8 +130,8 @@ def linear(x, w, b):  # [..., n_in] -> [..., n_out]
     # one product for all leading axes: matmul on a [n_rows, n_seq, n_in] stack would run one product per row, each
     # streaming all of w, and a batch decode step would cost as much as n_rows single ones
     rows = x.reshape(-1, x.shape[-1])
-    if 1 < len(rows) <= FEW_ROWS and w.T.flags.c_contiguous and cores.team_size() == 1:  # a batch's decode step, w
-        # stored column-major; the bias added in the pass that makes the transposed result C-ordered
+    if 1 < len(rows) <= FEW_ROWS and w.T.flags.c_contiguous:  # a batch's decode step, w stored column-major; the
+        # bias added in the pass that makes the transposed result C-ordered
         out = np.empty((len(rows), w.shape[-1]), np.result_type(rows, w, b))
         return np.add(few_rows_product(rows, w.T), b, out=out).reshape(*x.shape[:-1], w.shape[-1])
     # x w + b by output columns, the bias added in place: no second [n_seq, n_out] array. Within cores.all_cores(),
@@ -141,18 +141,42 @@ def linear(x, w, b):  # [..., n_in] -> [..., n_out]
 
 
 def inference_layout(params):  # -> params of the same values, each block's mlp.c_proj.w stored column-major
-    # A decode step multiplies one row (a batch step a few) by every weight. For the one weight taller than wide,
-    # mlp.c_proj.w [4*n_embd, n_embd], OpenBLAS's one-row product runs faster on a column-major copy (the same [n_in,
-    # n_out] array, wᵀ's rows in memory: each output is one dot product over contiguous floats; docs/making-it-fast.md),
-    # and a batch step's few rows multiply it by few_rows_product(). The other weights stay as they are: with OpenBLAS's
-    # AVX-512 kernels their few-row products would run faster column-major too, but the copies would hold every block
-    # weight twice in memory. Prefill's many-row products run as fast in either order. Every function here, in model.py
-    # and in training takes either order: only the speed differs
+    # A decode step multiplies one row by every weight. For the one weight taller than wide, mlp.c_proj.w [4*n_embd,
+    # n_embd], OpenBLAS's one-row product runs faster on a column-major copy (the same [n_in, n_out] array, wᵀ's rows
+    # in memory: each output is one dot product over contiguous floats; docs/making-it-fast.md). For the others the
+    # row-major weight is as fast at 2 threads and faster at 1, and needs no copy beside the memory-mapped file. Prefill's
+    # many-row products run as fast in either order. Every function here, in model.py and in training takes either
+    # order: only the speed differs
+    return column_major(params, [("mlp", "c_proj")])
+
+
+def batch_layout(params):  # -> params of the same values, every block weight stored column-major
+    # A batch's decode step multiplies a few rows by every weight: few_rows_product() reads wᵀ's rows, which only a
+    # column-major weight holds in memory, and runs the step's products in about 0.65 of the time of one product per
+    # row-major weight (bounds.py --few-rows). generate_batch() makes the copies for its own call, as one row's steps
+    # run faster on the row-major weights: the block weights held once more while it runs
+    return column_major(params, [("attn", "c_attn"), ("attn", "c_proj"), ("mlp", "c_fc"), ("mlp", "c_proj")])
+
+
+def column_major(params, weights):  # -> params with each block's weights named (group, name) stored column-major
     def laid_out(block):
-        c_proj = block["mlp"]["c_proj"]
-        return {**block, "mlp": {**block["mlp"], "c_proj": {**c_proj, "w": np.asfortranarray(c_proj["w"])}}}
+        block = dict(block)
+        for group, name in weights:
+            block[group] = {**block[group], name: {**block[group][name], "w": column_major_copy(block[group][name]["w"])}}
+        return block
 
     return {**params, "blocks": [laid_out(block) for block in params["blocks"]]}
+
+
+def column_major_copy(w):  # [n_in, n_out] -> the same values stored column-major (w itself if they are)
+    if w.flags.f_contiguous:
+        return w
+    # np.asfortranarray(w), by blocks of 8 rows: each block's columns fill cache lines already loaded, where one copy
+    # of the whole transpose strides through memory at about half the speed
+    out_t = np.empty(w.shape[::-1], w.dtype)
+    for start in range(0, len(w), 8):
+        out_t[:, start : start + 8] = w[start : start + 8].T
+    return out_t.T
 
 
 def ffn(x, c_fc, c_proj):  # [..., n_seq, n_embd] -> [..., n_seq, n_embd]
@@ -210,8 +234,8 @@ def split_qkv(x, n_head):  # [..., n_seq, 3*n_embd] -> [3, ..., n_head, n_seq, d
 
 
 def causal_attention(q, k, v, mask):  # attention's shapes; the queries are the last n_q of the n_k positions
-    if cores.team_size() == 1:  # one core (every decode step): no output array to fill, no copy into it
-        return query_blocks(q, k, v, mask)
+    if min(cores.team_size(), q.shape[-2]) == 1:  # one core, or one query (every decode step, a batch's too): no
+        return query_blocks(q, k, v, mask)  # output array to fill, no copy into it
     # The queries are independent: within cores.all_cores() the team shares them, as the elementwise passes (exp above
     # all) would otherwise run on one core while the others wait. Each thread takes a run of queries of every head, of
     # equal work (the causal triangle's rows get longer). Whole heads would leave 4 of 16 threads idle and half of 8
@@ -288,7 +312,7 @@ def transformer(inputs, wte, wpe, blocks, ln_f, n_head, cache=None, last_only=Fa
     queries = [ALL] * len(blocks)
     if last_only:
         queries[-1] = slice(-1, None)
-    with cores.for_model(wte.shape[1]), cores.all_cores(enabled=x.size // x.shape[-1] >= ALL_CORES_FROM):
+    with cores.for_model(wte.shape[1]), cores.all_cores(enabled=shares_cores(x.size // x.shape[-1])):
         for layer, (block_params, block_queries) in enumerate(zip(blocks, queries)):
             past = None if cache is None else (cache.keys[layer], cache.values[layer], n_past)
             x = block(x, **block_params, n_head=n_head, mask=mask, past=past, queries=block_queries)
@@ -297,10 +321,17 @@ def transformer(inputs, wte, wpe, blocks, ln_f, n_head, cache=None, last_only=Fa
     return layer_norm(x, **ln_f)
 
 
+def shares_cores(n_positions):  # -> whether a pass of n_positions shares its work among the cores (cores.py)
+    # a long pass its heads, columns and rows; a batch's decode step the pieces of its few-row products
+    return n_positions >= ALL_CORES_FROM or 1 < n_positions <= FEW_ROWS
+
+
 def lm_head(x, wte):  # [..., n_seq, n_embd] -> [..., n_seq, n_vocab]
     # GPT-2 ties the output projection to the token embeddings: x @ wte.T
-    with cores.for_model(wte.shape[1]):  # a narrow model's lm head on one thread, as its blocks
-        return vocabulary_product(x.reshape(-1, x.shape[-1]), wte).reshape(*x.shape[:-1], len(wte))
+    rows = x.reshape(-1, x.shape[-1])
+    with cores.for_model(wte.shape[1]), cores.all_cores(enabled=1 < len(rows) <= FEW_ROWS):  # a narrow model's lm
+        # head on one thread, as its blocks; a batch step's few rows in pieces shared among the cores
+        return vocabulary_product(rows, wte).reshape(*x.shape[:-1], len(wte))
 
 
 def vocabulary_product(rows, wte):  # [n, n_embd] -> [n, n_vocab]: rows @ wte.T
@@ -312,11 +343,22 @@ def vocabulary_product(rows, wte):  # [n, n_embd] -> [n, n_vocab]: rows @ wte.T
 def few_rows_product(rows, w_t):  # [n, n_in], [n_out, n_in] C-ordered -> [n, n_out] (a transposed view): rows @ w_tᵀ
     # A few rows times a large weight run far from the memory floor, as OpenBLAS packs both operands first and uses
     # each packed float of the weight n times only. As (w_t rowsᵀ)ᵀ the weight is the product's long side, and by
-    # pieces of output columns, each piece's packed copy is still in cache when it is used (bounds.py --few-rows)
-    out_t = np.empty((len(w_t), len(rows)), np.result_type(rows, w_t))
-    step = FEW_ROWS_PIECE * cores.blas_threads()  # OpenBLAS shares each piece among its threads
-    for start in range(0, len(w_t), step):
-        np.matmul(w_t[start : start + step], rows.T, out=out_t[start : start + step])
+    # pieces of FEW_ROWS_PIECE output columns each piece's packed copy is still in cache when it is used. One stacked
+    # matmul runs a share's pieces, a BLAS call each without a Python call each, and within a pass the shares go to the
+    # team, OpenBLAS on one thread each: OpenBLAS's own threads on so small a piece would wait for each other more than
+    # they multiply (bounds.py --few-rows)
+    n_out, n_in = w_t.shape
+    out_t = np.empty((n_out, len(rows)), np.result_type(rows, w_t))
+    n_pieces = n_out // FEW_ROWS_PIECE
+
+    def some_pieces(pieces):  # the pieces in slice pieces, one stacked product
+        part = slice(pieces.start * FEW_ROWS_PIECE, pieces.stop * FEW_ROWS_PIECE)
+        np.matmul(w_t[part].reshape(-1, FEW_ROWS_PIECE, n_in), rows.T,
+                  out=out_t[part].reshape(-1, FEW_ROWS_PIECE, len(rows)))
+
+    cores.split(some_pieces, n_pieces, item_size=FEW_ROWS_PIECE * n_in * len(rows))  # a piece's multiply-adds
+    if n_pieces * FEW_ROWS_PIECE < n_out:  # the last outputs, fewer than a piece
+        np.matmul(w_t[n_pieces * FEW_ROWS_PIECE :], rows.T, out=out_t[n_pieces * FEW_ROWS_PIECE :])
     return out_t.T
 
 
