@@ -144,9 +144,9 @@ def inference_layout(params):  # -> params of the same values, each block's mlp.
     # A decode step multiplies one row by every weight. For the one weight taller than wide, mlp.c_proj.w [4*n_embd,
     # n_embd], OpenBLAS's one-row product runs faster on a column-major copy (the same [n_in, n_out] array, wᵀ's rows
     # in memory: each output is one dot product over contiguous floats; docs/making-it-fast.md). For the others the
-    # row-major weight is as fast at 2 threads and faster at 1, and needs no copy beside the memory-mapped file. Prefill's
-    # many-row products run as fast in either order. Every function here, in model.py and in training takes either
-    # order: only the speed differs
+    # row-major weight is as fast at 2 threads and faster at 1, and needs no copy beside the memory-mapped file.
+    # Prefill's many-row products run as fast in either order. Every function here, in model.py and in training takes
+    # either order: only the speed differs
     return column_major(params, [("mlp", "c_proj")])
 
 
@@ -162,7 +162,8 @@ def column_major(params, weights):  # -> params with each block's weights named 
     def laid_out(block):
         block = dict(block)
         for group, name in weights:
-            block[group] = {**block[group], name: {**block[group][name], "w": column_major_copy(block[group][name]["w"])}}
+            layer = block[group][name]
+            block[group] = {**block[group], name: {**layer, "w": column_major_copy(layer["w"])}}
         return block
 
     return {**params, "blocks": [laid_out(block) for block in params["blocks"]]}
