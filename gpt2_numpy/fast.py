@@ -172,11 +172,11 @@ def column_major(params, weights):  # -> params with each block's weights named 
 def column_major_copy(w):  # [n_in, n_out] -> the same values stored column-major (w itself if they are)
     if w.flags.f_contiguous:
         return w
-    # np.asfortranarray(w), by blocks of 8 rows: each block's columns fill cache lines already loaded, where one copy
-    # of the whole transpose strides through memory at about half the speed
+    # np.asfortranarray(w), by blocks of 16 rows: each block writes whole 64-byte cache lines of the copy (16 floats
+    # of each of its rows), where one copy of the whole transpose strides through memory at about a third the speed
     out_t = np.empty(w.shape[::-1], w.dtype)
-    for start in range(0, len(w), 8):
-        out_t[:, start : start + 8] = w[start : start + 8].T
+    for start in range(0, len(w), 16):
+        out_t[:, start : start + 16] = w[start : start + 16].T
     return out_t.T
 
 

@@ -79,7 +79,7 @@ MUTANTS = [  # (what, file, text, replacement)
      '[("attn", "c_attn"), ("attn", "c_proj"), ("mlp", "c_fc"), ("mlp", "c_proj")]',
      '[("attn", "c_attn"), ("mlp", "c_fc"), ("mlp", "c_proj")]'),
     ("fast: the column-major copy skips the rows after its last whole block", "gpt2_numpy/fast.py",
-     "out_t[:, start : start + 8] = w[start : start + 8].T", "out_t[:, start : start + 4] = w[start : start + 4].T"),
+     "out_t[:, start : start + 16] = w[start : start + 16].T", "out_t[:, start : start + 8] = w[start : start + 8].T"),
     ("fast: a long pass runs GELU's chunks on one thread", "gpt2_numpy/fast.py",
      "    cores.split(run, flat_out.size, item_size=1)\n", "    run(slice(0, flat_out.size))\n"),
     ("cores: a piece runs outside the caller's np.errstate", "gpt2_numpy/cores.py",
