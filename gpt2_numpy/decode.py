@@ -11,7 +11,7 @@ import numpy as np
 from gpt2_numpy.console import plural
 from gpt2_numpy.errors import OutOfMemory, UsageError
 from gpt2_numpy.checks import check_finite, check_inputs
-from gpt2_numpy.fast import batch_layout, gpt2_cached, new_cache
+from gpt2_numpy.fast import gpt2_cached, new_cache
 from gpt2_numpy.sampling import check_sampling_args, next_token
 
 BATCH_SIZE = 8  # rows per pass by default: a step of 8 rows costs a few times one row's, so 8 rows pay best
@@ -93,8 +93,6 @@ def batch_decode_loop(prompts, params, n_head, n_tokens, choosers, stop_id):  # 
     step_ids = np.array([[0] * n_pad + list(prompt) for n_pad, prompt in zip(pad, prompts)])  # [n_rows, width]
     # slots for the prompt and every chosen token but the last, which is never fed back
     cache = cache_for(params, n_head, n_slots=width + n_tokens - 1, pad=pad)
-    if len(prompts) > 1:  # its steps' few-row products read column-major weights fastest (fast.batch_layout)
-        params = batch_layout(params)
     rows = np.arange(len(prompts))  # the original index of each row still running
     new_ids = [[] for _ in prompts]
     for step in range(n_tokens):

@@ -29,7 +29,8 @@ QUERY_BLOCK = 128  # queries per block of causal attention: a block's scores sta
 EINSUM_PATH = ["einsum_path", (0, 1)]  # contract operand 0 with operand 1: the only order two operands have
 PLAIN_EINSUM_MACS = 1 << 18  # up to this many multiply-adds, einsum's own loop beats its matmul route (einsum())
 FEW_ROWS = 32  # 2 to FEW_ROWS rows (a batch's decode step) multiply a weight piece by piece (few_rows_product())
-FEW_ROWS_PIECE = 32  # output columns per piece of few_rows_product(): 768 inputs x 32 outputs, 96 KB, stays in L2
+FEW_ROWS_PIECE = 32  # outputs per piece of few_rows_product() on a column-major weight: 768 x 32 floats, 96 KB
+ROW_MAJOR_PIECE = 64  # ... on a row-major weight: 64 contiguous floats (256 bytes) of each of its rows
 ALL_CORES_FROM = 512  # positions from which a pass shares its heads, columns and rows among the cores (cores.py):
 # shorter passes gain nothing, as OpenBLAS's workers, still spinning from a product before, cost more than it saves
 
@@ -130,10 +131,9 @@ def linear(x, w, b):  # [..., n_in] -> [..., n_out]
     # one product for all leading axes: matmul on a [n_rows, n_seq, n_in] stack would run one product per row, each
     # streaming all of w, and a batch decode step would cost as much as n_rows single ones
     rows = x.reshape(-1, x.shape[-1])
-    if 1 < len(rows) <= FEW_ROWS and w.T.flags.c_contiguous:  # a batch's decode step, w stored column-major; the
-        # bias added in the pass that makes the transposed result C-ordered
+    if 1 < len(rows) <= FEW_ROWS:  # a batch's decode step; the bias added in the pass that makes the result C-ordered
         out = np.empty((len(rows), w.shape[-1]), np.result_type(rows, w, b))
-        return np.add(few_rows_product(rows, w.T), b, out=out).reshape(*x.shape[:-1], w.shape[-1])
+        return np.add(few_rows_product(rows, w), b, out=out).reshape(*x.shape[:-1], w.shape[-1])
     # x w + b by output columns, the bias added in place: no second [n_seq, n_out] array. Within cores.all_cores(),
     # OpenBLAS runs one thread and the columns are shared among the cores: each thread reads its part of w and all of
     # the smaller x (by rows, each would read all of w)
@@ -141,43 +141,18 @@ def linear(x, w, b):  # [..., n_in] -> [..., n_out]
 
 
 def inference_layout(params):  # -> params of the same values, each block's mlp.c_proj.w stored column-major
-    # A decode step multiplies one row by every weight. For the one weight taller than wide, mlp.c_proj.w [4*n_embd,
-    # n_embd], OpenBLAS's one-row product runs faster on a column-major copy (the same [n_in, n_out] array, wᵀ's rows
-    # in memory: each output is one dot product over contiguous floats; docs/making-it-fast.md). For the others the
-    # row-major weight is as fast at 2 threads and faster at 1, and needs no copy beside the memory-mapped file.
-    # Prefill's many-row products run as fast in either order. Every function here, in model.py and in training takes
-    # either order: only the speed differs
-    return column_major(params, [("mlp", "c_proj")])
-
-
-def batch_layout(params):  # -> params of the same values, every block weight stored column-major
-    # A batch's decode step multiplies a few rows by every weight: few_rows_product() reads wᵀ's rows, which only a
-    # column-major weight holds in memory, and runs the step's products in about 0.65 of the time of one product per
-    # row-major weight (bounds.py --few-rows). generate_batch() makes the copies for its own call, as one row's steps
-    # run faster on the row-major weights: the block weights held once more while it runs
-    return column_major(params, [("attn", "c_attn"), ("attn", "c_proj"), ("mlp", "c_fc"), ("mlp", "c_proj")])
-
-
-def column_major(params, weights):  # -> params with each block's weights named (group, name) stored column-major
+    # A decode step multiplies one row (a batch step a few) by every weight. For the one weight taller than wide,
+    # mlp.c_proj.w [4*n_embd, n_embd], OpenBLAS's one-row product runs faster on a column-major copy (the same [n_in,
+    # n_out] array, wᵀ's rows in memory: each output is one dot product over contiguous floats; docs/making-it-fast.md),
+    # and a batch step's few rows multiply it by few_rows_product(). The other weights stay as they are: with OpenBLAS's
+    # AVX-512 kernels their few-row products would run faster column-major too, but the copies would hold every block
+    # weight twice in memory. Prefill's many-row products run as fast in either order. Every function here, in model.py
+    # and in training takes either order: only the speed differs
     def laid_out(block):
-        block = dict(block)
-        for group, name in weights:
-            layer = block[group][name]
-            block[group] = {**block[group], name: {**layer, "w": column_major_copy(layer["w"])}}
-        return block
+        c_proj = block["mlp"]["c_proj"]
+        return {**block, "mlp": {**block["mlp"], "c_proj": {**c_proj, "w": np.asfortranarray(c_proj["w"])}}}
 
     return {**params, "blocks": [laid_out(block) for block in params["blocks"]]}
-
-
-def column_major_copy(w):  # [n_in, n_out] -> the same values stored column-major (w itself if they are)
-    if w.flags.f_contiguous:
-        return w
-    # np.asfortranarray(w), by blocks of 16 rows: each block writes whole 64-byte cache lines of the copy (16 floats
-    # of each of its rows), where one copy of the whole transpose strides through memory at about a third the speed
-    out_t = np.empty(w.shape[::-1], w.dtype)
-    for start in range(0, len(w), 16):
-        out_t[:, start : start + 16] = w[start : start + 16].T
-    return out_t.T
 
 
 def ffn(x, c_fc, c_proj):  # [..., n_seq, n_embd] -> [..., n_seq, n_embd]
@@ -337,30 +312,41 @@ def lm_head(x, wte):  # [..., n_seq, n_embd] -> [..., n_seq, n_vocab]
 
 def vocabulary_product(rows, wte):  # [n, n_embd] -> [n, n_vocab]: rows @ wte.T
     if 1 < len(rows) <= FEW_ROWS:
-        return np.ascontiguousarray(few_rows_product(rows, wte))
+        return np.ascontiguousarray(few_rows_product(rows, wte.T))  # wte.T: [n_embd, n_vocab], column-major
     return rows @ wte.T
 
 
-def few_rows_product(rows, w_t):  # [n, n_in], [n_out, n_in] C-ordered -> [n, n_out] (a transposed view): rows @ w_tᵀ
+def few_rows_product(rows, w):  # [n, n_in], [n_in, n_out] -> [n, n_out] (a transposed view if w is column-major)
     # A few rows times a large weight run far from the memory floor, as OpenBLAS packs both operands first and uses
-    # each packed float of the weight n times only. As (w_t rowsᵀ)ᵀ the weight is the product's long side, and by
-    # pieces of FEW_ROWS_PIECE output columns each piece's packed copy is still in cache when it is used. One stacked
-    # matmul runs a share's pieces, a BLAS call each without a Python call each, and within a pass the shares go to the
-    # team, OpenBLAS on one thread each: OpenBLAS's own threads on so small a piece would wait for each other more than
-    # they multiply (bounds.py --few-rows)
-    n_out, n_in = w_t.shape
-    out_t = np.empty((n_out, len(rows)), np.result_type(rows, w_t))
-    n_pieces = n_out // FEW_ROWS_PIECE
+    # each packed float of the weight n times only. By pieces of the weight's outputs, each piece's packed copy is
+    # still in cache when it is used; one stacked matmul runs a share of the pieces (a BLAS call each, no Python call
+    # each), and within a pass the shares go to the team, OpenBLAS on one thread each: OpenBLAS's own threads on so
+    # small a piece would wait for each other more than they multiply. The pieces follow w's order: column-major, as
+    # (wᵀ rowsᵀ)ᵀ, wᵀ's rows of contiguous floats, the weight the product's long side; row-major, as rows @ w's
+    # columns, each piece a run of contiguous floats of every row (bounds.py --few-rows)
+    n_in, n_out = w.shape
+    dtype = np.result_type(rows, w)
+    if w.T.flags.c_contiguous:
+        width, out = FEW_ROWS_PIECE, np.empty((n_out, len(rows)), dtype).T
 
-    def some_pieces(pieces):  # the pieces in slice pieces, one stacked product
-        part = slice(pieces.start * FEW_ROWS_PIECE, pieces.stop * FEW_ROWS_PIECE)
-        np.matmul(w_t[part].reshape(-1, FEW_ROWS_PIECE, n_in), rows.T,
-                  out=out_t[part].reshape(-1, FEW_ROWS_PIECE, len(rows)))
+        def product(part):  # the outputs in slice part, a whole number of pieces
+            np.matmul(w.T[part].reshape(-1, width, n_in), rows.T, out=out.T[part].reshape(-1, width, len(rows)))
+    else:
+        width, out = ROW_MAJOR_PIECE, np.empty((len(rows), n_out), dtype)
 
-    cores.split(some_pieces, n_pieces, item_size=FEW_ROWS_PIECE * n_in * len(rows))  # a piece's multiply-adds
-    if n_pieces * FEW_ROWS_PIECE < n_out:  # the last outputs, fewer than a piece
-        np.matmul(w_t[n_pieces * FEW_ROWS_PIECE :], rows.T, out=out_t[n_pieces * FEW_ROWS_PIECE :])
-    return out_t.T
+        def product(part):
+            np.matmul(rows, by_pieces(w[:, part], width), out=by_pieces(out[:, part], width))
+
+    n_pieces = n_out // width
+    cores.split(lambda pieces: product(slice(pieces.start * width, pieces.stop * width)), n_pieces,
+                item_size=width * n_in * len(rows))  # a piece's multiply-adds
+    tail = slice(n_pieces * width, n_out)  # the last outputs, fewer than a piece
+    np.matmul(rows, w[:, tail], out=out[:, tail])
+    return out
+
+
+def by_pieces(a, width):  # [n_rows, k * width] -> [k, n_rows, width]: a's columns, piece by piece (a view)
+    return a.reshape(len(a), -1, width).transpose(1, 0, 2)
 
 
 def gpt2(inputs, wte, wpe, blocks, ln_f, n_head, last_only=False):  # [..., n_seq] -> [..., n, n_vocab]

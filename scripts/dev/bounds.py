@@ -27,8 +27,8 @@ turns, 5 times each (medians); every pass of a model narrower than NARROW runs o
 the line is lifted (NARROW = 1) while it measures. --busy N does it beside N CPU-bound processes.
 
 --few-rows times, at each count of --threads, a batch of 8's products alone in each form they could take: x @ w with
-every weight row-major, the same column-major, (wᵀ xᵀ)ᵀ in pieces (fast.few_rows_product, shared among the cores
-as a batch's step shares them), and the lm head as x @ wteᵀ and in pieces (medians of 5, each form after OpenBLAS's
+every weight row-major, the same column-major, both in pieces (fast.few_rows_product, shared among the cores as a
+batch's step shares them), and the lm head as x @ wteᵀ and in pieces (medians of 5, each form after OpenBLAS's
 workers sleep). Which wins depends on OpenBLAS's kernels (printed); OPENBLAS_CORETYPE=Haswell gives an AVX-512 machine
 the AVX2 kernels that AMD's Zen runs too.
 """
@@ -78,11 +78,13 @@ def few_rows_lines(counts):  # -> the printed lines of --few-rows: a batch of 8'
     forms = {  # every weight in turn, as a step reads them: 340 MB, streamed from memory
         "x @ w, w row-major": lambda: [inputs[len(w)] @ w for w in weights],
         "x @ w, w column-major": lambda: [inputs[len(w)] @ w for w in column_major],
-        "(wᵀ xᵀ)ᵀ in pieces (fast.few_rows_product), w column-major, the pieces shared among the cores":
-            lambda: shared(lambda: [fast.few_rows_product(inputs[len(w)], w.T) for w in column_major]),
+        "x @ w in pieces (fast.few_rows_product), w row-major, shared among the cores":
+            lambda: shared(lambda: [fast.few_rows_product(inputs[len(w)], w) for w in weights]),
+        "(wᵀ xᵀ)ᵀ in pieces (fast.few_rows_product), w column-major, shared among the cores":
+            lambda: shared(lambda: [fast.few_rows_product(inputs[len(w)], w) for w in column_major]),
         "the lm head, x @ wteᵀ": lambda: rows @ wte.T,
         "the lm head, (wte xᵀ)ᵀ in pieces (fast.few_rows_product), shared among the cores":
-            lambda: shared(lambda: fast.few_rows_product(rows, wte)),
+            lambda: shared(lambda: fast.few_rows_product(rows, wte.T)),
     }
     lines = [f"a batch of 8's decode step, its products alone (every weight of the 124M shape, 8 rows), OpenBLAS's "
              f"kernels {cores.openblas_core()}, ms:"]
@@ -199,7 +201,7 @@ def main():
         print("\n".join(few_rows_lines(args.threads)), flush=True)
         return
     rng = np.random.default_rng(0)
-    params = fast.batch_layout(random_params(HPARAMS_124M, seed=0))  # as generate_batch lays them out
+    params = fast.inference_layout(random_params(HPARAMS_124M, seed=0))
     for count in args.threads:
         print("\n".join(bounds_lines(count, rng, params)), flush=True)
     print("\n".join(threading_lines(rng)), flush=True)

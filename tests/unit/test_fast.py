@@ -169,9 +169,10 @@ def test_lm_head_of_a_batch_step_is_x_times_wte_transposed(monkeypatch, n_rows):
 
 
 @pytest.mark.parametrize("n_rows", [1, 2, 5, 32, 33])
-@pytest.mark.parametrize("order", ["C", "F"])  # row-major, and column-major as the layouts store them
+@pytest.mark.parametrize("order", ["C", "F"])  # row-major, and column-major as inference_layout may store it
 def test_linear_of_a_batch_step_is_x_w_plus_b_in_either_order(monkeypatch, n_rows, order):
     monkeypatch.setattr(model, "FEW_ROWS_PIECE", 3)  # 23 outputs: pieces of 3, and 2 more
+    monkeypatch.setattr(model, "ROW_MAJOR_PIECE", 4)  # ... of 4, and 3 more
     rng = np.random.default_rng(0)
     w = np.asarray(rng.standard_normal((16, 23), dtype=np.float32), order=order)
     b = rng.standard_normal(23, dtype=np.float32)
@@ -459,26 +460,3 @@ def test_inference_layout_keeps_every_value_and_equals_textbook_when_decoding():
     steps = [gpt2_cached(batch[:, :4], cache, **laid_out, n_head=n_head)[0]]
     steps += [gpt2_cached(batch[:, i : i + 1], cache, **laid_out, n_head=n_head)[0] for i in range(4, 12)]
     assert_tuned_equals_textbook(np.concatenate(steps, axis=1), textbook.gpt2(batch, **params, n_head=n_head))
-
-
-@pytest.mark.parametrize("layout, moved", [(inference_layout, {("mlp", "c_proj")}),
-                                           (model.batch_layout, {("attn", "c_attn"), ("attn", "c_proj"),
-                                                                 ("mlp", "c_fc"), ("mlp", "c_proj")})])
-def test_each_layout_stores_its_weights_column_major_and_keeps_every_value(layout, moved):
-    hparams, params, ids = reference_inputs("odd_heads")
-    laid_out = layout(params)
-    for (path, before), (_, after) in zip(flatten(params), flatten(laid_out)):
-        np.testing.assert_array_equal(after, before, err_msg=str(path))  # same shape and values, whatever the order
-        weight = path[-1] == "w" and tuple(path[-3:-1]) in moved
-        assert (after.flags.f_contiguous, after.flags.c_contiguous) == (after.ndim == 1 or weight, not weight), path
-        assert before.flags.c_contiguous, path  # the params given stay as they were
-    again = layout(laid_out)["blocks"][0]["mlp"]["c_proj"]["w"]
-    assert again is laid_out["blocks"][0]["mlp"]["c_proj"]["w"]  # a weight already column-major is not copied
-
-
-@pytest.mark.parametrize("n_in", [1, 16, 21, 32])  # fewer rows than a block of the copy, exactly one, a part, two
-def test_column_major_copy_keeps_every_value(n_in):
-    w = np.arange(n_in * 5, dtype=np.float32).reshape(n_in, 5)
-    copied = model.column_major_copy(w)
-    assert copied.flags.f_contiguous and copied.dtype == w.dtype
-    np.testing.assert_array_equal(copied, w)
