@@ -7,6 +7,7 @@ and the package's gpt2 run this pass. Params are nested dicts named like OpenAI'
 into the functions with **.
 """
 import math
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,6 +32,8 @@ PLAIN_EINSUM_MACS = 1 << 18  # up to this many multiply-adds, einsum's own loop 
 FEW_ROWS = 32  # 2 to FEW_ROWS rows (a batch's decode step) multiply a weight piece by piece (few_rows_product())
 FEW_ROWS_PIECE = 32  # outputs per piece of few_rows_product() on a column-major weight: 768 x 32 floats, 96 KB
 ROW_MAJOR_PIECE = 64  # ... on a row-major weight: 64 contiguous floats (256 bytes) of each of its rows
+FORM_TRIALS = 3  # a batch step's products of each kind timed this many times in each form before one is chosen
+FORMS = {}  # (n_rows, w's shape, order and dtype, threads) -> the form that ran it faster here, or the timings so far
 ALL_CORES_FROM = 512  # positions from which a pass shares its heads, columns and rows among the cores (cores.py):
 # shorter passes gain nothing, as OpenBLAS's workers, still spinning from a product before, cost more than it saves
 
@@ -133,7 +136,7 @@ def linear(x, w, b):  # [..., n_in] -> [..., n_out]
     rows = x.reshape(-1, x.shape[-1])
     if 1 < len(rows) <= FEW_ROWS:  # a batch's decode step; the bias added in the pass that makes the result C-ordered
         out = np.empty((len(rows), w.shape[-1]), np.result_type(rows, w, b))
-        return np.add(few_rows_product(rows, w), b, out=out).reshape(*x.shape[:-1], w.shape[-1])
+        return np.add(in_faster_form(rows, w), b, out=out).reshape(*x.shape[:-1], w.shape[-1])
     # x w + b by output columns, the bias added in place: no second [n_seq, n_out] array. Within cores.all_cores(),
     # OpenBLAS runs one thread and the columns are shared among the cores: each thread reads its part of w and all of
     # the smaller x (by rows, each would read all of w)
@@ -308,6 +311,25 @@ def lm_head(x, wte):  # [..., n_seq, n_embd] -> [..., n_seq, n_vocab]
     with cores.for_model(wte.shape[1]), cores.all_cores(enabled=1 < len(rows) <= FEW_ROWS):  # a narrow model's lm
         # head on one thread, as its blocks; a batch step's few rows in pieces shared among the cores
         return vocabulary_product(rows, wte).reshape(*x.shape[:-1], len(wte))
+
+
+def in_faster_form(rows, w):  # [n, n_in] @ [n_in, n_out] -> [n, n_out], in the form that runs it faster here
+    # Whether a few rows' product runs faster by pieces (few_rows_product) or whole (cores.matmul: within a pass, by
+    # the team's columns) depends on OpenBLAS's kernels and the machine: SkylakeX's kernels run pieces faster, Haswell's
+    # the whole (bounds.py --few-rows). So each kind of product is timed where it runs: its first 2 * FORM_TRIALS
+    # calls take the two forms in turn, and the one of the lower median runs it from then on. The two differ only in
+    # the order of float32 roundings
+    key = (len(rows), w.shape, w.T.flags.c_contiguous, w.dtype, cores.team_size())
+    chosen = FORMS.setdefault(key, {few_rows_product: [], cores.matmul: []})
+    if not isinstance(chosen, dict):
+        return chosen(rows, w)
+    form = min(chosen, key=lambda each: len(chosen[each]))  # the form timed fewer times
+    start = time.perf_counter()
+    out = form(rows, w)
+    chosen[form].append(time.perf_counter() - start)
+    if min(map(len, chosen.values())) == FORM_TRIALS:
+        FORMS[key] = min(chosen, key=lambda each: np.median(chosen[each]))
+    return out
 
 
 def vocabulary_product(rows, wte):  # [n, n_embd] -> [n, n_vocab]: rows @ wte.T
