@@ -291,7 +291,7 @@ def transformer(inputs, wte, wpe, blocks, ln_f, n_head, cache=None, last_only=Fa
     queries = [ALL] * len(blocks)
     if last_only:
         queries[-1] = slice(-1, None)
-    with cores.for_model(wte.shape[1]), cores.all_cores(enabled=shares_cores(x.size // x.shape[-1])):
+    with cores.for_model(wte.shape[1]), cores.all_cores(enabled=shares_cores(x)):
         for layer, (block_params, block_queries) in enumerate(zip(blocks, queries)):
             past = None if cache is None else (cache.keys[layer], cache.values[layer], n_past)
             x = block(x, **block_params, n_head=n_head, mask=mask, past=past, queries=block_queries)
@@ -300,17 +300,22 @@ def transformer(inputs, wte, wpe, blocks, ln_f, n_head, cache=None, last_only=Fa
     return layer_norm(x, **ln_f)
 
 
-def shares_cores(n_positions):  # -> whether a pass of n_positions shares its work among the cores (cores.py)
-    # a long pass its heads, columns and rows; a batch's decode step the pieces of its few-row products
-    return n_positions >= ALL_CORES_FROM or 1 < n_positions <= FEW_ROWS
+def shares_cores(x):  # [..., n_seq, n_embd] -> whether its pass shares its work among the cores (cores.py): a long
+    # pass its heads, columns and rows; a batch's decode step the pieces of its few-row products
+    return x.size // x.shape[-1] >= ALL_CORES_FROM or batch_step(x)
+
+
+def batch_step(x):  # [..., n_seq, n_embd] -> whether x is a batch's decode step: 2 to FEW_ROWS rows of one position
+    # (a short prompt of one sequence gains nothing from a pass: OpenBLAS's workers, still spinning from a product
+    # before, would cost it more than the team saves)
+    return x.ndim == 3 and x.shape[1] == 1 and 1 < len(x) <= FEW_ROWS
 
 
 def lm_head(x, wte):  # [..., n_seq, n_embd] -> [..., n_seq, n_vocab]
     # GPT-2 ties the output projection to the token embeddings: x @ wte.T
-    rows = x.reshape(-1, x.shape[-1])
-    with cores.for_model(wte.shape[1]), cores.all_cores(enabled=1 < len(rows) <= FEW_ROWS):  # a narrow model's lm
-        # head on one thread, as its blocks; a batch step's few rows in pieces shared among the cores
-        return vocabulary_product(rows, wte).reshape(*x.shape[:-1], len(wte))
+    with cores.for_model(wte.shape[1]), cores.all_cores(enabled=batch_step(x)):  # a narrow model's lm head on one
+        # thread, as its blocks; a batch step's few rows in pieces shared among the cores
+        return vocabulary_product(x.reshape(-1, x.shape[-1]), wte).reshape(*x.shape[:-1], len(wte))
 
 
 def in_faster_form(rows, w):  # [n, n_in] @ [n_in, n_out] -> [n, n_out], in the form that runs it faster here

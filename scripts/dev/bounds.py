@@ -111,7 +111,7 @@ def linear_layers(block):  # -> a block's four linear layers, in the order a ste
 
 
 def batch_step_products(rows, wide, params):  # rows [8, n_embd], wide [8, 4 n_embd]: each weight's input in a step
-    with cores.all_cores(enabled=fast.shares_cores(len(rows))):  # as fast.transformer runs a batch's step
+    with cores.all_cores(enabled=fast.shares_cores(rows[:, None])):  # as fast.transformer runs a batch's step
         for block in params["blocks"]:
             for layer in linear_layers(block):
                 fast.linear(wide if len(layer["w"]) > rows.shape[-1] else rows, **layer)
