@@ -7,6 +7,7 @@ and the package's gpt2 run this pass. Params are nested dicts named like OpenAI'
 into the functions with **.
 """
 import math
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,7 +30,10 @@ QUERY_BLOCK = 128  # queries per block of causal attention: a block's scores sta
 EINSUM_PATH = ["einsum_path", (0, 1)]  # contract operand 0 with operand 1: the only order two operands have
 PLAIN_EINSUM_MACS = 1 << 18  # up to this many multiply-adds, einsum's own loop beats its matmul route (einsum())
 FEW_ROWS = 32  # 2 to FEW_ROWS rows (a batch's decode step) multiply a weight piece by piece (few_rows_product())
-FEW_ROWS_PIECE = 128  # output columns per piece, per thread of OpenBLAS's: at 2 threads, 256 tokens of wte, 768 KB
+FEW_ROWS_PIECE = 32  # outputs per piece of few_rows_product() on a column-major weight: 768 x 32 floats, 96 KB
+ROW_MAJOR_PIECE = 64  # ... on a row-major weight: 64 contiguous floats (256 bytes) of each of its rows
+FORM_TRIALS = 3  # a batch step's products of each kind timed this many times in each form before one is chosen
+FORMS = {}  # (n_rows, w's shape, order and dtype, threads) -> the form that ran it faster here, or the timings so far
 ALL_CORES_FROM = 512  # positions from which a pass shares its heads, columns and rows among the cores (cores.py):
 # shorter passes gain nothing, as OpenBLAS's workers, still spinning from a product before, cost more than it saves
 
@@ -130,10 +134,9 @@ def linear(x, w, b):  # [..., n_in] -> [..., n_out]
     # one product for all leading axes: matmul on a [n_rows, n_seq, n_in] stack would run one product per row, each
     # streaming all of w, and a batch decode step would cost as much as n_rows single ones
     rows = x.reshape(-1, x.shape[-1])
-    if 1 < len(rows) <= FEW_ROWS and w.T.flags.c_contiguous and cores.team_size() == 1:  # a batch's decode step, w
-        # stored column-major; the bias added in the pass that makes the transposed result C-ordered
+    if 1 < len(rows) <= FEW_ROWS:  # a batch's decode step; the bias added in the pass that makes the result C-ordered
         out = np.empty((len(rows), w.shape[-1]), np.result_type(rows, w, b))
-        return np.add(few_rows_product(rows, w.T), b, out=out).reshape(*x.shape[:-1], w.shape[-1])
+        return np.add(in_faster_form(rows, w), b, out=out).reshape(*x.shape[:-1], w.shape[-1])
     # x w + b by output columns, the bias added in place: no second [n_seq, n_out] array. Within cores.all_cores(),
     # OpenBLAS runs one thread and the columns are shared among the cores: each thread reads its part of w and all of
     # the smaller x (by rows, each would read all of w)
@@ -210,8 +213,8 @@ def split_qkv(x, n_head):  # [..., n_seq, 3*n_embd] -> [3, ..., n_head, n_seq, d
 
 
 def causal_attention(q, k, v, mask):  # attention's shapes; the queries are the last n_q of the n_k positions
-    if cores.team_size() == 1:  # one core (every decode step): no output array to fill, no copy into it
-        return query_blocks(q, k, v, mask)
+    if min(cores.team_size(), q.shape[-2]) == 1:  # one core, or one query (every decode step, a batch's too): no
+        return query_blocks(q, k, v, mask)  # output array to fill, no copy into it
     # The queries are independent: within cores.all_cores() the team shares them, as the elementwise passes (exp above
     # all) would otherwise run on one core while the others wait. Each thread takes a run of queries of every head, of
     # equal work (the causal triangle's rows get longer). Whole heads would leave 4 of 16 threads idle and half of 8
@@ -288,7 +291,7 @@ def transformer(inputs, wte, wpe, blocks, ln_f, n_head, cache=None, last_only=Fa
     queries = [ALL] * len(blocks)
     if last_only:
         queries[-1] = slice(-1, None)
-    with cores.for_model(wte.shape[1]), cores.all_cores(enabled=x.size // x.shape[-1] >= ALL_CORES_FROM):
+    with cores.for_model(wte.shape[1]), cores.all_cores(enabled=shares_cores(x)):
         for layer, (block_params, block_queries) in enumerate(zip(blocks, queries)):
             past = None if cache is None else (cache.keys[layer], cache.values[layer], n_past)
             x = block(x, **block_params, n_head=n_head, mask=mask, past=past, queries=block_queries)
@@ -297,27 +300,80 @@ def transformer(inputs, wte, wpe, blocks, ln_f, n_head, cache=None, last_only=Fa
     return layer_norm(x, **ln_f)
 
 
+def shares_cores(x):  # [..., n_seq, n_embd] -> whether its pass shares its work among the cores (cores.py): a long
+    # pass its heads, columns and rows; a batch's decode step the pieces of its few-row products
+    return x.size // x.shape[-1] >= ALL_CORES_FROM or batch_step(x)
+
+
+def batch_step(x):  # [..., n_seq, n_embd] -> whether x is a batch's decode step: 2 to FEW_ROWS rows of one position
+    # (a short prompt of one sequence gains nothing from a pass: OpenBLAS's workers, still spinning from a product
+    # before, would cost it more than the team saves)
+    return x.ndim == 3 and x.shape[1] == 1 and 1 < len(x) <= FEW_ROWS
+
+
 def lm_head(x, wte):  # [..., n_seq, n_embd] -> [..., n_seq, n_vocab]
     # GPT-2 ties the output projection to the token embeddings: x @ wte.T
-    with cores.for_model(wte.shape[1]):  # a narrow model's lm head on one thread, as its blocks
+    with cores.for_model(wte.shape[1]), cores.all_cores(enabled=batch_step(x)):  # a narrow model's lm head on one
+        # thread, as its blocks; a batch step's few rows in pieces shared among the cores
         return vocabulary_product(x.reshape(-1, x.shape[-1]), wte).reshape(*x.shape[:-1], len(wte))
+
+
+def in_faster_form(rows, w):  # [n, n_in] @ [n_in, n_out] -> [n, n_out], in the form that runs it faster here
+    # Whether a few rows' product runs faster by pieces (few_rows_product) or whole (cores.matmul: within a pass, by
+    # the team's columns) depends on OpenBLAS's kernels and the machine: SkylakeX's kernels run pieces faster, Haswell's
+    # the whole (bounds.py --few-rows). So each kind of product is timed where it runs: its first 2 * FORM_TRIALS
+    # calls take the two forms in turn, and the one of the lower median runs it from then on. The two differ only in
+    # the order of float32 roundings
+    key = (len(rows), w.shape, w.T.flags.c_contiguous, w.dtype, cores.team_size())
+    chosen = FORMS.setdefault(key, {few_rows_product: [], cores.matmul: []})
+    if not isinstance(chosen, dict):
+        return chosen(rows, w)
+    form = min(chosen, key=lambda each: len(chosen[each]))  # the form timed fewer times
+    start = time.perf_counter()
+    out = form(rows, w)
+    chosen[form].append(time.perf_counter() - start)
+    if min(map(len, chosen.values())) == FORM_TRIALS:
+        FORMS[key] = min(chosen, key=lambda each: np.median(chosen[each]))
+    return out
 
 
 def vocabulary_product(rows, wte):  # [n, n_embd] -> [n, n_vocab]: rows @ wte.T
     if 1 < len(rows) <= FEW_ROWS:
-        return np.ascontiguousarray(few_rows_product(rows, wte))
+        return np.ascontiguousarray(few_rows_product(rows, wte.T))  # wte.T: [n_embd, n_vocab], column-major
     return rows @ wte.T
 
 
-def few_rows_product(rows, w_t):  # [n, n_in], [n_out, n_in] C-ordered -> [n, n_out] (a transposed view): rows @ w_tᵀ
+def few_rows_product(rows, w):  # [n, n_in], [n_in, n_out] -> [n, n_out] (a transposed view if w is column-major)
     # A few rows times a large weight run far from the memory floor, as OpenBLAS packs both operands first and uses
-    # each packed float of the weight n times only. As (w_t rowsᵀ)ᵀ the weight is the product's long side, and by
-    # pieces of output columns, each piece's packed copy is still in cache when it is used (bounds.py --few-rows)
-    out_t = np.empty((len(w_t), len(rows)), np.result_type(rows, w_t))
-    step = FEW_ROWS_PIECE * cores.blas_threads()  # OpenBLAS shares each piece among its threads
-    for start in range(0, len(w_t), step):
-        np.matmul(w_t[start : start + step], rows.T, out=out_t[start : start + step])
-    return out_t.T
+    # each packed float of the weight n times only. By pieces of the weight's outputs, each piece's packed copy is
+    # still in cache when it is used; one stacked matmul runs a share of the pieces (a BLAS call each, no Python call
+    # each), and within a pass the shares go to the team, OpenBLAS on one thread each: OpenBLAS's own threads on so
+    # small a piece would wait for each other more than they multiply. The pieces follow w's order: column-major, as
+    # (wᵀ rowsᵀ)ᵀ, wᵀ's rows of contiguous floats, the weight the product's long side; row-major, as rows @ w's
+    # columns, each piece a run of contiguous floats of every row (bounds.py --few-rows)
+    n_in, n_out = w.shape
+    dtype = np.result_type(rows, w)
+    if w.T.flags.c_contiguous:
+        width, out = FEW_ROWS_PIECE, np.empty((n_out, len(rows)), dtype).T
+
+        def product(part):  # the outputs in slice part, a whole number of pieces
+            np.matmul(w.T[part].reshape(-1, width, n_in), rows.T, out=out.T[part].reshape(-1, width, len(rows)))
+    else:
+        width, out = ROW_MAJOR_PIECE, np.empty((len(rows), n_out), dtype)
+
+        def product(part):
+            np.matmul(rows, by_pieces(w[:, part], width), out=by_pieces(out[:, part], width))
+
+    n_pieces = n_out // width
+    cores.split(lambda pieces: product(slice(pieces.start * width, pieces.stop * width)), n_pieces,
+                item_size=width * n_in * len(rows))  # a piece's multiply-adds
+    tail = slice(n_pieces * width, n_out)  # the last outputs, fewer than a piece
+    np.matmul(rows, w[:, tail], out=out[:, tail])
+    return out
+
+
+def by_pieces(a, width):  # [n_rows, k * width] -> [k, n_rows, width]: a's columns, piece by piece (a view)
+    return a.reshape(len(a), -1, width).transpose(1, 0, 2)
 
 
 def gpt2(inputs, wte, wpe, blocks, ln_f, n_head, last_only=False):  # [..., n_seq] -> [..., n, n_vocab]

@@ -27,9 +27,10 @@ turns, 5 times each (medians); every pass of a model narrower than NARROW runs o
 the line is lifted (NARROW = 1) while it measures. --busy N does it beside N CPU-bound processes.
 
 --few-rows times, at each count of --threads, a batch of 8's products alone in each form they could take: x @ w with
-every weight row-major, the same column-major, (wᵀ xᵀ)ᵀ in pieces (fast.few_rows_product), and the lm head as
-x @ wteᵀ and in pieces (medians of 5). Which wins depends on OpenBLAS's kernels (printed); OPENBLAS_CORETYPE=Haswell
-gives an AVX-512 machine the AVX2 kernels that AMD's Zen runs too.
+every weight row-major, the same column-major, both in pieces (fast.few_rows_product, shared among the cores as a
+batch's step shares them), and the lm head as x @ wteᵀ and in pieces (medians of 5, each form after OpenBLAS's
+workers sleep). Which wins depends on OpenBLAS's kernels (printed); OPENBLAS_CORETYPE=Haswell gives an AVX-512 machine
+the AVX2 kernels that AMD's Zen runs too.
 """
 import argparse
 import time
@@ -77,18 +78,32 @@ def few_rows_lines(counts):  # -> the printed lines of --few-rows: a batch of 8'
     forms = {  # every weight in turn, as a step reads them: 340 MB, streamed from memory
         "x @ w, w row-major": lambda: [inputs[len(w)] @ w for w in weights],
         "x @ w, w column-major": lambda: [inputs[len(w)] @ w for w in column_major],
-        "(wᵀ xᵀ)ᵀ in pieces (fast.few_rows_product), w column-major":
-            lambda: [fast.few_rows_product(inputs[len(w)], w.T) for w in column_major],
+        "x @ w in pieces (fast.few_rows_product), w row-major, shared among the cores":
+            lambda: shared(lambda: [fast.few_rows_product(inputs[len(w)], w) for w in weights]),
+        "(wᵀ xᵀ)ᵀ in pieces (fast.few_rows_product), w column-major, shared among the cores":
+            lambda: shared(lambda: [fast.few_rows_product(inputs[len(w)], w) for w in column_major]),
         "the lm head, x @ wteᵀ": lambda: rows @ wte.T,
-        "the lm head, (wte xᵀ)ᵀ in pieces (fast.few_rows_product)": lambda: fast.few_rows_product(rows, wte),
+        "the lm head, (wte xᵀ)ᵀ in pieces (fast.few_rows_product), shared among the cores":
+            lambda: shared(lambda: fast.few_rows_product(rows, wte.T)),
     }
     lines = [f"a batch of 8's decode step, its products alone (every weight of the 124M shape, 8 rows), OpenBLAS's "
              f"kernels {cores.openblas_core()}, ms:"]
     for count in counts:
         cores.set_threads(count)
-        lines += [f"{plural(count, 'thread')}:"] + [f"  {name}: {median_seconds(form, 5) * 1e3:.1f}"
+        lines += [f"{plural(count, 'thread')}:"] + [f"  {name}: {after_spin(form) * 1e3:.1f}"
                                                    for name, form in forms.items()]
     return lines
+
+
+def after_spin(form):  # -> median_seconds(form, 5) once OpenBLAS's workers, spinning after a form before, sleep: they
+    # would take the core of a thread of ours (cores.py), which a batch's step, every product in a pass, never meets
+    time.sleep(0.3)
+    return median_seconds(form, 5)
+
+
+def shared(products):  # -> products(), run as a batch's decode step runs them: in a pass on every core
+    with cores.all_cores():
+        return products()
 
 
 def linear_layers(block):  # -> a block's four linear layers, in the order a step runs them
@@ -96,9 +111,10 @@ def linear_layers(block):  # -> a block's four linear layers, in the order a ste
 
 
 def batch_step_products(rows, wide, params):  # rows [8, n_embd], wide [8, 4 n_embd]: each weight's input in a step
-    for block in params["blocks"]:
-        for layer in linear_layers(block):
-            fast.linear(wide if len(layer["w"]) > rows.shape[-1] else rows, **layer)
+    with cores.all_cores(enabled=fast.shares_cores(rows[:, None])):  # as fast.transformer runs a batch's step
+        for block in params["blocks"]:
+            for layer in linear_layers(block):
+                fast.linear(wide if len(layer["w"]) > rows.shape[-1] else rows, **layer)
     fast.lm_head(rows, params["wte"])
 
 

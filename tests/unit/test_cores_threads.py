@@ -196,27 +196,56 @@ def test_set_threads_sets_openblas_outside_a_pass_and_the_team_within(openblas):
 def batch_step_products(rng):  # -> [(a batch decode step's product, in float64 from its operands)]: lm head, linear
     x = rng.standard_normal((5, 1, 16), dtype=np.float32)  # 5 rows: few_rows_product's path
     wte = rng.standard_normal((23, 16), dtype=np.float32)
-    w, b = np.asfortranarray(rng.standard_normal((16, 23), dtype=np.float32)), rng.standard_normal(23, dtype=np.float32)
+    w, b = rng.standard_normal((16, 23), dtype=np.float32), rng.standard_normal(23, dtype=np.float32)
     exact = x.astype(np.float64)
     return [(fast.lm_head(x, wte), exact @ wte.T.astype(np.float64)),
-            (fast.linear(x, w, b), exact @ w.astype(np.float64) + b)]
+            (fast.linear(x, np.asfortranarray(w), b), exact @ w.astype(np.float64) + b),
+            (fast.linear(x, w, b), exact @ w.astype(np.float64) + b)]  # either order of w
 
 
-def test_a_batch_step_s_few_rows_product_covers_every_piece_at_two_openblas_threads(openblas, monkeypatch):
-    # its pieces hold FEW_ROWS_PIECE columns per OpenBLAS thread: at 1 thread, which the other tests pin, a piece
-    # computed at one thread's width would pass; at 2 it leaves columns unwritten
-    monkeypatch.setattr(fast, "FEW_ROWS_PIECE", 3)  # 23 outputs: pieces of 6 at 2 threads, and a shorter last one
+def test_a_batch_step_s_few_rows_product_covers_every_piece_when_two_threads_share_them(openblas, monkeypatch):
+    # the pieces are shared among the team, each share one stacked product: at one thread, which the other tests pin,
+    # a share's bounds taken wrong would pass; at 2 they leave pieces unwritten. Outside a pass, OpenBLAS on 2 threads
+    monkeypatch.setattr(fast, "FEW_ROWS_PIECE", 3)  # 23 outputs: 7 pieces of 3, 3 and 4 to the two threads, and 2 more
+    monkeypatch.setattr(fast, "ROW_MAJOR_PIECE", 4)  # ... 5 of 4, 2 and 3, and 3 more
+    monkeypatch.setattr(cores, "MIN_WORK", 1)  # so small a product shared all the same
     cores.set_threads(2)
     assert openblas[1]() == 2 and cores.blas_threads() == 2
     for made, exact in batch_step_products(np.random.default_rng(0)):
         np.testing.assert_allclose(made.astype(np.float64), exact, rtol=1e-5, atol=1e-5)
+    with cores.all_cores():
+        assert cores.team_size() == 2
+        for made, exact in batch_step_products(np.random.default_rng(0)):
+            np.testing.assert_allclose(made.astype(np.float64), exact, rtol=1e-5, atol=1e-5)
+
+
+def test_a_batch_s_decode_step_shares_its_few_row_products_among_the_cores(openblas, monkeypatch):
+    # a few rows' products gain from the cores only as shares of pieces, each on a thread of ours with OpenBLAS on one
+    # (fast.few_rows_product): outside a pass they would run on one thread of ours, and OpenBLAS's threads would split
+    # each small piece. Every product of the step, the lm head's too, runs in a pass of 2
+    hparams = {"n_vocab": 40, "n_ctx": 16, "n_embd": 16, "n_head": 2, "n_layer": 2}
+    params = fast.inference_layout(random_params(hparams, seed=0))  # weights of either order
+    seen = []
+    monkeypatch.setattr(fast, "FORMS", {})  # each product in either form (fast.in_faster_form), both spied on
+    for module, name in ((fast, "few_rows_product"), (cores, "matmul")):
+        monkeypatch.setattr(module, name, lambda rows, w, _real=getattr(module, name):
+                            seen.append((cores.team_size(), openblas[1]())) or _real(rows, w))
+    cores.set_threads(2)
+    cache = fast.new_cache(params["wpe"], params["blocks"], hparams["n_head"], pad=np.zeros(3, int))
+    fast.gpt2_cached(np.array([[1, 2], [3, 4], [5, 6]]), cache, **params, n_head=hparams["n_head"])  # a prefill
+    assert set(seen) == {(1, 2)}  # a short pass: OpenBLAS's threads
+    seen.clear()
+    fast.gpt2_cached(np.array([[7], [8], [9]]), cache, **params, n_head=hparams["n_head"])  # a step of 3 rows
+    assert len(seen) == 2 * 4 + 1  # every block weight, and the lm head
+    assert set(seen) == {(2, 1)}
 
 
 def test_with_no_openblas_found_the_thread_helpers_and_a_batch_step_run(monkeypatch):
     monkeypatch.setattr(cores, "openblas", lambda: None)  # NumPy on another BLAS, or an OpenBLAS we cannot find
     monkeypatch.setattr(fast, "FEW_ROWS_PIECE", 3)
+    monkeypatch.setattr(fast, "ROW_MAJOR_PIECE", 4)
     assert cores.set_threads(3) == 3 and cores.threads() == 3
-    assert cores.blas_threads() == 1  # its pieces then hold FEW_ROWS_PIECE columns
+    assert cores.blas_threads() == 1
     with cores.all_cores():
         assert cores.blas_threads() == 1 and cores.threads() == 3
         products = batch_step_products(np.random.default_rng(1))

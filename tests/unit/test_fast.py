@@ -159,8 +159,7 @@ def test_every_intermediate_stays_float32(tiny, monkeypatch):
 
 @pytest.mark.parametrize("n_rows", [1, 2, 5, 32, 33])  # one row, the few rows multiplied by pieces, and more
 def test_lm_head_of_a_batch_step_is_x_times_wte_transposed(monkeypatch, n_rows):
-    monkeypatch.setattr(model, "FEW_ROWS_PIECE", 3)  # 23 tokens: pieces of 3, and a shorter last one
-    monkeypatch.setattr(cores, "blas_threads", lambda: 1)  # whatever the machine's cores
+    monkeypatch.setattr(model, "FEW_ROWS_PIECE", 3)  # 23 tokens: pieces of 3, and 2 more
     rng = np.random.default_rng(0)
     wte = rng.standard_normal((23, 16), dtype=np.float32)
     x = rng.standard_normal((n_rows, 1, 16), dtype=np.float32)  # a batch's decode step: [n_rows, 1, n_embd]
@@ -172,8 +171,8 @@ def test_lm_head_of_a_batch_step_is_x_times_wte_transposed(monkeypatch, n_rows):
 @pytest.mark.parametrize("n_rows", [1, 2, 5, 32, 33])
 @pytest.mark.parametrize("order", ["C", "F"])  # row-major, and column-major as inference_layout may store it
 def test_linear_of_a_batch_step_is_x_w_plus_b_in_either_order(monkeypatch, n_rows, order):
-    monkeypatch.setattr(model, "FEW_ROWS_PIECE", 3)  # 23 outputs: pieces of 3, and a shorter last one
-    monkeypatch.setattr(cores, "blas_threads", lambda: 1)  # whatever the machine's cores
+    monkeypatch.setattr(model, "FEW_ROWS_PIECE", 3)  # 23 outputs: pieces of 3, and 2 more
+    monkeypatch.setattr(model, "ROW_MAJOR_PIECE", 4)  # ... of 4, and 3 more
     rng = np.random.default_rng(0)
     w = np.asarray(rng.standard_normal((16, 23), dtype=np.float32), order=order)
     b = rng.standard_normal(23, dtype=np.float32)
@@ -461,3 +460,32 @@ def test_inference_layout_keeps_every_value_and_equals_textbook_when_decoding():
     steps = [gpt2_cached(batch[:, :4], cache, **laid_out, n_head=n_head)[0]]
     steps += [gpt2_cached(batch[:, i : i + 1], cache, **laid_out, n_head=n_head)[0] for i in range(4, 12)]
     assert_tuned_equals_textbook(np.concatenate(steps, axis=1), textbook.gpt2(batch, **params, n_head=n_head))
+
+
+@pytest.mark.parametrize("faster", ["few_rows_product", "matmul"])
+def test_a_batch_step_s_product_runs_in_the_form_timed_faster_and_both_forms_agree(monkeypatch, faster):
+    # in_faster_form times the first FORM_TRIALS calls of each form, in turns, then keeps the one of the lower median
+    monkeypatch.setattr(model, "FORMS", {})
+    clock, calls = iter(range(10**6)), []
+
+    def timed(real, cost):  # the form, on a clock that advances cost per call
+        def form(rows, w):
+            calls.append(real.__name__)
+            for _ in range(cost - 1):
+                next(clock)
+            return real(rows, w)
+        return form
+
+    slow, fast_cost = 5, 2
+    monkeypatch.setattr(model, "few_rows_product", timed(model.few_rows_product,
+                                                         fast_cost if faster == "few_rows_product" else slow))
+    monkeypatch.setattr(cores, "matmul", timed(cores.matmul, fast_cost if faster == "matmul" else slow))
+    monkeypatch.setattr(model.time, "perf_counter", lambda: next(clock))
+    rng = np.random.default_rng(0)
+    w, b = rng.standard_normal((16, 23), dtype=np.float32), rng.standard_normal(23, dtype=np.float32)
+    for _ in range(2 * model.FORM_TRIALS + 3):
+        x = rng.standard_normal((4, 1, 16), dtype=np.float32)
+        np.testing.assert_allclose(model.linear(x, w, b), x.astype(np.float64) @ w + b, rtol=1e-5, atol=1e-5)
+    trials = 2 * model.FORM_TRIALS
+    assert sorted(calls[:trials]) == sorted(["few_rows_product", "matmul"] * model.FORM_TRIALS)  # each timed in turn
+    assert calls[trials:] == [faster] * 3
