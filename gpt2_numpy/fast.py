@@ -134,7 +134,7 @@ def linear(x, w, b):  # [..., n_in] -> [..., n_out]
     # one product for all leading axes: matmul on a [n_rows, n_seq, n_in] stack would run one product per row, each
     # streaming all of w, and a batch decode step would cost as much as n_rows single ones
     rows = x.reshape(-1, x.shape[-1])
-    if 1 < len(rows) <= FEW_ROWS:  # a batch's decode step; the bias added in the pass that makes the result C-ordered
+    if few_rows(rows):  # a batch's decode step; the bias added in the pass that makes the result C-ordered
         out = np.empty((len(rows), w.shape[-1]), np.result_type(rows, w, b))
         return np.add(in_faster_form(rows, w), b, out=out).reshape(*x.shape[:-1], w.shape[-1])
     # x w + b by output columns, the bias added in place: no second [n_seq, n_out] array. Within cores.all_cores(),
@@ -337,8 +337,14 @@ def in_faster_form(rows, w):  # [n, n_in] @ [n_in, n_out] -> [n, n_out], in the 
     return out
 
 
+def few_rows(rows):  # [n, n_in] -> whether a product of rows runs as few_rows_product() may run it: 2 to FEW_ROWS
+    # rows, with OpenBLAS on one thread (a batch's decode step, in a pass of its own, or any pass on one core); on
+    # OpenBLAS's threads, the whole product: their hand-overs would cost more than so small a piece
+    return 1 < len(rows) <= FEW_ROWS and cores.blas_threads() == 1
+
+
 def vocabulary_product(rows, wte):  # [n, n_embd] -> [n, n_vocab]: rows @ wte.T
-    if 1 < len(rows) <= FEW_ROWS:
+    if few_rows(rows):
         return np.ascontiguousarray(few_rows_product(rows, wte.T))  # wte.T: [n_embd, n_vocab], column-major
     return rows @ wte.T
 

@@ -228,8 +228,8 @@ def test_a_batch_s_decode_step_shares_its_few_row_products_among_the_cores(openb
     seen = []
     monkeypatch.setattr(fast, "FORMS", {})  # each product in either form (fast.in_faster_form), both spied on
     for module, name in ((fast, "few_rows_product"), (cores, "matmul")):
-        monkeypatch.setattr(module, name, lambda rows, w, _real=getattr(module, name):
-                            seen.append((cores.team_size(), openblas[1]())) or _real(rows, w))
+        monkeypatch.setattr(module, name, lambda rows, w, _real=getattr(module, name), **kwargs:
+                            seen.append((cores.team_size(), openblas[1]())) or _real(rows, w, **kwargs))
     cores.set_threads(2)
     cache = fast.new_cache(params["wpe"], params["blocks"], hparams["n_head"], pad=np.zeros(3, int))
     fast.gpt2_cached(np.array([[1, 2], [3, 4], [5, 6]]), cache, **params, n_head=hparams["n_head"])  # a prefill
