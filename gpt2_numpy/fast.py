@@ -134,7 +134,8 @@ def linear(x, w, b):  # [..., n_in] -> [..., n_out]
     # one product for all leading axes: matmul on a [n_rows, n_seq, n_in] stack would run one product per row, each
     # streaming all of w, and a batch decode step would cost as much as n_rows single ones
     rows = x.reshape(-1, x.shape[-1])
-    if few_rows(rows):  # a batch's decode step; the bias added in the pass that makes the result C-ordered
+    if batch_step(x):  # 2 to FEW_ROWS rows in a pass of their own; the bias added in the pass that makes the result
+        # C-ordered
         out = np.empty((len(rows), w.shape[-1]), np.result_type(rows, w, b))
         return np.add(in_faster_form(rows, w), b, out=out).reshape(*x.shape[:-1], w.shape[-1])
     # x w + b by output columns, the bias added in place: no second [n_seq, n_out] array. Within cores.all_cores(),
@@ -315,7 +316,7 @@ def lm_head(x, wte):  # [..., n_seq, n_embd] -> [..., n_seq, n_vocab]
     # GPT-2 ties the output projection to the token embeddings: x @ wte.T
     with cores.for_model(wte.shape[1]), cores.all_cores(enabled=batch_step(x)):  # a narrow model's lm head on one
         # thread, as its blocks; a batch step's few rows in pieces shared among the cores
-        return vocabulary_product(x.reshape(-1, x.shape[-1]), wte).reshape(*x.shape[:-1], len(wte))
+        return vocabulary_product(x.reshape(-1, x.shape[-1]), wte, batch_step(x)).reshape(*x.shape[:-1], len(wte))
 
 
 def in_faster_form(rows, w):  # [n, n_in] @ [n_in, n_out] -> [n, n_out], in the form that runs it faster here
@@ -323,7 +324,8 @@ def in_faster_form(rows, w):  # [n, n_in] @ [n_in, n_out] -> [n, n_out], in the 
     # the team's columns) depends on OpenBLAS's kernels and the machine: SkylakeX's kernels run pieces faster, Haswell's
     # the whole (bounds.py --few-rows). So each kind of product is timed where it runs: its first 2 * FORM_TRIALS
     # calls take the two forms in turn, and the one of the lower median runs it from then on. The two differ only in
-    # the order of float32 roundings
+    # the order of float32 roundings: a batch's logits may differ in their last digits from one process to the next,
+    # as they do between thread counts. Only a batch's decode steps choose: one sequence's numbers stay the same
     key = (len(rows), w.shape, w.T.flags.c_contiguous, w.dtype, cores.team_size())
     chosen = FORMS.setdefault(key, {few_rows_product: [], cores.matmul: []})
     if not isinstance(chosen, dict):
@@ -337,14 +339,8 @@ def in_faster_form(rows, w):  # [n, n_in] @ [n_in, n_out] -> [n, n_out], in the 
     return out
 
 
-def few_rows(rows):  # [n, n_in] -> whether a product of rows runs as few_rows_product() may run it: 2 to FEW_ROWS
-    # rows, with OpenBLAS on one thread (a batch's decode step, in a pass of its own, or any pass on one core); on
-    # OpenBLAS's threads, the whole product: their hand-overs would cost more than so small a piece
-    return 1 < len(rows) <= FEW_ROWS and cores.blas_threads() == 1
-
-
-def vocabulary_product(rows, wte):  # [n, n_embd] -> [n, n_vocab]: rows @ wte.T
-    if few_rows(rows):
+def vocabulary_product(rows, wte, in_pieces=False):  # [n, n_embd] -> [n, n_vocab]: rows @ wte.T
+    if in_pieces:  # a batch's decode step
         return np.ascontiguousarray(few_rows_product(rows, wte.T))  # wte.T: [n_embd, n_vocab], column-major
     return rows @ wte.T
 
