@@ -111,11 +111,12 @@ def linear_layers(block):  # -> a block's four linear layers, in the order a ste
 
 
 def batch_step_products(rows, wide, params):  # rows [8, n_embd], wide [8, 4 n_embd]: each weight's input in a step
-    with cores.all_cores(enabled=fast.shares_cores(rows[:, None])):  # as fast.transformer runs a batch's step
+    step, wide_step = rows[:, None], wide[:, None]  # [8, 1, ...]: the shape of a batch's decode step (fast.batch_step)
+    with cores.all_cores(enabled=fast.shares_cores(step)):  # as fast.transformer runs a batch's step
         for block in params["blocks"]:
             for layer in linear_layers(block):
-                fast.linear(wide if len(layer["w"]) > rows.shape[-1] else rows, **layer)
-    fast.lm_head(rows, params["wte"])
+                fast.linear(wide_step if len(layer["w"]) > rows.shape[-1] else step, **layer)
+    fast.lm_head(step, params["wte"])
 
 
 def threading_lines(rng):  # -> the printed lines on OpenBLAS's spin, a hand-over and the GIL
