@@ -13,7 +13,7 @@ from scripts.demo.induction_heads import best_heads, uniform, verdict
 from scripts.demo.induction_text import induction_text
 
 REPO = Path(__file__).resolve().parents[2]
-USAGE = "usage: scripts/demo/induction.sh [--seed S] [--threads N] OUT [STEPS]"
+USAGE = "usage: scripts/demo/induction.sh [--seed S] [--threads N] [--n-head H --n-embd W] OUT [STEPS]"
 
 
 def test_even_weights_score_the_mean_of_one_over_the_keys_each_query_sees():
@@ -62,8 +62,11 @@ def run_demo(tmp_path, *args, **variables):  # -> CompletedProcess of scripts/de
     (["--threads", "0", "out"], "--threads 0 is not a whole number of cores above 0"),
     (["--threads", "", "out"], "--threads  is not a whole number of cores above 0"),
     (["--sed", "1", "out"], "unknown option --sed: " + USAGE),
+    (["--n-head", "0", "out"], "--n-head 0 is not a whole number above 0"),
+    (["--n-embd", "9x", "out"], "--n-embd 9x is not a whole number above 0"),
+    (["--n-head", "5", "out"], "--n-embd 96 does not split into --n-head 5 heads of equal width: pass a multiple"),
 ])
-def test_the_demo_refuses_a_bad_seed_or_thread_count_before_it_writes_anything(tmp_path, args, error):
+def test_the_demo_refuses_a_bad_seed_thread_count_or_shape_before_it_writes_anything(tmp_path, args, error):
     # before the options, `--seed 1 out` trained into a folder named --seed, 1 step long
     result = run_demo(tmp_path, *args)
     assert (result.returncode, result.stderr, result.stdout) == (2, f"error: {error}\n", "")
@@ -71,13 +74,16 @@ def test_the_demo_refuses_a_bad_seed_or_thread_count_before_it_writes_anything(t
 
 
 @pytest.mark.slow
-def test_the_seed_and_the_thread_count_reach_the_run(tmp_path):
+def test_the_seed_the_thread_count_and_the_shape_reach_the_run(tmp_path):
     # a count in the environment that every command would refuse: --threads must replace it for all of them
-    result = run_demo(tmp_path, "--threads", "1", "--seed", "2", "out", "1", GPT2_NUMPY_THREADS="many")
+    result = run_demo(tmp_path, "--threads", "1", "--seed", "2", "--n-head", "2", "--n-embd", "8", "out", "1",
+                      GPT2_NUMPY_THREADS="many")
     assert result.returncode == 0, result.stderr
     with np.load(tmp_path / "out" / "train_state.npz") as state:
         settings = json.loads(str(state["settings"]))
     assert (settings["seed"], settings["steps"]) == (2, 1)
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert (config["n_head"], config["n_embd"]) == (2, 8)
 
 
 @pytest.mark.parametrize("copies", [2, 3])
