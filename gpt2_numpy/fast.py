@@ -138,6 +138,8 @@ def linear(x, w, b):  # [..., n_in] -> [..., n_out]
         # C-ordered
         out = np.empty((len(rows), w.shape[-1]), np.result_type(rows, w, b))
         return np.add(in_faster_form(rows, w), b, out=out).reshape(*x.shape[:-1], w.shape[-1])
+    if by_dot_products(rows, w):
+        return np.add(dot_products(rows, w), b).reshape(*x.shape[:-1], w.shape[-1])
     # x w + b by output columns, the bias added in place: no second [n_seq, n_out] array. Within cores.all_cores(),
     # OpenBLAS runs one thread and the columns are shared among the cores: each thread reads its part of w and all of
     # the smaller x (by rows, each would read all of w)
@@ -342,7 +344,22 @@ def in_faster_form(rows, w):  # [n, n_in] @ [n_in, n_out] -> [n, n_out], in the 
 def vocabulary_product(rows, wte, in_pieces=False):  # [n, n_embd] -> [n, n_vocab]: rows @ wte.T
     if in_pieces:  # a batch's decode step
         return np.ascontiguousarray(few_rows_product(rows, wte.T))  # wte.T: [n_embd, n_vocab], column-major
+    if by_dot_products(rows, wte.T):
+        return dot_products(rows, wte.T)
     return rows @ wte.T
+
+
+def by_dot_products(rows, w):  # [n, n_in], [n_in, n_out] -> whether rows @ w runs as dot_products()
+    # one row (a decode step), a column-major weight (mlp.c_proj.w, the lm head's wte.T) and OpenBLAS on one thread:
+    # on more, OpenBLAS's own threads run the product faster than a team would share the dot products
+    return len(rows) == 1 and w.T.flags.c_contiguous and cores.blas_threads() == 1
+
+
+def dot_products(rows, w):  # [1, n_in], [n_in, n_out] column-major -> [1, n_out]: rows @ w
+    # Each output is the dot product of the row with a contiguous row of wᵀ. OpenBLAS's one-row product (gemv) of
+    # this layout streams the weight at about 17 GB/s on one core here, NumPy's vecdot (a dot product per output) at
+    # about 26 (bounds.py --few-rows): the same sums, in another order of float32 roundings
+    return np.vecdot(w.T, rows)[None]
 
 
 def few_rows_product(rows, w):  # [n, n_in], [n_in, n_out] -> [n, n_out] (a transposed view if w is column-major)

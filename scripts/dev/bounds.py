@@ -29,8 +29,9 @@ the line is lifted (NARROW = 1) while it measures. --busy N does it beside N CPU
 --few-rows times, at each count of --threads, a batch of 8's products alone in each form they could take: x @ w with
 every weight row-major, the same column-major, both in pieces (fast.few_rows_product, shared among the cores as a
 batch's step shares them), and the lm head as x @ wteᵀ and in pieces (medians of 5, each form after OpenBLAS's
-workers sleep). Which wins depends on OpenBLAS's kernels (printed); OPENBLAS_CORETYPE=Haswell gives an AVX-512 machine
-the AVX2 kernels that AMD's Zen runs too.
+workers sleep), then one sequence's decode step: its products of one row, x @ w in either order and as dot products
+(fast.dot_products, NumPy's vecdot over wᵀ's rows), and its lm head both ways. Which wins depends on OpenBLAS's kernels
+(printed); OPENBLAS_CORETYPE=Haswell gives an AVX-512 machine the AVX2 kernels that AMD's Zen runs too.
 """
 import argparse
 import time
@@ -68,7 +69,7 @@ def bounds_lines(count, rng, params):  # -> the printed lines for `count` thread
             f"  a batch of 8's decode step, its products alone (every weight, 8 rows): {batch_products * 1e3:.1f} ms"]
 
 
-def few_rows_lines(counts):  # -> the printed lines of --few-rows: a batch of 8's products in each form
+def few_rows_lines(counts):  # -> the printed lines of --few-rows: a batch of 8's products, and one row's, in each form
     rng = np.random.default_rng(0)
     params = random_params(HPARAMS_124M, seed=0)
     weights = [layer["w"] for block in params["blocks"] for layer in linear_layers(block)]
@@ -86,12 +87,23 @@ def few_rows_lines(counts):  # -> the printed lines of --few-rows: a batch of 8'
         "the lm head, (wte xᵀ)ᵀ in pieces (fast.few_rows_product), shared among the cores":
             lambda: shared(lambda: fast.few_rows_product(rows, wte.T)),
     }
-    lines = [f"a batch of 8's decode step, its products alone (every weight of the 124M shape, 8 rows), OpenBLAS's "
-             f"kernels {cores.openblas_core()}, ms:"]
-    for count in counts:
-        cores.set_threads(count)
-        lines += [f"{plural(count, 'thread')}:"] + [f"  {name}: {after_spin(form) * 1e3:.1f}"
-                                                   for name, form in forms.items()]
+    one = {n: x[:1] for n, x in inputs.items()}  # a decode step of one sequence: one row
+    one_row_forms = {
+        "x @ w, w row-major": lambda: [one[len(w)] @ w for w in weights],
+        "x @ w, w column-major": lambda: [one[len(w)] @ w for w in column_major],
+        "dot products (fast.dot_products), w column-major": lambda: [fast.dot_products(one[len(w)], w)
+                                                                     for w in column_major],
+        "the lm head, x @ wteᵀ": lambda: rows[:1] @ wte.T,
+        "the lm head, dot products (fast.dot_products)": lambda: fast.dot_products(rows[:1], wte.T),
+    }
+    lines = []
+    for title, n_rows, step_forms in [("a batch of 8's", 8, forms), ("one sequence's", 1, one_row_forms)]:
+        lines.append(f"{title} decode step, its products alone (every weight of the 124M shape, "
+                     f"{plural(n_rows, 'row')}), OpenBLAS's kernels {cores.openblas_core()}, ms:")
+        for count in counts:
+            cores.set_threads(count)
+            lines += [f"{plural(count, 'thread')}:"] + [f"  {name}: {after_spin(form) * 1e3:.1f}"
+                                                       for name, form in step_forms.items()]
     return lines
 
 
@@ -189,7 +201,8 @@ def main():
     parser.add_argument("--line", action="store_true", help="measure where cores.NARROW stands, and nothing else")
     parser.add_argument("--busy", type=int, default=0, metavar="N", help="with --line: beside N CPU-bound processes")
     parser.add_argument("--few-rows", action="store_true",
-                        help="time a batch of 8's products in each form (fast.few_rows_product), and nothing else")
+                        help="time a batch of 8's products and one row's in each form (fast.few_rows_product, "
+                             "fast.dot_products), and nothing else")
     args = parser.parse_args()
     if args.line:
         busy.note_if_busy()

@@ -91,6 +91,53 @@ def test_a_piece_that_raises_raises_in_the_caller_after_every_piece_ends(failing
     assert sorted(ended) == [piece for piece in range(3) if piece != failing]
 
 
+def test_a_split_within_a_piece_runs_its_pieces_on_that_thread():
+    # the pool runs one split at a time: a split inside a piece (or another thread's, at once) finds it taken and runs
+    # its own pieces where it is called, one after another, instead of waiting for the pool that waits for it
+    inner, caller = [], []
+
+    def outer(piece):  # each piece splits again, in a team of 2, on the thread that runs it
+        with cores.one_core():  # which gives the thread its own team back (a helper has none) when it ends
+            cores.team.size = 2
+            cores.split(lambda part: inner.append((part, threading.get_ident())), 4)
+
+    def in_a_team():
+        caller.append(threading.get_ident())
+        cores.team.size = 2
+        cores.split(outer, 2)
+
+    thread = threading.Thread(target=in_a_team, daemon=True)  # a thread of its own, so that a hang fails the test
+    thread.start()
+    thread.join(10)
+    assert not thread.is_alive(), "a split within a piece waited for the pool"
+    assert sorted((part.start, part.stop) for part, _ in inner) == [(0, 2), (0, 2), (2, 4), (2, 4)]
+    assert sorted((part.start, part.stop) for part, thread in inner if thread == caller[0]) == [(0, 2), (2, 4)]
+
+
+@pytest.mark.timeout(20)
+def test_a_split_interrupted_while_waiting_leaves_the_next_split_a_new_pool(monkeypatch):
+    # Ctrl-C while the caller waits for a helper that still runs its piece: that helper must not be handed the next
+    # split's piece, whose end its late signal would report before the piece ran
+    monkeypatch.setattr(cores.team, "size", 2, raising=False)
+    release = threading.Event()
+    cores.split(lambda piece: None, 2)  # a pool of one helper
+    first = cores.pool["helpers"][0]
+    monkeypatch.setattr(cores.Helper, "wait", lambda self: (_ for _ in ()).throw(KeyboardInterrupt))
+    with pytest.raises(KeyboardInterrupt):
+        cores.split(lambda piece: release.wait(5) if piece.start else None, 2)
+    monkeypatch.undo()
+    monkeypatch.setattr(cores.team, "size", 2, raising=False)
+    ran = []
+    cores.split(lambda piece: ran.append(piece.start), 2)
+    release.set()
+    assert cores.pool["helpers"][0] is not first and sorted(ran) == [0, 1]
+    for _ in range(100):  # the interrupted split's helper ends once its piece has
+        if len(helper_threads()) <= 1:
+            break
+        time.sleep(0.05)
+    assert len(helper_threads()) == 1
+
+
 def record_heads_pieces(monkeypatch, get_num_threads):  # -> a set of (thread, OpenBLAS threads), one per heads piece
     ran_on, query_blocks = set(), fast.query_blocks
 

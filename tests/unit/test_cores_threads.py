@@ -240,6 +240,28 @@ def test_a_batch_s_decode_step_shares_its_few_row_products_among_the_cores(openb
     assert set(seen) == {(2, 1)}
 
 
+def test_one_row_times_a_column_major_weight_runs_as_dot_products_on_one_blas_thread(openblas, monkeypatch):
+    # a decode step's row times mlp.c_proj.w (column-major, inference_layout) or the lm head's wte.T: on one BLAS
+    # thread as NumPy's dot products (fast.dot_products), which stream the weight faster than OpenBLAS's one-row
+    # product there; a row-major weight, or OpenBLAS on 2 threads, as OpenBLAS's product
+    rng = np.random.default_rng(3)
+    w, b = rng.standard_normal((24, 40), dtype=np.float32), rng.standard_normal(40, dtype=np.float32)
+    wte, x = rng.standard_normal((50, 24), dtype=np.float32), rng.standard_normal((1, 1, 24), dtype=np.float32)
+    exact_x = x.astype(np.float64)
+    calls = []
+    monkeypatch.setattr(fast, "dot_products", lambda rows, w, _real=fast.dot_products: calls.append(w.shape) or
+                        _real(rows, w))
+    for count, dot_products in [(1, [(24, 40), (24, 50)]), (2, [])]:
+        cores.set_threads(count)
+        calls.clear()
+        made = [(fast.linear(x, np.asfortranarray(w), b), exact_x @ w + b), (fast.linear(x, w, b), exact_x @ w + b),
+                (fast.lm_head(x, wte), exact_x @ wte.T)]
+        assert calls == dot_products
+        for out, exact in made:
+            assert out.shape == exact.shape
+            np.testing.assert_allclose(out.astype(np.float64), exact, rtol=1e-5, atol=1e-5)
+
+
 def test_with_no_openblas_found_the_thread_helpers_and_a_batch_step_run(monkeypatch):
     monkeypatch.setattr(cores, "openblas", lambda: None)  # NumPy on another BLAS, or an OpenBLAS we cannot find
     monkeypatch.setattr(fast, "FEW_ROWS_PIECE", 3)
