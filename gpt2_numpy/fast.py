@@ -33,6 +33,8 @@ FEW_ROWS = 32  # 2 to FEW_ROWS rows (a batch's decode step) multiply a weight pi
 FEW_ROWS_PIECE = 32  # outputs per piece of few_rows_product() on a column-major weight: 768 x 32 floats, 96 KB
 ROW_MAJOR_PIECE = 64  # ... on a row-major weight: 64 contiguous floats (256 bytes) of each of its rows
 FORM_TRIALS = 3  # a batch step's products of each kind timed this many times in each form before one is chosen
+# OpenBLAS's AVX-512 kernels, with which a batch's few-row products run fastest on column-major weights
+COLUMN_MAJOR_KERNELS = {"SkylakeX", "Cooperlake", "SapphireRapids"}  # inference_layout
 FORMS = {}  # (n_rows, w's shape, order and dtype, threads) -> the form that ran it faster here, or the timings so far
 ALL_CORES_FROM = 512  # positions from which a pass shares its heads, columns and rows among the cores (cores.py):
 # shorter passes gain nothing, as OpenBLAS's workers, still spinning from a product before, cost more than it saves
@@ -146,19 +148,25 @@ def linear(x, w, b):  # [..., n_in] -> [..., n_out]
     return cores.matmul(rows, w, bias=b).reshape(*x.shape[:-1], w.shape[-1])
 
 
-def inference_layout(params):  # -> params of the same values, each block's mlp.c_proj.w stored column-major
-    # A decode step multiplies one row (a batch step a few) by every weight. For the one weight taller than wide,
-    # mlp.c_proj.w [4*n_embd, n_embd], OpenBLAS's one-row product runs faster on a column-major copy (the same [n_in,
-    # n_out] array, wᵀ's rows in memory: each output is one dot product over contiguous floats; docs/making-it-fast.md),
-    # and a batch step's few rows multiply it by few_rows_product(). The other weights stay as they are: with OpenBLAS's
-    # AVX-512 kernels their few-row products would run faster column-major too, but the copies would hold every block
-    # weight twice in memory. Prefill's many-row products run as fast in either order. Every function here, in model.py
-    # and in training takes either order: only the speed differs
-    def laid_out(block):
-        c_proj = block["mlp"]["c_proj"]
-        return {**block, "mlp": {**block["mlp"], "c_proj": {**c_proj, "w": np.asfortranarray(c_proj["w"])}}}
+def inference_layout(params):  # -> params of the same values, block weights laid out for decoding on these kernels
+    # A decode step multiplies one row (a batch step a few) by every weight, and which order of a weight runs that
+    # fastest depends on OpenBLAS's kernels (bounds.py --few-rows; docs/making-it-fast.md). mlp.c_proj.w [4*n_embd,
+    # n_embd], the one weight taller than wide, is stored column-major on any (the same [n_in, n_out] array, wᵀ's rows
+    # in memory: each output one dot product over contiguous floats), and one row's product of it runs faster so. With
+    # AVX-512 kernels (COLUMN_MAJOR_KERNELS) the other three are too: a batch's few-row products then run in pieces of
+    # wᵀ's rows 16% faster, and one row's as fast (on one thread as dot products, dot_products()); with AVX2 kernels
+    # a batch's products of a row-major weight run faster whole. Prefill's many-row products run as fast in either
+    # order, and every function here, in model.py and in training takes either order: only the speed differs
+    every = cores.openblas_core() in COLUMN_MAJOR_KERNELS
 
-    return {**params, "blocks": [laid_out(block) for block in params["blocks"]]}
+    def laid_out(layer, column_major):
+        return {**layer, "w": np.asfortranarray(layer["w"])} if column_major else layer
+
+    def block_laid_out(block):
+        return {**block, **{part: {name: laid_out(layer, every or (part, name) == ("mlp", "c_proj"))
+                                   for name, layer in block[part].items()} for part in ("attn", "mlp")}}
+
+    return {**params, "blocks": [block_laid_out(block) for block in params["blocks"]]}
 
 
 def ffn(x, c_fc, c_proj):  # [..., n_seq, n_embd] -> [..., n_seq, n_embd]
@@ -350,7 +358,7 @@ def vocabulary_product(rows, wte, in_pieces=False):  # [n, n_embd] -> [n, n_voca
 
 
 def by_dot_products(rows, w):  # [n, n_in], [n_in, n_out] -> whether rows @ w runs as dot_products()
-    # one row (a decode step), a column-major weight (mlp.c_proj.w, the lm head's wte.T) and OpenBLAS on one thread:
+    # one row (a decode step), a column-major weight (inference_layout's, the lm head's wte.T), OpenBLAS on one thread:
     # on more, OpenBLAS's own threads run the product faster than a team would share the dot products
     return len(rows) == 1 and w.T.flags.c_contiguous and cores.blas_threads() == 1
 
