@@ -28,9 +28,10 @@ from gpt2_numpy.console import log
 from gpt2_numpy.disk import atomic_write, disk_fix, made_folders, move_in
 from gpt2_numpy.errors import CheckpointError, DownloadError, Interrupted, TokenizerError, UsageError
 from gpt2_numpy.fast import inference_layout
-from gpt2_numpy.formats import SETTINGS_LIMIT, parse_json, read_regular
+from gpt2_numpy.formats import SETTINGS_LIMIT, parse_json, read_regular, release_pages
 from gpt2_numpy.formats.checkpoint import FOLDER_KINDS, folder_kind, load_params
 from gpt2_numpy.locks import only_the_lock, open_lock, release_lock
+from gpt2_numpy.params import flatten
 from gpt2_numpy.tokenizer import Tokenizer, checked_ids, load_tokenizer
 
 DOWNLOADS = ".download"  # subfolder holding downloads until they are verified
@@ -55,9 +56,18 @@ def load_model(model="124M", models_dir=None, source="openai", name=None):  # ->
         hparams, params, tokenizer = verified or read_model(folder)
     else:
         hparams, params, tokenizer = read_model(model, name)
-    # decoding runs faster on one weight per block stored column-major: that copy holds a quarter (124M) to a third
-    # (1558M) of the weights in memory, beside the memory-mapped files
-    return Model(hparams, inference_layout(params), tokenizer)
+    return Model(hparams, decoding_layout(params), tokenizer)
+
+
+def decoding_layout(params):  # -> fast.inference_layout(params), each copied weight's mapped pages given back
+    # decoding runs faster on some weights stored column-major (one per block, or all four with AVX-512 kernels): the
+    # copies replace the memory-mapped originals, whose pages, read once to copy them, would otherwise stay in the
+    # process's memory beside them
+    laid_out = inference_layout(params)
+    for (_, before), (_, after) in zip(flatten(params), flatten(laid_out)):
+        if after is not before:
+            release_pages(before)
+    return laid_out
 
 
 def read_model(folder, name=None, source=None):  # -> (hparams, params, tokenizer) of a model folder

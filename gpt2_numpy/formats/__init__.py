@@ -11,6 +11,8 @@ import os
 import stat
 from pathlib import Path
 
+import numpy as np
+
 from gpt2_numpy.errors import CheckpointError
 
 MAX_DIMS = 32  # NumPy 1.x's limit on an array's dimensions
@@ -85,6 +87,23 @@ def map_file(path):  # -> read-only buffer of the whole file; arrays made from i
             return mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)  # the mapping outlives the closed file
     except OSError as error:
         raise unreadable(path, error) from None
+
+
+def release_pages(array):  # -> None; a view of a file map_file() mapped gives the process's memory of its whole
+    # pages back (the page cache keeps them, and a later read maps them again); an array of the process's own memory,
+    # whose pages would be lost, is left as it is, as is any array where madvise is missing (Windows)
+    base = array
+    while isinstance(base, np.ndarray):
+        base = base.base
+    if isinstance(base, memoryview):
+        base = base.obj
+    if not (isinstance(base, mmap.mmap) and hasattr(mmap, "MADV_DONTNEED")) or not (
+            array.flags.c_contiguous or array.flags.f_contiguous):
+        return
+    start = array.ctypes.data - np.frombuffer(base, np.uint8).ctypes.data  # the array's bytes within the map
+    first, end = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE, (start + array.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+    if end > first:  # pages the array fills alone: a neighbour's are left mapped
+        base.madvise(mmap.MADV_DONTNEED, first, end - first)
 
 
 def shown(text):  # -> text read from a file, fit for a one-line message: printable and short, else quoted and cut

@@ -82,12 +82,12 @@ prompts = np.random.default_rng(0).integers(0, 50257, (n_rows, 16)).tolist()
 """
 PEAK_RSS_OURS = PEAK_RSS + """
 from gpt2_numpy import keep_freed_memory
-from gpt2_numpy.fast import inference_layout
 from gpt2_numpy.formats.checkpoint import load_params
 from gpt2_numpy.generate import generate, generate_batch
+from gpt2_numpy.loading import decoding_layout
 keep_freed_memory()  # as the CLIs do
 hparams, params = load_params(sys.argv[1])
-params = inference_layout(params)  # as load_model lays them out
+params = decoding_layout(params)  # as load_model lays them out
 if n_rows == 1:
     generate(prompts[0], params, hparams["n_head"], n_new, stop_at_eos=False)
 else:

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpt2_numpy import loading
+from gpt2_numpy import formats, loading
 from gpt2_numpy.catalog import SOURCES
 from gpt2_numpy.formats.checkpoint import load_params
 from gpt2_numpy.commands import download as download_command
@@ -593,3 +593,26 @@ def test_the_read_only_folder_s_hint_quotes_a_models_dir_holding_a_space(tmp_pat
     [command] = re.findall(r"run `([^`]+)` once with write access", capsys.readouterr().err)
     argv = shlex.split(command)
     assert argv[argv.index("--models-dir") + 1] == str(models_dir)  # pasted into a shell, the same folder
+
+
+def resident_file_bytes():  # -> the bytes of mapped files this process holds in memory now (Linux's /proc)
+    status = Path("/proc/self/status").read_text()
+    return int(re.search(r"^RssFile:\s+(\d+) kB", status, re.M).group(1)) * 1024
+
+
+def test_a_copied_weight_gives_back_its_mapped_pages_and_keeps_its_values(tmp_path):
+    # load_model's decoding layout copies weights column-major; the mapped originals, read once for the copy, would
+    # stay in the process's memory beside the copies. An array of the process's own memory must keep its values
+    values = np.arange(4 << 20, dtype=np.float32).reshape(1024, 4096)  # 16 MB, rows of 16 KB
+    path = tmp_path / "weights.bin"
+    values.tofile(path)
+    mapped = np.frombuffer(formats.map_file(path), np.float32).reshape(1024, 4096)[256:768]  # 8 MB in the middle
+    before = resident_file_bytes()
+    assert mapped.sum(dtype=np.float64) == values[256:768].sum(dtype=np.float64)  # every page read
+    touched = resident_file_bytes()
+    formats.release_pages(mapped)
+    assert touched - before > 6 << 20 and touched - resident_file_bytes() > 6 << 20  # about 8 MB each way
+    np.testing.assert_array_equal(mapped, values[256:768])  # read again from the file
+    own = values.copy()
+    formats.release_pages(own)
+    np.testing.assert_array_equal(own, values)
