@@ -62,12 +62,14 @@ def load_model(model="124M", models_dir=None, source="openai", name=None):  # ->
 def decoding_layout(params):  # -> fast.inference_layout(params), each copied weight's mapped pages given back
     # decoding runs faster on some weights stored column-major (one per block, or all four with AVX-512 kernels): the
     # copies replace the memory-mapped originals, whose pages, read once to copy them, would otherwise stay in the
-    # process's memory beside them
-    laid_out = inference_layout(params)
-    for (_, before), (_, after) in zip(flatten(params), flatten(laid_out)):
-        if after is not before:
-            release_pages(before)
-    return laid_out
+    # process's memory beside them. Block by block, so that only one block's weights are ever there twice
+    blocks = []
+    for block in params["blocks"]:
+        blocks.append(inference_layout({"blocks": [block]})["blocks"][0])
+        for (_, before), (_, after) in zip(flatten(block), flatten(blocks[-1])):
+            if after is not before:
+                release_pages(before)
+    return {**params, "blocks": blocks}
 
 
 def read_model(folder, name=None, source=None):  # -> (hparams, params, tokenizer) of a model folder
