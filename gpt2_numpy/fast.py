@@ -157,16 +157,17 @@ def inference_layout(params):  # -> params of the same values, block weights lai
     # wᵀ's rows 16% faster, and one row's as fast (on one thread as dot products, dot_products()); with AVX2 kernels
     # a batch's products of a row-major weight run faster whole. Prefill's many-row products run as fast in either
     # order, and every function here, in model.py and in training takes either order: only the speed differs
+    return {**params, "blocks": [block_layout(block) for block in params["blocks"]]}
+
+
+def block_layout(block):  # -> one block's params as inference_layout lays them out
     every = cores.openblas_core() in COLUMN_MAJOR_KERNELS
 
     def laid_out(layer, column_major):
         return {**layer, "w": np.asfortranarray(layer["w"])} if column_major else layer
 
-    def block_laid_out(block):
-        return {**block, **{part: {name: laid_out(layer, every or (part, name) == ("mlp", "c_proj"))
-                                   for name, layer in block[part].items()} for part in ("attn", "mlp")}}
-
-    return {**params, "blocks": [block_laid_out(block) for block in params["blocks"]]}
+    return {**block, **{part: {name: laid_out(layer, every or (part, name) == ("mlp", "c_proj"))
+                               for name, layer in block[part].items()} for part in ("attn", "mlp")}}
 
 
 def ffn(x, c_fc, c_proj):  # [..., n_seq, n_embd] -> [..., n_seq, n_embd]

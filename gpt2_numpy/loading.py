@@ -27,7 +27,7 @@ from gpt2_numpy.catalog import MODEL_SIZES, SOURCES
 from gpt2_numpy.console import log
 from gpt2_numpy.disk import atomic_write, disk_fix, made_folders, move_in
 from gpt2_numpy.errors import CheckpointError, DownloadError, Interrupted, TokenizerError, UsageError
-from gpt2_numpy.fast import inference_layout
+from gpt2_numpy.fast import block_layout
 from gpt2_numpy.formats import SETTINGS_LIMIT, parse_json, read_regular, release_pages
 from gpt2_numpy.formats.checkpoint import FOLDER_KINDS, folder_kind, load_params
 from gpt2_numpy.locks import only_the_lock, open_lock, release_lock
@@ -65,7 +65,7 @@ def decoding_layout(params):  # -> fast.inference_layout(params), each copied we
     # process's memory beside them. Block by block, so that only one block's weights are ever there twice
     blocks = []
     for block in params["blocks"]:
-        blocks.append(inference_layout({"blocks": [block]})["blocks"][0])
+        blocks.append(block_layout(block))
         for (_, before), (_, after) in zip(flatten(block), flatten(blocks[-1])):
             if after is not before:
                 release_pages(before)
