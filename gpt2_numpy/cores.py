@@ -11,7 +11,8 @@ The count bounds NumPy's BLAS (OpenBLAS, set through ctypes) and our own threads
 a long pass OpenBLAS runs that many threads (a decode step's products, the lm head of a short pass); within all_cores()
 it runs one, and split() hands the pieces of a pass (a linear layer's output columns, attention's queries, GELU's
 elements, layer norm's rows, a training step's products and passes) to up to that many threads of ours, each piece's
-products on one thread. NumPy releases the GIL inside its loops and BLAS calls, so the threads run at once. A split
+products on one thread. NumPy releases the GIL inside its loops and BLAS calls, so the threads run at once. While a
+split runs, its caller stays on its core and our other threads off it (keep_apart()), where Linux allows. A split
 gives each thread at least MIN_WORK elements (or multiply-adds) where its caller gives their size: a smaller piece
 costs more to hand over than it saves. A model narrower than NARROW runs every pass on one thread, OpenBLAS's and ours,
 whatever the count (for_model()): its products are too small to gain from a second thread.
@@ -27,6 +28,7 @@ program runs meanwhile runs on one thread. Passes on several threads at once sha
 restores the count, however it ends. A forked child runs none of its parent's threads: it starts with only the pass of
 the thread that forked, if that one was in a pass, and OpenBLAS's count from before the others.
 """
+import contextlib
 import contextvars
 import ctypes
 import functools
@@ -62,6 +64,8 @@ passes_lock = threading.Lock()
 settings = {"threads": None, "read": False, "applied": None}
 load = {"at": None, "busy": 0, "ours": 0.0, "free": None}  # the last reading of /proc/stat, and the free cores then
 pool = {"size": 0, "helpers": []}  # our helper threads: one pool, of the size the last split asked for
+# keep_apart()'s: the caller's core and cores it last kept the pool's threads off and on; off: the system refused
+placement = {"apart": None, "off": False}
 pool_lock = threading.Lock()  # held by the split whose pieces the pool runs
 
 
@@ -299,8 +303,10 @@ def split(work, n_items, item_size=MIN_WORK):  # work(piece) for contiguous slic
         for piece in pieces:  # thread's own (a split within a piece): these pieces run here, one after another
             work(piece)
         return
+    caller_cores = None
     try:
         others = helpers(team_size() - 1)[:n_threads - 1]
+        caller_cores = keep_apart()
         for helper, piece in zip(others, pieces[1:]):
             helper.start(work, piece)
         try:
@@ -308,6 +314,9 @@ def split(work, n_items, item_size=MIN_WORK):  # work(piece) for contiguous slic
         finally:
             errors = wait_for(others)  # every piece ends before the caller goes on, even if one raised
     finally:
+        if caller_cores is not None:  # the caller free to move again
+            with contextlib.suppress(OSError):  # (a core of its set gone offline meanwhile)
+                os.sched_setaffinity(0, caller_cores)
         pool_lock.release()
     for error in errors:
         if error is not None:
@@ -332,7 +341,9 @@ class Helper:
         self.go.acquire()
         self.done.acquire()
         self.task, self.error = None, None
-        threading.Thread(target=self.run, name="gpt2_numpy", daemon=True).start()
+        thread = threading.Thread(target=self.run, name="gpt2_numpy", daemon=True)
+        thread.start()
+        self.native_id = thread.native_id  # the kernel's id of the thread, for keep_apart()
 
     def run(self):
         while True:
@@ -408,11 +419,63 @@ def release_pool():  # -> None; the pool's threads end, each once its piece, if 
     for helper in pool["helpers"]:
         helper.stop()
     pool.update(size=0, helpers=[])
+    placement["apart"] = None
+
+
+def keep_apart():  # -> the cores the caller may run on, now kept on the one it runs on until its split ends, the
+    # pool's threads off that core (call with pool_lock held); None: the threads stay where the scheduler puts them
+    # A kernel that packs a virtual machine's threads onto its vCPUs already running (the project's machines:
+    # /proc/sys/kernel/sched_vcpu_pack) wakes a thread after a pause on the core of the thread that woke it: a helper on
+    # its caller's, or the caller, waiting for the GIL, on its helper's. The split's pieces then run there one after the
+    # other until the scheduler parts the threads some 20 ms later (measured: the first three steps of a 2-thread SAE
+    # run after a quarter-second sleep took 1.5x as long). Elsewhere this changes nothing: each thread runs a piece
+    # meanwhile. Only for the split: kept for a whole pass, the caller could not leave a core that turns busy between
+    # splits (a batch of 8's generate then ran 10% slower). About 3 us a split: three system calls, the pool's
+    # threads' only when the caller's core differs from the last split's
+    cpu = current_cpu()
+    if cpu is None or placement["off"]:
+        return None
+    try:
+        allowed = os.sched_getaffinity(0)
+        if len(allowed) < 2:  # one core to run on: nowhere else to go
+            return None
+        os.sched_setaffinity(0, {cpu})
+        try:
+            if placement["apart"] != (cpu, allowed):
+                placement["apart"] = None  # until every helper is placed
+                for helper in pool["helpers"]:
+                    os.sched_setaffinity(helper.native_id, allowed - {cpu})
+                placement["apart"] = cpu, allowed
+        except OSError:
+            os.sched_setaffinity(0, allowed)
+            raise
+    except OSError:  # a sandbox that forbids it: the threads go where the scheduler puts them, from now on
+        placement["off"] = True
+        return None
+    return allowed
+
+
+def current_cpu():  # -> the core the calling thread runs on now, or None where it cannot be read (macOS, Windows)
+    cpu = sched_getcpu()() if sched_getcpu() is not None else -1
+    return cpu if cpu >= 0 else None  # -1: the C library could not tell
+
+
+@functools.cache
+def sched_getcpu():  # -> the C library's sched_getcpu, or None where there is none or no way to set affinity
+    if not hasattr(os, "sched_setaffinity"):
+        return None
+    try:
+        getcpu = ctypes.CDLL(None).sched_getcpu  # the process's own symbols, which include its C library's
+    except (OSError, AttributeError, TypeError):
+        return None
+    getcpu.restype = ctypes.c_int
+    return getcpu
 
 
 def after_fork_in_child():  # -> None; the child has none of its parent's threads, and so none of their passes
     global passes_lock, pool_lock
     pool.update(size=0, helpers=[])  # the parent's pool has no threads here: its pieces would wait forever
+    placement["apart"] = None
     pool_lock = threading.Lock()
     # The forking thread's own pass, if any, goes on in the child and ends there. Another thread of the parent's was
     # inside a pass, or held the lock (so the count may be set but not yet counted): no pass of the child's will end

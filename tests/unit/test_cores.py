@@ -427,3 +427,69 @@ def test_the_default_count_is_the_cores_other_processes_leave_free(two_cores, mo
     clock[0] += 1
     busy[0] += 2 * ticks
     assert (cores.threads(), two_cores[1]()) == (2, 2)
+
+
+
+def where_pieces_ran(n_pieces=2, work=None):  # -> {piece start: (its core, the cores its thread might run on)}
+    seen = {}
+
+    def record(piece):
+        seen[piece.start] = (cores.current_cpu(), os.sched_getaffinity(0))
+        if work is not None:
+            work(piece)
+
+    cores.split(record, n_pieces)
+    return seen
+
+
+@pytest.fixture
+def placed(two_cores, monkeypatch):  # -> the cores this thread may run on; skips where threads cannot be placed
+    if cores.sched_getcpu() is None or len(os.sched_getaffinity(0)) < 2:  # CI's machine is Linux, with 2 cores
+        missing("keep_apart() needs Linux's sched_setaffinity, glibc's sched_getcpu and 2 cores")
+    monkeypatch.setitem(cores.placement, "off", False)
+    return os.sched_getaffinity(0)
+
+
+def test_a_split_keeps_its_caller_on_its_core_and_the_pool_off_it_while_it_runs(placed):
+    # the kernels of this project's machines wake a thread on the core of the one that woke it (cores.keep_apart)
+    with cores.all_cores():
+        for _ in range(2):  # the second split finds the pool placed, and places its caller again
+            (caller_cpu, caller_cores), (helper_cpu, helper_cores) = where_pieces_ran().values()
+            assert caller_cores == {caller_cpu}
+            assert helper_cores == placed - {caller_cpu} and helper_cpu != caller_cpu
+            assert os.sched_getaffinity(0) == placed  # free again between splits
+
+
+def test_a_split_whose_piece_raises_leaves_its_caller_free(placed):
+    def fail(piece):
+        raise ValueError("this piece failed")
+
+    with cores.all_cores(), pytest.raises(ValueError, match="this piece failed"):
+        where_pieces_ran(work=fail)
+    assert os.sched_getaffinity(0) == placed
+
+
+def test_where_the_system_refuses_placing_threads_the_pieces_run_as_they_fall(placed, monkeypatch):
+    calls = []
+
+    def refused(*args):
+        calls.append(args)
+        raise PermissionError("not in this sandbox")
+
+    monkeypatch.setattr(os, "sched_setaffinity", refused)
+    with cores.all_cores():
+        assert sorted(where_pieces_ran(4)) == [0, 2]
+        assert sorted(where_pieces_ran(4)) == [0, 2]
+    assert cores.placement["off"] and len(calls) == 1  # asked once, then never again
+
+
+def test_the_pool_moves_off_its_callers_core_wherever_the_caller_runs(placed):
+    with cores.all_cores():
+        for cpu in sorted(placed)[:2]:
+            for _ in range(10):  # moved there, the caller stays until the scheduler has a reason to move it
+                os.sched_setaffinity(0, {cpu})
+                os.sched_setaffinity(0, placed)
+                (caller_cpu, _), (_, helper_cores) = where_pieces_ran().values()
+                if caller_cpu == cpu:
+                    break
+            assert caller_cpu == cpu and helper_cores == placed - {cpu}
