@@ -15,6 +15,7 @@ from gpt2_numpy.sae.transcoder_model import skip
 from gpt2_numpy.sae.model import AUX_COEFFICIENT, aux_k, has_aux, top_k_indices
 
 GROUP = 8  # latents per group in top_k_grouped
+LONG_ROWS = 256  # groups per row from which group_maxima reduces along the middle axis (below, member by member)
 ROWS = 512  # rows per piece of the forward pass at most (piece_rows), whatever the team: each row's numbers are the
 # same on any team
 # a latent used by more than 1 / DENSE_SHARE of the rows has its sum taken by a dense product (its column of the
@@ -39,11 +40,24 @@ def top_k_grouped(x, k):  # [n, m] -> (int [n, k], [n, k]): where each row's k l
     if m % GROUP or n_groups <= k:
         indices = top_k_indices(x, k)
         return indices, take_rows(x, indices)
-    groups = top_k_indices(x.reshape(n, GROUP, n_groups).max(axis=1), k)  # [n, k]
+    groups = top_k_indices(group_maxima(x, n_groups), k)  # [n, k]
     members = (groups[:, :, None] + n_groups * np.arange(GROUP)).reshape(n, k * GROUP)  # [n, k GROUP]
     member_values = take_rows(x, members)
     best = top_k_indices(member_values, k)
     return take_rows(members, best), take_rows(member_values, best)
+
+
+def group_maxima(x, n_groups):  # [n, GROUP * n_groups] -> [n, n_groups]: the largest member of each group
+    members = x.reshape(len(x), GROUP, n_groups)
+    if n_groups >= LONG_ROWS:
+        return members.max(axis=1)
+    # NumPy's reduction over the middle axis loops n_groups at a time, slowly when that is short: at 512 latents
+    # (64 groups) the GROUP - 1 passes of maximum take half its time; from 256 groups on, the reduction is faster
+    # (measured on 512 rows, then rows of 1,024 to 16,384 latents)
+    out = np.maximum(members[:, 0], members[:, 1])
+    for member in range(2, GROUP):
+        np.maximum(out, members[:, member], out=out)
+    return out
 
 
 def take_rows(x, indices):  # [n, m], int [n, j] -> [n, j]: np.take_along_axis(x, indices, axis=-1), from flat indices

@@ -44,8 +44,10 @@ def test_the_tuned_topk_step_equals_the_textbook(with_dead, tuned, d_sae):
     assert fast_stats["l0"] == pytest.approx(stats["l0"], rel=1e-6)
 
 
-def test_the_grouped_top_k_finds_each_rows_k_largest():
-    x = np.random.default_rng(6).standard_normal((500, 256)).astype(np.float32)
+@pytest.mark.parametrize("n_rows, n_latents", [(500, 256), (40, 4096)])  # groups' maxima member by member, and as a
+# reduction (fast.LONG_ROWS)
+def test_the_grouped_top_k_finds_each_rows_k_largest(n_rows, n_latents):
+    x = np.random.default_rng(6).standard_normal((n_rows, n_latents)).astype(np.float32)
     expected = np.sort(np.argsort(-x, axis=-1)[:, :5], axis=-1)
     indices, values = top_k_grouped(x, 5)
     assert np.array_equal(np.sort(indices, axis=-1), expected)
