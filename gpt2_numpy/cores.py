@@ -456,7 +456,8 @@ def keep_apart():  # -> the cores the caller may run on, now kept on the one it 
 
 
 def current_cpu():  # -> the core the calling thread runs on now, or None where it cannot be read (macOS, Windows)
-    cpu = sched_getcpu()() if sched_getcpu() is not None else -1
+    getcpu = sched_getcpu()  # one lookup: this runs at every split
+    cpu = getcpu() if getcpu is not None else -1
     return cpu if cpu >= 0 else None  # -1: the C library could not tell
 
 
