@@ -6,9 +6,14 @@ array fresh from the kernel and unmaps it when freed (or, for smaller ones, trim
 touches the memory again page by page, faulting every page in anew. `python -m scripts.benchmark --only allocator`
 measures both ways in fresh processes: the page faults and the share of a 1024-token prefill that they cost.
 The CLIs call keep_freed_memory() once, before their first forward pass; programs that call the model functions
-directly can too.
+directly can too. From then on the arrays too large for glibc's heap that a pass uses only inside itself (a training
+step's [n_positions, n_vocab] logits, 206 MB at 8 x 128 tokens) come from scratch(), which keeps each one for the
+next pass instead of faulting its pages in anew.
 """
 import ctypes
+import threading
+
+import numpy as np
 
 # glibc's mallopt options (malloc.h)
 M_TOP_PAD = -2  # free bytes the heap keeps at its top when it shrinks, instead of returning them to the kernel
@@ -16,6 +21,8 @@ M_MMAP_THRESHOLD = -3  # arrays from this size up get their own mapping, unmappe
 HEAP_ARRAYS_UP_TO = 32 << 20  # the cap of glibc's own sliding threshold: a [1024, 3072] activation (12.6 MB) comes
 # from the heap; larger arrays (all 1024 positions' logits, a batch's scores) still get their own mapping
 KEPT_BYTES = 256 << 20  # more than the temporaries of a 1024-token pass of the 124M model
+keeping = {"on": False}  # whether keep_freed_memory() was called: scratch() then keeps its arrays
+scratches = threading.local()  # name -> the array scratch() last gave this thread under that name
 
 
 def keep_freed_memory():  # -> True if glibc now reuses freed arrays instead of returning them to the kernel
@@ -23,6 +30,7 @@ def keep_freed_memory():  # -> True if glibc now reuses freed arrays instead of 
     reuse instead of returning it to the kernel. That memory was in use a moment before, so the process's peak
     barely grows; only its size between passes stays up. Returns False where the C library has no mallopt (macOS,
     Windows)."""
+    keeping["on"] = True
     try:
         mallopt = ctypes.CDLL(None).mallopt  # the process's own symbols, which include its C library's
     except (OSError, AttributeError, TypeError):  # Windows (no such handle), or a C library without mallopt
@@ -30,3 +38,16 @@ def keep_freed_memory():  # -> True if glibc now reuses freed arrays instead of 
     # both: M_TOP_PAD alone freezes the mapping threshold at its 128 KB start, so every array gets mapped, and
     # M_MMAP_THRESHOLD alone freezes trimming at 128 KB, so freed heap goes back to the kernel
     return mallopt(M_MMAP_THRESHOLD, HEAP_ARRAYS_UP_TO) == 1 and mallopt(M_TOP_PAD, KEPT_BYTES) == 1
+
+
+def scratch(name, shape, dtype):  # -> an array of shape and dtype, its values undefined
+    """After keep_freed_memory(), the same memory as this thread's last scratch(name, ...) of that size (a pass's
+    largest temporary, used again by the next pass); before it, a new array, freed with its last reference. The
+    caller uses it only until its next call with name."""
+    if not keeping["on"]:
+        return np.empty(shape, dtype)
+    kept = getattr(scratches, name, None)
+    if kept is None or kept.shape != tuple(shape) or kept.dtype != dtype:
+        kept = np.empty(shape, dtype)
+        setattr(scratches, name, kept)
+    return kept

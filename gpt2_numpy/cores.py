@@ -38,6 +38,7 @@ import os
 import threading
 from contextlib import contextmanager
 from time import monotonic
+from typing import NamedTuple, Optional
 
 import numpy as np
 
@@ -375,37 +376,68 @@ class Helper:
 COLUMNS, ROWS, INNER = "columns", "rows", "inner"  # how matmul() shares a product
 
 
-def matmul(a, b, bias=None, over=COLUMNS):  # [n, k] @ [k, m] (+ bias [m]) -> [n, m], its pieces shared by split()
+def matmul(a, b, bias=None, over=COLUMNS, out=None):  # [n, k] @ [k, m] (+ bias [m]) -> [n, m] (in out if given), its
+    # pieces shared by split()
     # Within all_cores() OpenBLAS runs one thread, so a product's pieces go to the team; outside, it is one product on
     # OpenBLAS's threads. over picks the pieces by what each thread reads: COLUMNS of the result, all of a and its
-    # columns of b (a linear layer: x is the smaller); ROWS, its rows of a and all of b (dwte = dlogitsᵀ x); INNER,
-    # its part of k of both into a partial product of its own, the partials summed in order (dx = dlogits wte: by
-    # columns or rows every thread would read all of the [n, 50257] dlogits). The bias is added by each piece while
-    # its output is in cache
+    # columns of b (a linear layer's x w: x is the smaller); ROWS, its rows of a and all of b (dwte = dlogitsᵀ x);
+    # INNER, its part of k of both into a partial product of its own, the partials summed in order (dx = dlogits wte:
+    # by columns every thread would read all of the [n, 50257] dlogits, by rows all of wte). The bias is added by
+    # each piece while its output is in cache
+    if over != INNER:
+        return matmuls(Product(a, b, bias, over, out))[0]
     n, k, m = a.shape[0], a.shape[1], b.shape[1]
-    out = np.empty((n, m), np.result_type(a, b))
-    if over == INNER:
-        partials = {}
+    out = np.empty((n, m), np.result_type(a, b)) if out is None else out
+    partials = {}
 
-        def inner(piece):  # the first piece's partial goes to out, each other's to an array of its own
-            partials[piece.start] = np.matmul(a[:, piece], b[piece], out=out if piece.start == 0 else None)
+    def inner(piece):  # the first piece's partial goes to out, each other's to an array of its own
+        partials[piece.start] = np.matmul(a[:, piece], b[piece], out=out if piece.start == 0 else None)
 
-        split(inner, k, item_size=n * m)  # a step of k: n x m multiply-adds
-        for start in sorted(partials)[1:]:
-            out += partials[start]
-        if bias is not None:
-            out += bias
-        return out
-    by_rows = over == ROWS
-
-    def product(piece):
-        part = (piece, slice(None)) if by_rows else (slice(None), piece)
-        np.matmul(a[piece] if by_rows else a, b if by_rows else b[:, piece], out=out[part])
-        if bias is not None:
-            out[part] += bias[part[1]]
-
-    split(product, n if by_rows else m, item_size=k * (m if by_rows else n))  # a row's or a column's multiply-adds
+    split(inner, k, item_size=n * m)  # a step of k: n x m multiply-adds
+    for start in sorted(partials)[1:]:
+        out += partials[start]
+    if bias is not None:
+        out += bias
     return out
+
+
+class Product(NamedTuple):
+    """One product for matmuls(): a [n, k] @ b [k, m] (+ bias [m]), shared by ROWS or COLUMNS, in out if given."""
+    a: np.ndarray
+    b: np.ndarray
+    bias: Optional[np.ndarray] = None
+    over: str = COLUMNS
+    out: Optional[np.ndarray] = None
+
+    def length(self):  # -> the rows or columns its pieces share
+        return self.a.shape[0] if self.over == ROWS else self.b.shape[1]
+
+
+def matmuls(*products):  # Product, ... -> [a @ b + bias of each]
+    # Products that need not wait for each other (a linear layer's dx and dw), in one split(): a team no larger than
+    # their count runs each whole on one thread, the form OpenBLAS runs fastest, with one hand-over for all; a larger
+    # team, an equal number of pieces of each
+    outs = [np.empty((p.a.shape[0], p.b.shape[1]), np.result_type(p.a, p.b)) if p.out is None else p.out
+            for p in products]
+    work = sum(p.a.shape[0] * p.a.shape[1] * p.b.shape[1] for p in products)  # multiply-adds
+    # split()'s rule for its threads: no more than the team, the work's MIN_WORKs, or any product's rows or columns
+    per_product = max(1, min(team_size(), work // MIN_WORK, *(p.length() for p in products)) // len(products))
+
+    def some_pieces(share):
+        for at in range(share.start, share.stop):
+            product, out = products[at // per_product], outs[at // per_product]
+            i, length = at % per_product, product.length()
+            piece = slice(length * i // per_product, length * (i + 1) // per_product)
+            by_rows = product.over == ROWS
+            part = (piece, slice(None)) if by_rows else (slice(None), piece)
+            np.matmul(product.a[piece] if by_rows else product.a, product.b if by_rows else product.b[:, piece],
+                      out=out[part])
+            if product.bias is not None:
+                out[part] += product.bias[part[1]]
+
+    n_pieces = len(products) * per_product
+    split(some_pieces, n_pieces, item_size=work // n_pieces)
+    return outs
 
 
 def helpers(n):  # -> the pool's n threads, the last pool's stopped if it had another size (call with pool_lock held)

@@ -22,10 +22,14 @@ from contextlib import contextmanager
 import numpy as np
 
 from gpt2_numpy import cores, fast
+from gpt2_numpy.allocator import scratch
 from gpt2_numpy.checks import check_heads, check_inputs
 from gpt2_numpy.model import causal_mask, merge_heads, split_heads
 
 GELU_C = math.sqrt(2 / math.pi)  # gelu(x) = ½x(1 + tanh(GELU_C (x + 0.044715x³)))
+# the cross-entropy's chunks hold this many times fast.CHUNK elements: a dozen Python calls a chunk, each holding the
+# GIL, cost more than L2 saves over L3 (4 MB chunks: 20 rows of 50,257 logits ran 15% faster here than 2 rows)
+CE_CHUNKS = 8
 
 
 def rows(x):  # [..., n] -> [n_rows, n], a view
@@ -38,16 +42,19 @@ def rows(x):  # [..., n] -> [n_rows, n], a view
 
 
 def linear_forward(x, w, b):  # model.linear -> [..., n_out]
-    return fast.linear(x, w, b)  # one product for every position (see rows()), by columns within cores.all_cores()
+    # one product for every position (see rows()); within cores.all_cores() by rows: at a training step's width
+    # (256) its pieces by columns ran 30% slower here, their bias added over strided columns
+    return cores.matmul(rows(x), w, bias=b, over=cores.ROWS).reshape(*x.shape[:-1], w.shape[-1])
 
 
 def linear_backward(d_out, x, w):  # [..., n_out], [..., n_in], [n_in, n_out] -> [..., n_in], {"w", "b"}
     # y = x w + b: dx = dy wᵀ, dw = xᵀ dy and db = Σ dy, both summed over every position
-    # Within cores.all_cores() dx goes by rows (all of w, the smaller, and some rows of dy: a little faster here than
-    # by columns), dw by columns (dy's)
+    # Within cores.all_cores() the two products, as many multiply-adds each, share one split: on two threads each
+    # runs whole on one (10% faster here than each in pieces on both); in pieces, dx goes by rows (all of w, the
+    # smaller, and some rows of dy), dw by columns (dy's)
     rows_x, rows_d = rows(x), rows(d_out)
-    d_x, d_w = cores.matmul(rows_d, w.T, over=cores.ROWS).reshape(*x.shape), cores.matmul(rows_x.T, rows_d)
-    return d_x, {"w": d_w, "b": rows_d.sum(axis=0)}
+    d_x, d_w = cores.matmuls(cores.Product(rows_d, w.T, over=cores.ROWS), cores.Product(rows_x.T, rows_d))
+    return d_x.reshape(*x.shape), {"w": d_w, "b": rows_d.sum(axis=0)}
 
 
 # --- GELU (its forward is fast.gelu) ---
@@ -255,42 +262,50 @@ def embedding_backward_into(d_x, inputs, d_wte, n_ctx):  # [..., n_seq, n_embd],
 # --- the output head: logits = x wteᵀ, and the loss ---
 
 
-def lm_head_backward(d_logits, x, wte):  # [..., n_seq, n_vocab], [..., n_seq, n_embd], [n_vocab, n_embd]
-    # logits = x wteᵀ: dx = dlogits wte, dwte = dlogitsᵀ x (the tied head's share of wte's gradient)
-    # Within cores.all_cores() each product is shared by the vocabulary: dx by its partial sums over the vocabulary
-    # (cores.INNER: by columns, every thread would read all of dlogits), dwte by its rows
-    rows_d = rows(d_logits)
-    return cores.matmul(rows_d, wte, over=cores.INNER).reshape(*x.shape), cores.matmul(rows_d.T, rows(x),
-                                                                                         over=cores.ROWS)
-
-
-def cross_entropy_in_place(logits, targets):  # [..., n_vocab] (overwritten), int [...] -> mean loss (float), dlogits
-    # loss = mean(log Σ exp(logits) - logits[target]): dlogits = (softmax(logits) - onehot(target)) / n_positions.
-    # The softmax written out in place, a few rows at a time (each pass over them runs in cache), where model.softmax
-    # would make three [n_positions, n_vocab] temporaries (200 MB each at 4 x 256 tokens of GPT-2's vocabulary) and
-    # a pass over each: the logits become the gradient
+def cross_entropy_in_place(logits, targets):  # [..., n_vocab] (overwritten), int [...] -> (mean loss, float), row
+    # scales [...]
+    # loss = mean(log Σ exp(logits) - logits[target]), and dlogits = (softmax(logits) - onehot(target)) / n_positions
+    # = s (e^(logits - max) - onehot(target) Σ e^(logits - max)), with one scale s = 1 / (n_positions Σ e^(logits -
+    # max)) a row. The logits become the bracket in place, a chunk of rows at a time (each pass over a chunk runs in
+    # cache), where model.softmax would make three [n_positions, n_vocab] temporaries (200 MB each at 4 x 256 tokens
+    # of GPT-2's vocabulary) and a pass over each; the scales are lm_head_backward's to apply
     flat, targets = rows(logits), targets.reshape(-1)
-    pieces = fast.chunks(len(flat), flat.shape[-1])
+    pieces = fast.chunks(len(flat), -(-flat.shape[-1] // CE_CHUNKS))
     losses = np.empty(len(pieces))  # each chunk's summed loss, added up in order: the same sum on any team
+    sums = np.empty(len(flat), flat.dtype)
+    ones = np.ones(flat.shape[-1], flat.dtype)
 
     def some_chunks(share):  # within cores.all_cores() the chunks are shared among the cores
         for i in range(len(pieces))[share]:
-            losses[i] = cross_entropy_rows(flat[pieces[i]], targets[pieces[i]], len(targets))
+            losses[i] = scaled_gradient_rows(flat[pieces[i]], targets[pieces[i]], ones, sums[pieces[i]])
 
     cores.split(some_chunks, len(pieces), item_size=flat.size // len(pieces))
-    return sum(losses.tolist()) / len(targets), logits
+    return sum(losses.tolist()) / len(targets), (1 / (sums * len(targets))).reshape(logits.shape[:-1])
 
 
-def cross_entropy_rows(logits, targets, n_positions):  # [n, n_vocab] (made the gradient), int [n] -> the summed loss
+def scaled_gradient_rows(logits, targets, ones, sums):  # [n, n_vocab] (made dlogits / s), int [n], [n_vocab] of ones
+    # -> the summed loss; sums [n] made Σ e^(logits - max)
     logits -= logits.max(axis=-1, keepdims=True)  # the same softmax and loss, and exp cannot overflow
     target_at = (np.arange(len(targets)), targets)
     target_logits = logits[target_at]
     np.exp(logits, out=logits)
-    z = logits.sum(axis=-1, keepdims=True)
-    loss = float((np.log(z).reshape(-1) - target_logits).sum(dtype=np.float64))
-    logits /= z * n_positions  # softmax / n_positions, in one pass
-    logits[target_at] -= 1 / n_positions
-    return loss
+    np.matmul(logits, ones, out=sums)  # the sums as a product on one thread: 2.5x as fast as sum(axis=-1) here
+    logits[target_at] -= sums
+    return float((np.log(sums) - target_logits).sum(dtype=np.float64))
+
+
+def lm_head_backward(d_logits, row_scales, x, wte, d_wte=None):  # [..., n_seq, n_vocab] and [..., n_seq] (dlogits
+    # = d_logits row_scales: cross_entropy_in_place's), [..., n_seq, n_embd], [n_vocab, n_embd] -> dx, dwte (in d_wte
+    # if given)
+    # logits = x wteᵀ: dx = dlogits wte, dwte = dlogitsᵀ x (the tied head's share of wte's gradient), with the row
+    # scales s applied to the [n, n_embd] sides instead of the [n, n_vocab] one, which saves a pass over it:
+    # dx = s (d_logits wte), dwte = d_logitsᵀ (s x). Within cores.all_cores() each product is shared by the
+    # vocabulary: dx by its partial sums over the vocabulary (cores.INNER: by columns, every thread would read all of
+    # d_logits, and by rows all of wte), dwte by its rows
+    rows_d, rows_x, scales = rows(d_logits), rows(x), row_scales.reshape(-1, 1)
+    d_x = cores.matmul(rows_d, wte, over=cores.INNER)
+    d_x *= scales
+    return d_x.reshape(*x.shape), cores.matmul(rows_d.T, rows_x * scales, over=cores.ROWS, out=d_wte)
 
 
 # --- the whole model ---
@@ -315,8 +330,10 @@ def step_cores(inputs, n_embd):  # within: a training step of these inputs on a 
         yield
 
 
-def loss_and_grads(inputs, targets, params, n_head):  # int [..., n_seq] x2 -> (mean cross-entropy, grads like params)
-    """The mean next-token cross-entropy of `targets` given `inputs`, and its gradient for every parameter."""
+def loss_and_grads(inputs, targets, params, n_head, d_wte=None):  # int [..., n_seq] x2 -> (mean cross-entropy, grads
+    # like params)
+    """The mean next-token cross-entropy of `targets` given `inputs`, and its gradient for every parameter; wte's
+    gradient in d_wte where given (an array like wte that the caller lends: train_step's own, kept between steps)."""
     wte, wpe, ln_f = params["wte"], params["wpe"], params["ln_f"]
     # NumPy would wrap negative ids, and a mismatched target array would drop or broadcast targets, without a word
     check_heads(n_head, wte.shape[-1])
@@ -332,9 +349,10 @@ def loss_and_grads(inputs, targets, params, n_head):  # int [..., n_seq] x2 -> (
             x, block_kept = block_forward(x, **block_params, n_head=n_head)
             kept.append(block_kept)
         x_f, ln_f_kept = layer_norm_forward(x, **ln_f)
-        loss, d_logits = cross_entropy_in_place(cores.matmul(rows(x_f), wte.T).reshape(*x.shape[:-1], -1), targets)
-
-        d_x_f, d_wte_head = lm_head_backward(d_logits, x_f, wte)
+        # the step's largest array, its pages faulted in anew at every step but for scratch()
+        logits = scratch("logits", (inputs.size, len(wte)), x_f.dtype)
+        loss, row_scales = cross_entropy_in_place(cores.matmul(rows(x_f), wte.T, out=logits), targets)
+        d_x_f, d_wte_head = lm_head_backward(logits, row_scales, x_f, wte, d_wte)
         d_x, g_ln_f = layer_norm_backward_kept(d_x_f, ln_f_kept, ln_f["g"])
         block_grads = []
         for block_params, block_kept in zip(reversed(params["blocks"]), reversed(kept)):

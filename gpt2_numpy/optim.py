@@ -44,10 +44,14 @@ def each_chunk(work, *trees):  # -> [work(*each tree's chunk)] for every chunk o
 
 def clip_grads(grads, max_norm=CLIP):  # scales grads in place so their global norm is at most max_norm -> the norm
     norm = global_norm(grads)
-    scale = max_norm / (norm + 1e-6)  # as torch's clip_grad_norm_: the 1e-6 keeps a zero norm finite
+    scale = clip_scale(norm, max_norm)
     if scale < 1:
         each_chunk(lambda g: np.multiply(g, np.float32(scale), out=g), grads)  # in place
     return norm
+
+
+def clip_scale(norm, max_norm=CLIP):  # -> the factor clipping multiplies every gradient by (1: none)
+    return min(1.0, max_norm / (norm + 1e-6))  # as torch's clip_grad_norm_: the 1e-6 keeps a zero norm finite
 
 
 def learning_rate(step, peak, warmup, total, schedule="cosine"):  # step 0, 1, ... -> the rate for that step
@@ -63,37 +67,41 @@ def learning_rate(step, peak, warmup, total, schedule="cosine"):  # step 0, 1, .
     return min_lr + 0.5 * (1 + math.cos(math.pi * progress)) * (peak - min_lr)  # cosine from the peak to min_lr
 
 
-def adamw_step(params, grads, state, lr, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY):  # updates in place
-    """One AdamW step on every parameter; weight decay applies to the 2-D tensors only, not biases or norm params."""
+def adamw_step(params, grads, state, lr, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY, grad_scale=1.0):
+    # -> state; params and state updated in place
+    """One AdamW step on every parameter, its gradient taken as grads × grad_scale (clip_scale's factor: clipping
+    without a pass of its own over the gradients); weight decay applies to the 2-D tensors only, not biases or norm
+    params."""
     beta1, beta2 = betas
     state["step"] += 1
     t = state["step"]
     # the bias corrections of m̂ = m/(1-β₁ᵗ), v̂ = v/(1-β₂ᵗ), folded into the step size and eps as torch does:
-    # lr m̂/(√v̂ + eps) = (lr/(1-β₁ᵗ)) m / (√v/√(1-β₂ᵗ) + eps)
-    step_size, sqrt_c2 = lr / (1 - beta1**t), math.sqrt(1 - beta2**t)
+    # lr m̂/(√v̂ + eps) = (lr/(1-β₁ᵗ)) m / (√v/√(1-β₂ᵗ) + eps) = (lr √(1-β₂ᵗ)/(1-β₁ᵗ)) m / (√v + eps √(1-β₂ᵗ)),
+    # the last form a pass shorter
+    sqrt_c2 = math.sqrt(1 - beta2**t)
+    step_size, eps_v = lr * sqrt_c2 / (1 - beta1**t), eps * sqrt_c2
     decay = np.float32(1 - lr * weight_decay)
 
     def update(p, g, m, v):  # a chunk's rows keep its leaf's ndim: decay for the matrices and embeddings only
-        adamw_update(p, g, m, v, decay if p.ndim >= 2 else None, beta1, beta2, step_size, sqrt_c2, eps)
+        adamw_update(p, g, m, v, decay if p.ndim >= 2 else None, beta1, beta2, step_size, eps_v, grad_scale)
 
     each_chunk(update, params, grads, state["m"], state["v"])
     return state
 
 
-def adamw_update(p, g, m, v, decay, beta1, beta2, step_size, sqrt_c2, eps):  # one piece of adamw_step, in place
+def adamw_update(p, g, m, v, decay, beta1, beta2, step_size, eps_v, grad_scale):  # one piece of adamw_step, in place
     # in place throughout, on one scratch array: the 124M model's params, moments and grads are 500 MB each
     if decay is not None:  # decoupled from the gradient: p ← p - lr λ p
         p *= decay
-    scratch = np.multiply(g, np.float32(1 - beta1))
+    scratch = np.multiply(g, np.float32((1 - beta1) * grad_scale))
     m *= np.float32(beta1)  # m ← β₁ m + (1-β₁) g
     m += scratch
     np.multiply(g, g, out=scratch)
-    scratch *= np.float32(1 - beta2)
+    scratch *= np.float32((1 - beta2) * grad_scale**2)
     v *= np.float32(beta2)  # v ← β₂ v + (1-β₂) g²
     v += scratch
-    np.sqrt(v, out=scratch)  # p ← p - step_size m / (√v / √c₂ + eps)
-    scratch *= np.float32(1 / sqrt_c2)
-    scratch += np.float32(eps)
+    np.sqrt(v, out=scratch)  # p ← p - step_size m / (√v + eps_v)
+    scratch += np.float32(eps_v)
     np.divide(m, scratch, out=scratch)
     scratch *= np.float32(step_size)
     p -= scratch

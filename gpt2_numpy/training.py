@@ -15,12 +15,13 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
+from gpt2_numpy.allocator import scratch
 from gpt2_numpy.fast_backward import loss_and_grads, step_cores
 from gpt2_numpy.console import log, plural, progress_bar
 from gpt2_numpy.errors import Interrupted, UsageError
 from gpt2_numpy.fast import lm_head, log_softmax_at, transformer
 from gpt2_numpy.interpret.heads import PATTERNS, head_scores, repeat_length, repeated_tokens, repetition_problem
-from gpt2_numpy.optim import WEIGHT_DECAY, adamw_state, adamw_step, clip_grads, learning_rate
+from gpt2_numpy.optim import WEIGHT_DECAY, adamw_state, adamw_step, clip_scale, global_norm, learning_rate
 from gpt2_numpy.params import flatten
 from gpt2_numpy.runs import HEADS, diverged, open_log, restore_moments, save_run
 from gpt2_numpy.tokenizer import checked_ids, token_windows
@@ -258,11 +259,13 @@ def train_step(inputs, targets, params, n_head, opt_state, lr, weight_decay=WEIG
     update where the loss or the gradient norm is not finite."""
     # one cores.all_cores() for the whole step, not one per part: every product and pass of it runs on our team, with
     # OpenBLAS on one thread whose workers never spin beside ours
-    with step_cores(inputs, params["wte"].shape[1]):
-        loss, grads = loss_and_grads(inputs, targets, params, n_head)
-        grad_norm = clip_grads(grads)
-        if math.isfinite(loss) and math.isfinite(grad_norm):
-            adamw_step(params, grads, opt_state, lr, weight_decay=weight_decay)
+    wte = params["wte"]
+    with step_cores(inputs, wte.shape[1]):
+        # wte's gradient, the step's one array too large for glibc's heap, kept for the next step (scratch())
+        loss, grads = loss_and_grads(inputs, targets, params, n_head, scratch("d_wte", wte.shape, wte.dtype))
+        grad_norm = global_norm(grads)
+        if math.isfinite(loss) and math.isfinite(grad_norm):  # clipped within AdamW's passes, not by one of its own
+            adamw_step(params, grads, opt_state, lr, weight_decay=weight_decay, grad_scale=clip_scale(grad_norm))
     return loss, grad_norm
 
 

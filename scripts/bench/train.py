@@ -71,10 +71,10 @@ def torch_step(hparams, params, inputs, targets):  # -> step(): the same step in
 # --- where our time goes ---
 
 TIMED = {  # module -> the functions a step calls through its globals, each timed without its timed callees
-    fast_backward: ["linear_backward", "attention_forward", "attention_backward_kept", "gelu_backward_kept",
-                    "layer_norm_forward", "layer_norm_backward_kept", "cross_entropy_in_place", "lm_head_backward",
-                    "embedding_backward_into"],
-    fast: ["linear", "gelu"],  # the forward's linear layers and gelu, the tuned pass's
+    fast_backward: ["linear_forward", "linear_backward", "attention_forward", "attention_backward_kept",
+                    "gelu_backward_kept", "layer_norm_forward", "layer_norm_backward_kept", "cross_entropy_in_place",
+                    "lm_head_backward", "embedding_backward_into"],
+    fast: ["gelu"],  # the forward's gelu, the tuned pass's
     training: ["clip_grads", "adamw_step"],  # as train_step calls them
 }
 

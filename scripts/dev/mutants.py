@@ -19,7 +19,7 @@ Every mutant must be caught. The test files that catch each part (the word befor
     vocabulary,score,checkpoint  tests/unit/test_tokenizer.py tests/unit/test_checkpoint.py tests/unit/test_tracing.py
     explain                     tests/unit/test_tracing.py tests/unit/test_heads.py
     "explain page"              tests/unit/test_page.py
-    threads                     tests/unit/test_cores_threads.py
+    threads                     tests/unit/test_cores_threads.py tests/unit/test_allocator.py
     sae                         tests/unit/sae/test_model.py tests/unit/sae/test_files.py tests/unit/test_names.py
     sae                         tests/unit/sae/test_features.py tests/cli/test_sae_latents.py
     sae                         tests/unit/sae/test_evaluation.py tests/cli/test_sae_commands.py
@@ -66,10 +66,23 @@ MUTANTS = [  # (what, file, text, replacement)
      "np.matmul(rows, w[:, tail], out=out[:, tail])", "pass"),
     ("fast: a few rows' product without the bias", "gpt2_numpy/fast.py",
      "np.add(in_faster_form(rows, w), b,", "np.add(in_faster_form(rows, w), 0 * b,"),
-    ("threads: each thread adds the first columns' bias", "gpt2_numpy/cores.py", "out[part] += bias[part[1]]",
-     "out[part] += bias[: len(bias[part[1]])]"),
+    ("threads: each thread adds the first columns' bias", "gpt2_numpy/cores.py", "out[part] += product.bias[part[1]]",
+     "out[part] += product.bias[: len(product.bias[part[1]])]"),
     ("threads: a product by its inner axis drops its last partial", "gpt2_numpy/cores.py",
      "for start in sorted(partials)[1:]:", "for start in sorted(partials)[1:-1]:"),
+    ("threads: products split finer than their rows", "gpt2_numpy/cores.py",
+     "work // MIN_WORK, *(p.length() for p in products))", "work // MIN_WORK)"),
+    ("threads: each product's later pieces one row or column short", "gpt2_numpy/cores.py",
+     "slice(length * i // per_product, length * (i + 1) // per_product)",
+     "slice(length * i // per_product + (i > 0), length * (i + 1) // per_product)"),
+    ("threads: a product given an array writes a new one", "gpt2_numpy/cores.py",
+     "if p.out is None else p.out", "if p.out is None else np.empty_like(p.out)"),
+    ("threads: scratch keeps an array of another shape", "gpt2_numpy/allocator.py",
+     "if kept is None or kept.shape != tuple(shape) or kept.dtype != dtype:", "if kept is None:"),
+    ("threads: scratch keeps arrays before keep_freed_memory", "gpt2_numpy/allocator.py",
+     "    if not keeping[\"on\"]:\n        return np.empty(shape, dtype)\n", ""),
+    ("train: a step's AdamW takes the unclipped gradient", "gpt2_numpy/training.py",
+     "grad_scale=clip_scale(grad_norm)", "grad_scale=1.0"),
     ("fast: each part of attention's queries one query short", "gpt2_numpy/fast.py",
      "queries = slice(bounds[piece.start], bounds[piece.stop])",
      "queries = slice(bounds[piece.start], bounds[piece.stop] - 1)"),
@@ -499,8 +512,13 @@ MUTANTS = [  # (what, file, text, replacement)
     # caught by tests/unit/test_fast_backward.py and tests/unit/test_optim.py
     ("backward: GELU's slope at x = 0 taken as 0", "gpt2_numpy/fast_backward.py", "    out.fill(0.5)\n",
      "    out.fill(0.0)\n"),
-    ("backward: each piece of the loss divided by its own rows, not by all", "gpt2_numpy/fast_backward.py",
-     "logits /= z * n_positions", "logits /= z * len(targets)"),
+    ("backward: the loss's row scales without the positions' count", "gpt2_numpy/fast_backward.py",
+     "(1 / (sums * len(targets)))", "(1 / sums)"),
+    ("backward: the loss's gradient without the target's share", "gpt2_numpy/fast_backward.py",
+     "    logits[target_at] -= sums\n", ""),
+    ("backward: the lm head's dx without the row scales", "gpt2_numpy/fast_backward.py", "    d_x *= scales\n", ""),
+    ("backward: dwte from the unscaled hidden state", "gpt2_numpy/fast_backward.py", "rows_x * scales", "rows_x"),
+    ("optim: a clipped step scales the squared gradient once", "gpt2_numpy/optim.py", "grad_scale**2", "grad_scale"),
     ("backward: the softmax's backward without its row sums", "gpt2_numpy/fast_backward.py",
      "    d_out -= np.vecdot(d_out, y)[..., None]\n", ""),
     ("backward: layer norm's backward keeps the gradient's mean", "gpt2_numpy/fast_backward.py",

@@ -1,9 +1,12 @@
-"""keep_freed_memory: a forward pass's freed arrays are reused without page faults, and every CLI asks for it."""
+"""keep_freed_memory: a forward pass's freed arrays are reused without page faults, and every CLI asks for it;
+scratch() keeps a pass's largest arrays from then on."""
 import platform
 import subprocess
 import sys
+import threading
 from argparse import Namespace
 
+import numpy as np
 import pytest
 
 from gpt2_numpy import allocator
@@ -66,6 +69,7 @@ def no_c_library(name):
 
 @pytest.mark.parametrize("accepted, kept", [({-2, -3}, True), ({-3}, False), (set(), False)])
 def test_true_only_when_the_c_library_takes_both_options(monkeypatch, accepted, kept):
+    monkeypatch.setitem(allocator.keeping, "on", False)  # as it was, after the test
     libc = FakeLibc(accepted)  # glibc's malloc.h: M_TOP_PAD is -2, M_MMAP_THRESHOLD -3
     monkeypatch.setattr(allocator.ctypes, "CDLL", lambda name: libc)
     assert allocator.keep_freed_memory() is kept
@@ -75,5 +79,33 @@ def test_true_only_when_the_c_library_takes_both_options(monkeypatch, accepted, 
 
 @pytest.mark.parametrize("cdll", [lambda name: object(), no_c_library])  # macOS: no mallopt; no C library at all
 def test_false_without_mallopt(monkeypatch, cdll):
+    monkeypatch.setitem(allocator.keeping, "on", False)
     monkeypatch.setattr(allocator.ctypes, "CDLL", cdll)
     assert allocator.keep_freed_memory() is False
+
+
+def test_scratch_gives_new_arrays_until_freed_memory_is_kept(monkeypatch):
+    monkeypatch.setitem(allocator.keeping, "on", False)
+    monkeypatch.setattr(allocator, "scratches", threading.local())
+    first = allocator.scratch("logits", (3, 4), np.float32)
+    assert first.shape == (3, 4) and first.dtype == np.float32
+    assert not np.shares_memory(first, allocator.scratch("logits", (3, 4), np.float32))
+    monkeypatch.setattr(allocator.ctypes, "CDLL", no_c_library)  # kept even where glibc's part cannot be
+    allocator.keep_freed_memory()
+    assert allocator.scratch("logits", (3, 4), np.float32) is allocator.scratch("logits", (3, 4), np.float32)
+
+
+def test_kept_scratch_is_one_array_per_name_shape_dtype_and_thread(monkeypatch):
+    monkeypatch.setitem(allocator.keeping, "on", True)
+    monkeypatch.setattr(allocator, "scratches", threading.local())
+    kept = allocator.scratch("logits", (3, 4), np.float32)
+    assert allocator.scratch("logits", (3, 4), np.float32) is kept
+    assert not np.shares_memory(allocator.scratch("d_wte", (3, 4), np.float32), kept)
+    for shape, dtype in (((4, 3), np.float32), ((4, 3), np.float64)):
+        again = allocator.scratch("logits", shape, dtype)
+        assert again.shape == shape and again.dtype == dtype
+    on_another_thread = []
+    thread = threading.Thread(target=lambda: on_another_thread.append(allocator.scratch("logits", (4, 3), np.float64)))
+    thread.start()
+    thread.join()
+    assert not np.shares_memory(on_another_thread[0], allocator.scratch("logits", (4, 3), np.float64))

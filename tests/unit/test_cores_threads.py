@@ -8,11 +8,12 @@ import json
 import os
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
 
-from gpt2_numpy import cores, fast, fast_backward, optim, training
+from gpt2_numpy import allocator, cores, fast, fast_backward, optim, training
 from gpt2_numpy.commands import score
 from gpt2_numpy.params import flatten, random_params
 from tests.conftest import FIXTURES, REPO, missing
@@ -48,6 +49,7 @@ def openblas(monkeypatch):  # -> OpenBLAS's (set_num_threads, get_num_threads); 
 def in_a_team(monkeypatch, size):  # -> list of the pieces of each split; every split from now shares its pieces
     monkeypatch.setattr(cores, "MIN_WORK", 1)  # no piece too small to hand over: the tiny model splits as the 124M
     monkeypatch.setattr(fast, "CHUNK", 1 << 15)  # and its elementwise passes come in several chunks
+    monkeypatch.setattr(fast_backward, "CE_CHUNKS", 1)  # the cross-entropy's too
     monkeypatch.setattr(cores.team, "size", size, raising=False)  # as within cores.all_cores() with size threads
     splits, split = [], cores.split
 
@@ -123,6 +125,32 @@ def test_a_product_shared_each_way_equals_one_thread(size, over, monkeypatch):
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5 * np.abs(expected).max())
 
 
+@pytest.mark.parametrize("size, pieces", [(1, [slice(0, 2)]), (2, [slice(0, 1), slice(1, 2)]),
+                                          (3, [slice(0, 1), slice(1, 2)]), (16, [slice(i, i + 1) for i in range(16)])])
+def test_products_in_one_split_equal_the_math(size, pieces, monkeypatch):
+    # a linear layer's dx (by rows, with a bias) and dw (by columns, into a given array) in one split: two threads
+    # take one product each, whole; 16, eight pieces of each (the 20 rows and 50 columns outnumber them)
+    rng = np.random.default_rng(size)
+    a, b, bias = rng.standard_normal((20, 30), dtype=np.float32), *rng.standard_normal((2, 30, 50), dtype=np.float32)
+    c, d = rng.standard_normal((40, 20), dtype=np.float32), rng.standard_normal((20, 50), dtype=np.float32)
+    given = np.full((40, 50), np.nan, np.float32)
+    splits = in_a_team(monkeypatch, size)
+    by_rows, by_columns = cores.matmuls(cores.Product(a, b, bias[0], cores.ROWS), cores.Product(c, d, out=given))
+    assert [sorted(split, key=lambda piece: piece.start) for split in splits] == [pieces] and by_columns is given
+    for got, expected in ((by_rows, a.astype(np.float64) @ b + bias[0]), (by_columns, c.astype(np.float64) @ d)):
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5 * np.abs(expected).max())
+
+
+def test_products_never_split_finer_than_their_rows(monkeypatch):
+    # 3 rows for a team of 16: three pieces, none empty
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((3, 30), dtype=np.float32), rng.standard_normal((30, 50), dtype=np.float32)
+    splits = in_a_team(monkeypatch, 16)
+    got = cores.matmul(a, b, over=cores.ROWS)
+    assert sorted(splits[0], key=lambda piece: piece.start) == [slice(0, 1), slice(1, 2), slice(2, 3)]
+    np.testing.assert_allclose(got, a.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)
+
+
 TRAIN_HPARAMS = {**HPARAMS, "n_vocab": 2000}  # cross-entropy's chunks of 16 rows: 4 chunks of 60 positions
 LR = 1e-2
 
@@ -151,6 +179,24 @@ def test_a_training_step_in_a_team_equals_one_thread(size, monkeypatch):
     # rounding differs between the teams; a chunk it skipped would differ by lr
     for (path, got), (_, expected) in zip(flatten(shared[2]), flatten(alone[2])):
         np.testing.assert_allclose(got, expected, rtol=0, atol=LR / 10, err_msg=path)
+
+
+def test_train_steps_on_kept_arrays_equal_steps_on_new_ones(monkeypatch):
+    # after keep_freed_memory() (the CLIs), the logits and wte's gradient are the same arrays at every step: nothing
+    # of one step may reach the next, so two steps give the losses, norms and weights of two on new arrays
+    ids = np.random.default_rng(5).integers(0, TRAIN_HPARAMS["n_vocab"], (2, 3, 20))
+    runs = {}
+    for keep in (False, True):
+        monkeypatch.setitem(allocator.keeping, "on", keep)
+        monkeypatch.setattr(allocator, "scratches", threading.local())
+        params = random_params(TRAIN_HPARAMS, seed=7)
+        state = optim.adamw_state(params)
+        steps = [training.train_step(*ids, params, TRAIN_HPARAMS["n_head"], state, LR) for _ in range(2)]
+        runs[keep] = steps, params, dict(vars(allocator.scratches))
+    assert runs[True][2].keys() == {"logits", "d_wte"} and not runs[False][2]  # kept only after keep_freed_memory
+    assert runs[True][0] == runs[False][0]
+    for (path, kept), (_, new) in zip(flatten(runs[True][1]), flatten(runs[False][1])):
+        np.testing.assert_array_equal(kept, new, err_msg=str(path))
 
 
 def test_train_step_runs_the_whole_step_on_one_team(openblas, monkeypatch):

@@ -1,5 +1,6 @@
 """AdamW and clipping against torch.optim.AdamW and clip_grad_norm_ (fixture from
-scripts/fixtures/make_grad_reference.py); the schedule and clipping against their formulas."""
+scripts/fixtures/make_grad_reference.py); the schedule and clipping against their formulas; a training step's update
+against the two."""
 import copy
 import json
 import math
@@ -9,8 +10,10 @@ import pytest
 
 from gpt2_numpy import fast
 from gpt2_numpy.params import flatten
-from gpt2_numpy.optim import adamw_state, adamw_step, clip_grads, global_norm, learning_rate
+from gpt2_numpy.fast_backward import loss_and_grads
+from gpt2_numpy.optim import CLIP, adamw_state, adamw_step, clip_grads, clip_scale, global_norm, learning_rate
 from gpt2_numpy.params import random_params
+from gpt2_numpy.training import train_step
 from tests.conftest import FIXTURES
 
 
@@ -29,25 +32,27 @@ def rebuild(tree, leaf, prefix=()):  # the same structure, each leaf replaced by
 @pytest.mark.parametrize("chunk", [fast.CHUNK, 5])  # 5: every param in many pieces of rows, the last one short
 # inference_layout: a column-major mlp.c_proj.w, as load_model gives it, must be updated in place all the same
 @pytest.mark.parametrize("layout", [None, fast.inference_layout])
-def test_adamw_and_clipping_match_torch(monkeypatch, chunk, layout):
+# clipped: clip_grads scales the gradients in place; within AdamW: by clip_scale's factor, as train_step does
+@pytest.mark.parametrize("clipped", ["in place", "within AdamW"])
+def test_adamw_and_clipping_match_torch(monkeypatch, chunk, layout, clipped):
     monkeypatch.setattr(fast, "CHUNK", chunk)
     with np.load(FIXTURES / "reference_adamw.npz") as f:
         ref = dict(f)
     params = random_params(json.loads(str(ref["hparams"])), int(ref["seed"]))
     params = layout(params) if layout else params
     state = adamw_state(params)
-    clipped = 0
+    n_clipped = 0
     for step, lr in enumerate(ref["lrs"]):
         grads = rebuild(params, lambda path: ref[f"grads/{step}/{path_name(path)}"].copy())
-        norm = clip_grads(grads, 1.0)
+        norm = clip_grads(grads, 1.0) if clipped == "in place" else global_norm(grads)
         assert norm == pytest.approx(float(ref[f"norm/{step}"]), rel=1e-5)
-        clipped += norm > 1
-        adamw_step(params, grads, state, float(lr))
+        n_clipped += norm > 1
+        adamw_step(params, grads, state, float(lr), grad_scale=1.0 if clipped == "in place" else clip_scale(norm))
         assert state["step"] == step + 1
         for path, array in flatten(params):
             np.testing.assert_allclose(array, ref[f"params/{step}/{path_name(path)}"], rtol=1e-6, atol=1e-7,
                                        err_msg=f"step {step} {path}")
-    assert 0 < clipped < len(ref["lrs"])  # both branches of the clip ran
+    assert 0 < n_clipped < len(ref["lrs"])  # both branches of the clip ran
 
 
 def test_weight_decay_only_on_matrices_and_embeddings():
@@ -98,3 +103,18 @@ def test_past_total_the_rate_stays_at_the_final_one():
         assert learning_rate(step, peak, warmup, total, schedule="constant") == peak, step
     # a run shorter than its warmup ends on the way up, at step total's rate (total + 1)/warmup of the peak
     assert [learning_rate(step, peak, 10, 5) for step in (5, 6, 9, 30)] == pytest.approx([peak * 6 / 10] * 4)
+
+
+def test_a_training_step_clips_as_clip_grads_then_adamw_do():
+    # train_step folds the clip into AdamW's passes: its update must be clip_grads' and adamw_step's (each held to
+    # torch above) on the same gradients, with the norm well over the limit
+    hparams = {"n_vocab": 50, "n_ctx": 16, "n_embd": 16, "n_head": 2, "n_layer": 1}
+    ids = np.random.default_rng(3).integers(0, hparams["n_vocab"], (2, 2, 8))
+    params, expected = random_params(hparams, seed=4), random_params(hparams, seed=4)
+    loss, grads = loss_and_grads(*ids, expected, hparams["n_head"])
+    norm = clip_grads(grads, CLIP)
+    adamw_step(expected, grads, adamw_state(expected), lr=1e-2)
+    assert norm > 2 * CLIP
+    assert train_step(*ids, params, hparams["n_head"], adamw_state(params), 1e-2) == (loss, norm)
+    for (path, got), (_, want) in zip(flatten(params), flatten(expected)):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7, err_msg=str(path))
