@@ -346,3 +346,18 @@ def test_a_mutant_that_breaks_importing_counts_as_caught(tmp_path):  # pytest's 
     shutil.copytree(REPO, copy, ignore=shutil.ignore_patterns(".git", "__pycache__", "weights"))
     (copy / "gpt2_numpy" / "sampling.py").write_text("x = (\n")
     assert caught_by(copy, ["tests/unit/test_sampling.py"]) == ["tests/unit/test_sampling.py"]
+
+
+def test_the_training_breakdown_times_every_part_it_names(monkeypatch):
+    # each name in scripts/bench/train.py's TIMED must be a function a step calls through its module: a renamed or
+    # no longer called one would break the benchmark's training part, or leave its row at 0
+    from gpt2_numpy import fast
+    from scripts.bench import train as bench
+
+    monkeypatch.setattr(fast, "ALL_CORES_FROM", 1)  # the tiny step below runs as the benchmark's long ones do
+    hparams = {"n_vocab": 50, "n_ctx": 16, "n_embd": 16, "n_head": 2, "n_layer": 1}
+    step = bench.our_step(hparams, bench.random_params(hparams, seed=0), *bench.batch(hparams, (2, 8)))
+    seconds = bench.our_parts(step)
+    for names in bench.TIMED.values():
+        for name in names:
+            assert seconds.get(name, 0) > 0, name
