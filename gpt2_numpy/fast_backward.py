@@ -8,7 +8,8 @@ explain's trace: a block keeps {"ln_1": {"x_hat", "inv_sigma"}, "attn": {"x", "q
 respect to the forward's output and returns the gradient with respect to its input, and its parameters' gradients as a
 dict named like the params. A function whose contract differs from backward.py's is named for the difference:
 `*_kept` takes its forward's kept values (backward.py's takes the forward's input), `*_in_place` overwrites its
-first argument, and `embedding_backward_into` adds the embedding's gradient into the lm head's.
+first argument, `lm_head_backward_scaled` takes the loss's gradient as cross_entropy_in_place leaves it (an array
+and a scale a row), and `embedding_backward_into` adds the embedding's gradient into the lm head's.
 
 The training forward is model.py's functions composed as `gpt2` composes them, except where model.py's form costs
 most: the attention scores, the attention's softmax and GELU run in the tuned pass's form (fast.py, held equal to
@@ -28,7 +29,8 @@ from gpt2_numpy.model import causal_mask, merge_heads, split_heads
 
 GELU_C = math.sqrt(2 / math.pi)  # gelu(x) = ½x(1 + tanh(GELU_C (x + 0.044715x³)))
 # the cross-entropy's chunks hold this many times fast.CHUNK elements: a dozen Python calls a chunk, each holding the
-# GIL, cost more than L2 saves over L3 (4 MB chunks: 20 rows of 50,257 logits ran 15% faster here than 2 rows)
+# GIL, cost more than L2 saves over L3 (in 4 MB chunks, 20 rows of 50,257 logits, a step's took 20 ms less here than
+# in chunks of 2 rows)
 CE_CHUNKS = 8
 
 
@@ -43,7 +45,7 @@ def rows(x):  # [..., n] -> [n_rows, n], a view
 
 def linear_forward(x, w, b):  # model.linear -> [..., n_out]
     # one product for every position (see rows()); within cores.all_cores() by rows: at a training step's width
-    # (256) its pieces by columns ran 30% slower here, their bias added over strided columns
+    # (256) its pieces by columns, their bias added over strided columns, cost a step 15 ms more here
     return cores.matmul(rows(x), w, bias=b, over=cores.ROWS).reshape(*x.shape[:-1], w.shape[-1])
 
 
@@ -268,7 +270,7 @@ def cross_entropy_in_place(logits, targets):  # [..., n_vocab] (overwritten), in
     # = s (e^(logits - max) - onehot(target) Σ e^(logits - max)), with one scale s = 1 / (n_positions Σ e^(logits -
     # max)) a row. The logits become the bracket in place, a chunk of rows at a time (each pass over a chunk runs in
     # cache), where model.softmax would make three [n_positions, n_vocab] temporaries (200 MB each at 4 x 256 tokens
-    # of GPT-2's vocabulary) and a pass over each; the scales are lm_head_backward's to apply
+    # of GPT-2's vocabulary) and a pass over each; the scales are lm_head_backward_scaled's to apply
     flat, targets = rows(logits), targets.reshape(-1)
     pieces = fast.chunks(len(flat), -(-flat.shape[-1] // CE_CHUNKS))
     losses = np.empty(len(pieces))  # each chunk's summed loss, added up in order: the same sum on any team
@@ -294,9 +296,9 @@ def scaled_gradient_rows(logits, targets, ones, sums):  # [n, n_vocab] (made dlo
     return float((np.log(sums) - target_logits).sum(dtype=np.float64))
 
 
-def lm_head_backward(d_logits, row_scales, x, wte, d_wte=None):  # [..., n_seq, n_vocab] and [..., n_seq] (dlogits
-    # = d_logits row_scales: cross_entropy_in_place's), [..., n_seq, n_embd], [n_vocab, n_embd] -> dx, dwte (in d_wte
-    # if given)
+def lm_head_backward_scaled(d_logits, row_scales, x, wte, d_wte=None):  # [..., n_seq, n_vocab] and [..., n_seq]
+    # (dlogits = d_logits row_scales: cross_entropy_in_place's), [..., n_seq, n_embd], [n_vocab, n_embd] -> dx, dwte
+    # (in d_wte if given)
     # logits = x wteᵀ: dx = dlogits wte, dwte = dlogitsᵀ x (the tied head's share of wte's gradient), with the row
     # scales s applied to the [n, n_embd] sides instead of the [n, n_vocab] one, which saves a pass over it:
     # dx = s (d_logits wte), dwte = d_logitsᵀ (s x). Within cores.all_cores() each product is shared by the
@@ -352,7 +354,7 @@ def loss_and_grads(inputs, targets, params, n_head, d_wte=None):  # int [..., n_
         # the step's largest array, its pages faulted in anew at every step but for scratch()
         logits = scratch("logits", (inputs.size, len(wte)), x_f.dtype)
         loss, row_scales = cross_entropy_in_place(cores.matmul(rows(x_f), wte.T, out=logits), targets)
-        d_x_f, d_wte_head = lm_head_backward(logits, row_scales, x_f, wte, d_wte)
+        d_x_f, d_wte_head = lm_head_backward_scaled(logits, row_scales, x_f, wte, d_wte)
         d_x, g_ln_f = layer_norm_backward_kept(d_x_f, ln_f_kept, ln_f["g"])
         block_grads = []
         for block_params, block_kept in zip(reversed(params["blocks"]), reversed(kept)):

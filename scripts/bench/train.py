@@ -73,7 +73,7 @@ def torch_step(hparams, params, inputs, targets):  # -> step(): the same step in
 TIMED = {  # module -> the functions a step calls through its globals, each timed without its timed callees
     fast_backward: ["linear_forward", "linear_backward", "attention_forward", "attention_backward_kept",
                     "gelu_backward_kept", "layer_norm_forward", "layer_norm_backward_kept", "cross_entropy_in_place",
-                    "lm_head_backward", "embedding_backward_into"],
+                    "lm_head_backward_scaled", "embedding_backward_into"],
     fast: ["gelu"],  # the forward's gelu, the tuned pass's
     training: ["global_norm", "adamw_step"],  # as train_step calls them
 }

@@ -112,7 +112,7 @@ def test_the_tuned_forms_training_runs_equal_the_formulas(chunk, monkeypatch):
           backward.attention_backward(d_out, q, k, v, model.causal_mask(4)))
 
     # the head's gradient from the loss's, which cross_entropy_in_place leaves as a [..., n_vocab] array and a
-    # scale a row, and lm_head_backward applies to the products' smaller sides
+    # scale a row, and lm_head_backward_scaled applies to the products' smaller sides
     x, wte, logits = normal(2, 3, 4, dtype=f32), normal(7, 4, dtype=f32), normal(2, 3, 7, dtype=f32) * 3
     targets = np.array([[1, 6, 1], [0, 3, 2]])
     loss, d_logits = backward.cross_entropy(logits, targets)
@@ -120,7 +120,8 @@ def test_the_tuned_forms_training_runs_equal_the_formulas(chunk, monkeypatch):
     tuned_loss, row_scales = fast_backward.cross_entropy_in_place(scaled, targets)
     assert row_scales.shape == targets.shape and tuned_loss == pytest.approx(loss, rel=1e-6)
     close(scaled * row_scales[..., None], d_logits)
-    close(fast_backward.lm_head_backward(scaled, row_scales, x, wte), backward.lm_head_backward(d_logits, x, wte))
+    close(fast_backward.lm_head_backward_scaled(scaled, row_scales, x, wte),
+          backward.lm_head_backward(d_logits, x, wte))
     inputs, d_x = np.array([[1, 6, 1], [0, 1, 2]]), normal(2, 3, 4, dtype=f32)
     close(fast_backward.embedding_backward_into(d_x, inputs, np.zeros((7, 4), f32), 5),
           backward.embedding_backward(d_x, inputs, 7, 5))
