@@ -42,15 +42,8 @@ def each_chunk(work, *trees):  # -> [work(*each tree's chunk)] for every chunk o
     return results
 
 
-def clip_grads(grads, max_norm=CLIP):  # scales grads in place so their global norm is at most max_norm -> the norm
-    norm = global_norm(grads)
-    scale = clip_scale(norm, max_norm)
-    if scale < 1:
-        each_chunk(lambda g: np.multiply(g, np.float32(scale), out=g), grads)  # in place
-    return norm
-
-
-def clip_scale(norm, max_norm=CLIP):  # -> the factor clipping multiplies every gradient by (1: none)
+def clip_scale(norm, max_norm=CLIP):  # -> the factor clipping multiplies every gradient by (1: none), so that their
+    # global norm is at most max_norm; adamw_step applies it within its passes (grad_scale), not in a pass of its own
     return min(1.0, max_norm / (norm + 1e-6))  # as torch's clip_grad_norm_: the 1e-6 keeps a zero norm finite
 
 

@@ -157,8 +157,8 @@ LR = 1e-2
 
 def a_step(ids, params):  # -> (loss, grads, params after clipping and AdamW, the gradient norm)
     loss, grads = fast_backward.loss_and_grads(*ids, params, TRAIN_HPARAMS["n_head"])
-    norm, state = optim.clip_grads(grads, max_norm=0.5), optim.adamw_state(params)  # 0.5: the norm is over it
-    optim.adamw_step(params, grads, state, lr=LR)
+    norm, state = optim.global_norm(grads), optim.adamw_state(params)
+    optim.adamw_step(params, grads, state, lr=LR, grad_scale=optim.clip_scale(norm, 0.5))  # 0.5: the norm is over it
     return loss, grads, params, norm
 
 

@@ -11,7 +11,7 @@ import pytest
 from gpt2_numpy import fast
 from gpt2_numpy.params import flatten
 from gpt2_numpy.fast_backward import loss_and_grads
-from gpt2_numpy.optim import CLIP, adamw_state, adamw_step, clip_grads, clip_scale, global_norm, learning_rate
+from gpt2_numpy.optim import CLIP, adamw_state, adamw_step, clip_scale, global_norm, learning_rate
 from gpt2_numpy.params import random_params
 from gpt2_numpy.training import train_step
 from tests.conftest import FIXTURES
@@ -32,9 +32,7 @@ def rebuild(tree, leaf, prefix=()):  # the same structure, each leaf replaced by
 @pytest.mark.parametrize("chunk", [fast.CHUNK, 5])  # 5: every param in many pieces of rows, the last one short
 # inference_layout: a column-major mlp.c_proj.w, as load_model gives it, must be updated in place all the same
 @pytest.mark.parametrize("layout", [None, fast.inference_layout])
-# clipped: clip_grads scales the gradients in place; within AdamW: by clip_scale's factor, as train_step does
-@pytest.mark.parametrize("clipped", ["in place", "within AdamW"])
-def test_adamw_and_clipping_match_torch(monkeypatch, chunk, layout, clipped):
+def test_adamw_and_clipping_match_torch(monkeypatch, chunk, layout):  # clipped within AdamW, as train_step does
     monkeypatch.setattr(fast, "CHUNK", chunk)
     with np.load(FIXTURES / "reference_adamw.npz") as f:
         ref = dict(f)
@@ -44,10 +42,10 @@ def test_adamw_and_clipping_match_torch(monkeypatch, chunk, layout, clipped):
     n_clipped = 0
     for step, lr in enumerate(ref["lrs"]):
         grads = rebuild(params, lambda path: ref[f"grads/{step}/{path_name(path)}"].copy())
-        norm = clip_grads(grads, 1.0) if clipped == "in place" else global_norm(grads)
+        norm = global_norm(grads)
         assert norm == pytest.approx(float(ref[f"norm/{step}"]), rel=1e-5)
         n_clipped += norm > 1
-        adamw_step(params, grads, state, float(lr), grad_scale=1.0 if clipped == "in place" else clip_scale(norm))
+        adamw_step(params, grads, state, float(lr), grad_scale=clip_scale(norm, 1.0))
         assert state["step"] == step + 1
         for path, array in flatten(params):
             np.testing.assert_allclose(array, ref[f"params/{step}/{path_name(path)}"], rtol=1e-6, atol=1e-7,
@@ -68,12 +66,8 @@ def test_weight_decay_only_on_matrices_and_embeddings():
 def test_clip_scales_to_the_max_norm_and_leaves_small_grads():
     grads = {"a": np.array([3.0, 0.0], np.float32), "b": [np.array([[4.0]], np.float32)]}  # global norm 5
     assert global_norm(grads) == 5
-    assert clip_grads(grads, 1.0) == 5
-    np.testing.assert_allclose(grads["a"], [0.6, 0], rtol=1e-6)
-    np.testing.assert_allclose(grads["b"][0], [[0.8]], rtol=1e-6)
-    small = {"a": np.array([0.3, 0.4], np.float32)}
-    assert clip_grads(small, 1.0) == pytest.approx(0.5)
-    np.testing.assert_array_equal(small["a"], np.array([0.3, 0.4], np.float32))
+    assert clip_scale(5, 1.0) == pytest.approx(0.2, rel=1e-6)  # the gradients then of norm 1: [0.6, 0], [[0.8]]
+    assert clip_scale(global_norm({"a": np.array([0.3, 0.4], np.float32)}), 1.0) == 1  # norm 0.5: left as it is
 
 
 def test_cosine_schedule_at_warmup_end_middle_and_end():
@@ -105,15 +99,15 @@ def test_past_total_the_rate_stays_at_the_final_one():
     assert [learning_rate(step, peak, 10, 5) for step in (5, 6, 9, 30)] == pytest.approx([peak * 6 / 10] * 4)
 
 
-def test_a_training_step_clips_as_clip_grads_then_adamw_do():
-    # train_step folds the clip into AdamW's passes: its update must be clip_grads' and adamw_step's (each held to
-    # torch above) on the same gradients, with the norm well over the limit
+def test_a_training_step_clips_its_gradients():
+    # train_step's update must be adamw_step's with clip_scale's factor (held to torch above) on the same gradients,
+    # with the norm well over the limit
     hparams = {"n_vocab": 50, "n_ctx": 16, "n_embd": 16, "n_head": 2, "n_layer": 1}
     ids = np.random.default_rng(3).integers(0, hparams["n_vocab"], (2, 2, 8))
     params, expected = random_params(hparams, seed=4), random_params(hparams, seed=4)
     loss, grads = loss_and_grads(*ids, expected, hparams["n_head"])
-    norm = clip_grads(grads, CLIP)
-    adamw_step(expected, grads, adamw_state(expected), lr=1e-2)
+    norm = global_norm(grads)
+    adamw_step(expected, grads, adamw_state(expected), lr=1e-2, grad_scale=clip_scale(norm, CLIP))
     assert norm > 2 * CLIP
     assert train_step(*ids, params, hparams["n_head"], adamw_state(params), 1e-2) == (loss, norm)
     for (path, got), (_, want) in zip(flatten(params), flatten(expected)):
