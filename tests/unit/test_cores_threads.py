@@ -175,10 +175,16 @@ def test_a_training_step_in_a_team_equals_one_thread(size, monkeypatch):
     assert shared[0] == pytest.approx(alone[0], rel=1e-6) and shared[3] == pytest.approx(alone[3], rel=1e-5)
     for (path, got), (_, expected) in zip(flatten(shared[1]), flatten(alone[1])):
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5 * np.abs(expected).max(), err_msg=path)
-    # AdamW's first step moves each weight by about lr times g / (|g| + eps): by up to lr where g is near eps, whose
-    # rounding differs between the teams; a chunk it skipped would differ by lr
-    for (path, got), (_, expected) in zip(flatten(shared[2]), flatten(alone[2])):
-        np.testing.assert_allclose(got, expected, rtol=0, atol=LR / 10, err_msg=path)
+    # AdamW's first step moves each weight by about lr times g / (|g| + eps): a gradient that is rounding alone (the
+    # key bias's, 0 in exact arithmetic, about 1e-7 of its leaf's largest here) differs between the teams and moves
+    # its weight by anything up to 2 lr, so the weights compared are those whose gradient stands above the rounding
+    # (all but the key biases'); a chunk it skipped would differ by lr
+    compared = 0
+    for (path, got), (_, expected), (_, grad) in zip(flatten(shared[2]), flatten(alone[2]), flatten(alone[1])):
+        settled = (np.abs(grad) > 1e-6 * np.abs(grad).max()) | (grad == 0)
+        compared += settled.sum()
+        np.testing.assert_allclose(got[settled], expected[settled], rtol=0, atol=LR / 10, err_msg=path)
+    assert compared > 0.99 * sum(grad.size for _, grad in flatten(alone[1]))
 
 
 def test_train_steps_on_kept_arrays_equal_steps_on_new_ones(monkeypatch):
