@@ -8,10 +8,12 @@ measures both ways in fresh processes: the page faults and the share of a 1024-t
 The CLIs call keep_freed_memory() once, before their first forward pass; programs that call the model functions
 directly can too. From then on the arrays too large for glibc's heap that a pass uses only inside itself (a training
 step's [n_positions, n_vocab] logits, 206 MB at 8 x 128 tokens) come from scratch(), which keeps each one for the
-next pass instead of faulting its pages in anew.
+next pass instead of faulting its pages in anew. A training step keeps its own whether or not keep_freed_memory() was
+called (kept_scratch(): a loop of steps, each as large as the last); release_scratch() frees them.
 """
 import ctypes
 import threading
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -23,6 +25,7 @@ HEAP_ARRAYS_UP_TO = 32 << 20  # the cap of glibc's own sliding threshold: a [102
 KEPT_BYTES = 256 << 20  # more than the temporaries of a 1024-token pass of the 124M model
 keeping = {"on": False}  # whether keep_freed_memory() was called: scratch() then keeps its arrays
 scratches = threading.local()  # name -> the array scratch() last gave this thread under that name
+holding = threading.local()  # holding.depth: this thread's kept_scratch() blocks under way
 
 
 def keep_freed_memory():  # -> True if glibc now reuses freed arrays instead of returning them to the kernel
@@ -41,13 +44,28 @@ def keep_freed_memory():  # -> True if glibc now reuses freed arrays instead of 
 
 
 def scratch(name, shape, dtype):  # -> an array of shape and dtype, its values undefined
-    """After keep_freed_memory(), the same memory as this thread's last scratch(name, ...) of that size (a pass's
-    largest temporary, used again by the next pass); before it, a new array, freed with its last reference. The
-    caller uses it only until its next call with name."""
-    if not keeping["on"]:
+    """After keep_freed_memory() or within kept_scratch(), the same memory as this thread's last scratch(name, ...) of
+    that size (a pass's largest temporary, used again by the next pass); otherwise a new array, freed with its last
+    reference. The caller uses it only until its next call with name."""
+    if not (keeping["on"] or getattr(holding, "depth", 0)):
         return np.empty(shape, dtype)
     kept = getattr(scratches, name, None)
     if kept is None or kept.shape != tuple(shape) or kept.dtype != dtype:
         kept = np.empty(shape, dtype)
         setattr(scratches, name, kept)
     return kept
+
+
+@contextmanager
+def kept_scratch():  # within: scratch() keeps its arrays on this thread, as after keep_freed_memory()
+    # for a caller that runs the same large pass again and again (training.train_step): its arrays stay between calls,
+    # until release_scratch()
+    holding.depth = getattr(holding, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        holding.depth -= 1
+
+
+def release_scratch():  # -> None; the arrays scratch() keeps for this thread are freed (with their last reference)
+    scratches.__dict__.clear()

@@ -15,7 +15,7 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
-from gpt2_numpy.allocator import scratch
+from gpt2_numpy.allocator import kept_scratch, scratch
 from gpt2_numpy.fast_backward import loss_and_grads, step_cores
 from gpt2_numpy.console import log, plural, progress_bar
 from gpt2_numpy.errors import Interrupted, UsageError
@@ -256,12 +256,13 @@ def train(run, params, state, data):  # -> exit status: run (runs.Run) trained f
 def train_step(inputs, targets, params, n_head, opt_state, lr, weight_decay=WEIGHT_DECAY):  # -> (loss, gradient norm);
     # params, opt_state updated
     """One training step: the loss and gradients, clipping and AdamW, updating params and opt_state in place; no
-    update where the loss or the gradient norm is not finite."""
+    update where the loss or the gradient norm is not finite. The step's two largest arrays (its logits and wte's
+    gradient) stay allocated for the next step, on this thread; allocator.release_scratch() frees them."""
     # one cores.all_cores() for the whole step, not one per part: every product and pass of it runs on our team, with
-    # OpenBLAS on one thread whose workers never spin beside ours
+    # OpenBLAS on one thread whose workers never spin beside ours. The two arrays too large for glibc's heap kept, with
+    # or without keep_freed_memory(): else their pages are faulted in anew at every step
     wte = params["wte"]
-    with step_cores(inputs, wte.shape[1]):
-        # wte's gradient, the step's one array too large for glibc's heap, kept for the next step (scratch())
+    with step_cores(inputs, wte.shape[1]), kept_scratch():
         loss, grads = loss_and_grads(inputs, targets, params, n_head, scratch("d_wte", wte.shape, wte.dtype))
         grad_norm = global_norm(grads)
         if math.isfinite(loss) and math.isfinite(grad_norm):  # clipped within AdamW's passes, not by one of its own

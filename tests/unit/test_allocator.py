@@ -109,3 +109,40 @@ def test_kept_scratch_is_one_array_per_name_shape_dtype_and_thread(monkeypatch):
     thread.start()
     thread.join()
     assert not np.shares_memory(on_another_thread[0], allocator.scratch("logits", (4, 3), np.float64))
+
+
+def test_kept_scratch_keeps_arrays_on_its_thread_until_released(monkeypatch):
+    # train_step's block: kept without keep_freed_memory(), on this thread only, and only within the block (a nested
+    # one ending leaves the outer one keeping)
+    monkeypatch.setitem(allocator.keeping, "on", False)
+    monkeypatch.setattr(allocator, "scratches", threading.local())
+    monkeypatch.setattr(allocator, "holding", threading.local())
+    with allocator.kept_scratch():
+        with allocator.kept_scratch():
+            kept = allocator.scratch("logits", (3, 4), np.float32)
+        assert allocator.scratch("logits", (3, 4), np.float32) is kept
+        elsewhere = []
+        thread = threading.Thread(target=lambda: elsewhere.extend(allocator.scratch("logits", (3, 4), np.float32)
+                                                                  for _ in range(2)))
+        thread.start()
+        thread.join()
+        assert not np.shares_memory(*elsewhere)  # another thread's scratch: new arrays, not kept
+    assert not np.shares_memory(allocator.scratch("logits", (3, 4), np.float32), kept)  # outside: new arrays
+    assert vars(allocator.scratches).keys() == {"logits"}  # ... while the kept one stays
+    allocator.release_scratch()
+    assert not vars(allocator.scratches)
+    with allocator.kept_scratch():
+        assert not np.shares_memory(allocator.scratch("logits", (3, 4), np.float32), kept)
+
+
+def test_loss_and_grads_alone_keeps_nothing(monkeypatch):
+    # only train_step's loop keeps its arrays: a single gradient (explain, a gradient check) frees its 200 MB of
+    # logits when it returns
+    from gpt2_numpy import fast_backward
+    from gpt2_numpy.params import random_params
+    monkeypatch.setitem(allocator.keeping, "on", False)
+    monkeypatch.setattr(allocator, "scratches", threading.local())
+    hparams = {"n_vocab": 11, "n_ctx": 8, "n_embd": 8, "n_head": 2, "n_layer": 1}
+    ids = np.random.default_rng(0).integers(0, 11, (2, 8))
+    fast_backward.loss_and_grads(ids, ids, random_params(hparams, seed=0), 2)
+    assert not vars(allocator.scratches)

@@ -188,18 +188,23 @@ def test_a_training_step_in_a_team_equals_one_thread(size, monkeypatch):
 
 
 def test_train_steps_on_kept_arrays_equal_steps_on_new_ones(monkeypatch):
-    # after keep_freed_memory() (the CLIs), the logits and wte's gradient are the same arrays at every step: nothing
-    # of one step may reach the next, so two steps give the losses, norms and weights of two on new arrays
+    # a step keeps its logits and wte's gradient for the next, keep_freed_memory() or not: nothing of one step may
+    # reach the next, so two steps give the losses, norms and weights of two on new arrays (released between steps)
+    monkeypatch.setitem(allocator.keeping, "on", False)
     ids = np.random.default_rng(5).integers(0, TRAIN_HPARAMS["n_vocab"], (2, 3, 20))
     runs = {}
     for keep in (False, True):
-        monkeypatch.setitem(allocator.keeping, "on", keep)
         monkeypatch.setattr(allocator, "scratches", threading.local())
         params = random_params(TRAIN_HPARAMS, seed=7)
         state = optim.adamw_state(params)
-        steps = [training.train_step(*ids, params, TRAIN_HPARAMS["n_head"], state, LR) for _ in range(2)]
-        runs[keep] = steps, params, dict(vars(allocator.scratches))
-    assert runs[True][2].keys() == {"logits", "d_wte"} and not runs[False][2]  # kept only after keep_freed_memory
+        steps = []
+        for _ in range(2):
+            steps.append(training.train_step(*ids, params, TRAIN_HPARAMS["n_head"], state, LR))
+            assert vars(allocator.scratches).keys() == {"logits", "d_wte"}  # kept after the step
+            if not keep:
+                allocator.release_scratch()
+                assert not vars(allocator.scratches)
+        runs[keep] = steps, params
     assert runs[True][0] == runs[False][0]
     for (path, kept), (_, new) in zip(flatten(runs[True][1]), flatten(runs[False][1])):
         np.testing.assert_array_equal(kept, new, err_msg=str(path))
