@@ -23,8 +23,8 @@ CHUNK = 1 << 17  # elements per pass of in_chunks: a chunk and its output (1 MB)
 # runs long enough that threads sharing a pass seldom queue for the GIL between calls (the shares measured, at this
 # size and a quarter of it: docs/making-it-fast.md)
 ALL = slice(None)  # every position
-UNSHIFTED = 50.0  # attention's scores take e^x without subtracting each row's max where every max lies within ±this
-UNSHIFTED_FROM = 1 << 15  # ... and there are at least this many of them (scores_exp())
+UNSHIFTED = 50.0  # softmax's e^x without subtracting each row's max where every max lies within ±this
+UNSHIFTED_FROM = 1 << 15  # ... and there are at least this many of them (exp_in_place())
 ONES = {}  # dtype -> a read-only vector of ones, as long as the longest row_sums() has summed (ones())
 QUERY_BLOCK = 128  # queries per block of causal attention: a block's scores stay in L3 cache, and it skips the future
 EINSUM_PATH = ["einsum_path", (0, 1)]  # contract operand 0 with operand 1: the only order two operands have
@@ -199,14 +199,22 @@ def attention(q, k, v, mask):  # [..., n_head, n_q, d_head], [..., n_head, n_k, 
 
 
 def scores_exp(scores):  # [..., n] -> [..., n] in place: e^(scores - c), c constant along each row
+    exp_in_place(scores)
+    return scores
+
+
+def exp_in_place(x):  # [..., n] -> c, [..., 1] or 0.0; x becomes e^(x - c), c constant along each row
     # softmax(x) = softmax(x - c) for any c. Where every row's max lies within ±UNSHIFTED, c = 0 is as good as the max
     # (shifted_exp): no e^x overflows float32 (whose exp overflows beyond 88), each row's largest term is at least
-    # e^-50, and terms it loses to underflow weigh below e^-37 of it; and it saves a pass over the scores
-    # Below UNSHIFTED_FROM scores (a decode step's), the check's two reductions cost more than the pass they save
-    top = scores.max(axis=-1, keepdims=True)
-    if scores.size >= UNSHIFTED_FROM and -UNSHIFTED < top.min() and top.max() < UNSHIFTED:  # False for NaN, and for
-        return np.exp(scores, out=scores)  # -inf (a row with no key)
-    return np.exp(np.subtract(scores, top, out=scores), out=scores)
+    # e^-50, and terms it loses to underflow weigh below e^-37 of it; and it saves a pass over x
+    # Below UNSHIFTED_FROM elements (a decode step's scores), the check's two reductions cost more than the pass they
+    # save
+    top = x.max(axis=-1, keepdims=True)
+    if x.size >= UNSHIFTED_FROM and -UNSHIFTED < top.min() and top.max() < UNSHIFTED:  # False for NaN, and for -inf
+        np.exp(x, out=x)  # (a row of scores with no key)
+        return 0.0
+    np.exp(np.subtract(x, top, out=x), out=x)
+    return top
 
 
 def einsum(subscripts, a, b, n_macs):  # np.einsum of two operands, in its cheapest measured form

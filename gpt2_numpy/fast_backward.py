@@ -139,15 +139,18 @@ def softmax_backward_in_place(d_out, y):  # [..., n], [..., n] (the softmax's ou
 def attention_forward(q, k, v, mask):  # model.attention -> [..., n_head, n_q, d_head], weights [..., n_head, n_q, n_k]
     # model.attention's two lines, keeping the weights for the backward (recomputing them there would cost another
     # q kᵀ and softmax per layer): the scores made in the weights' own memory, with q scaled first as
-    # fast.attention_scores does, and the tuned pass's softmax in place on them, where model.softmax(scores + mask)
-    # would make three more arrays of the weights' size. Every product below is a matmul, one BLAS call per head
+    # fast.attention_scores does, and the softmax in place on them as the tuned pass takes it (e^x unshifted where
+    # that is safe, the row sums as dot products), where model.softmax(scores + mask) would make three more arrays of
+    # the weights' size. Every product below is a matmul, one BLAS call per head
     out, weights = np.empty(q.shape, q.dtype), np.empty((*q.shape[:-1], k.shape[-2]), q.dtype)
     scale = 1 / math.sqrt(q.shape[-1])
 
     def some_heads(at):
         scores = np.matmul(q[at] * scale, k[at].swapaxes(-1, -2), out=weights[at])
         scores += mask
-        np.matmul(fast.softmax(scores, out=scores), v[at], out=out[at])
+        exp_scores = fast.scores_exp(scores)
+        exp_scores /= fast.row_sums(exp_scores)[..., None]
+        np.matmul(exp_scores, v[at], out=out[at])
 
     each_head(some_heads, q, k)
     return out, weights
@@ -267,10 +270,11 @@ def embedding_backward_into(d_x, inputs, d_wte, n_ctx):  # [..., n_seq, n_embd],
 def cross_entropy_in_place(logits, targets):  # [..., n_vocab] (overwritten), int [...] -> (mean loss, float), row
     # scales [...]
     # loss = mean(log Σ exp(logits) - logits[target]), and dlogits = (softmax(logits) - onehot(target)) / n_positions
-    # = s (e^(logits - max) - onehot(target) Σ e^(logits - max)), with one scale s = 1 / (n_positions Σ e^(logits -
-    # max)) a row. The logits become the bracket in place, a chunk of rows at a time (each pass over a chunk runs in
-    # cache), where model.softmax would make three [n_positions, n_vocab] temporaries (200 MB each at 4 x 256 tokens
-    # of GPT-2's vocabulary) and a pass over each; the scales are lm_head_backward_scaled's to apply
+    # = s (e^(logits - c) - onehot(target) Σ e^(logits - c)), with one scale s = 1 / (n_positions Σ e^(logits - c)) a
+    # row, c constant along it (scaled_gradient_rows). The logits become the bracket in place, a chunk of rows at a
+    # time (each pass over a chunk runs in cache), where model.softmax would make three [n_positions, n_vocab]
+    # temporaries (200 MB each at 4 x 256 tokens of GPT-2's vocabulary) and a pass over each; the scales are
+    # lm_head_backward_scaled's to apply
     flat, targets = rows(logits), targets.reshape(-1)
     pieces = fast.chunks(len(flat), -(-flat.shape[-1] // CE_CHUNKS))
     losses = np.empty(len(pieces))  # each chunk's summed loss, added up in order: the same sum on any team
@@ -286,14 +290,15 @@ def cross_entropy_in_place(logits, targets):  # [..., n_vocab] (overwritten), in
 
 
 def scaled_gradient_rows(logits, targets, ones, sums):  # [n, n_vocab] (made dlogits / s), int [n], [n_vocab] of ones
-    # -> the summed loss; sums [n] made Σ e^(logits - max)
-    logits -= logits.max(axis=-1, keepdims=True)  # the same softmax and loss, and exp cannot overflow
+    # -> the summed loss; sums [n] made Σ e^(logits - c)
+    # the same softmax and loss for any c constant along a row: c = 0 where exp cannot overflow, else the row's max
+    # (fast.exp_in_place); loss = log Σ e^(logits - c) + c - logits[target]
     target_at = (np.arange(len(targets)), targets)
     target_logits = logits[target_at]
-    np.exp(logits, out=logits)
+    shift = fast.exp_in_place(logits)
     np.matmul(logits, ones, out=sums)  # the sums as a product on one thread: 2.5x as fast as sum(axis=-1) here
     logits[target_at] -= sums
-    return float((np.log(sums) - target_logits).sum(dtype=np.float64))
+    return float((np.log(sums) + np.reshape(shift, -1) - target_logits).sum(dtype=np.float64))
 
 
 def lm_head_backward_scaled(d_logits, row_scales, x, wte, d_wte=None):  # [..., n_seq, n_vocab] and [..., n_seq]

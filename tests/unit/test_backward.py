@@ -126,3 +126,26 @@ def test_the_tuned_forms_training_runs_equal_the_formulas(chunk, monkeypatch):
     close(fast_backward.embedding_backward_into(d_x, inputs, np.zeros((7, 4), f32), 5),
           backward.embedding_backward(d_x, inputs, 7, 5))
 
+
+@pytest.mark.parametrize("offset", [0, 200, -200])  # scores within ±fast.UNSHIFTED, and beyond (as the logits below)
+def test_training_attention_takes_its_softmax_without_overflow_or_underflow(offset, monkeypatch):
+    monkeypatch.setattr(fast, "UNSHIFTED_FROM", 1)  # the check at any size
+    q, k, v = (normal(2, 3, 5, 8) for _ in range(3))
+    q[..., 0], k[..., 0] = 1, offset * np.sqrt(8)  # every score q kᵀ / √8 moves by offset
+    mask = model.causal_mask(5)
+    out, weights = fast_backward.attention_forward(*(a.astype(np.float32) for a in (q, k, v)), mask)
+    np.testing.assert_allclose(weights, model.softmax(model.attention_scores(q, k) + mask), atol=1e-5)
+    np.testing.assert_allclose(out, model.attention(q, k, v, mask), atol=1e-4)
+
+
+@pytest.mark.parametrize("offset", [0, 200, -200])  # logits within ±fast.UNSHIFTED (e^x taken as it is), and beyond:
+# e^200 overflows float32, and e^-200 vanishes (0 / 0)
+def test_tuned_cross_entropy_takes_its_exp_without_overflow_or_underflow(offset, monkeypatch):
+    monkeypatch.setattr(fast, "UNSHIFTED_FROM", 1)  # the check at any size
+    logits, targets = normal(4, 9) * 3 + offset, np.array([0, 8, 3, 3])
+    loss, d_logits = backward.cross_entropy(logits, targets)  # float64, shifted by each row's max
+    scaled = logits.astype(np.float32)
+    tuned_loss, row_scales = fast_backward.cross_entropy_in_place(scaled, targets)
+    assert tuned_loss == pytest.approx(loss, abs=1e-4)  # float32 logits near ±200 hold 5 digits after the point
+    np.testing.assert_allclose(scaled * row_scales[..., None], d_logits, atol=1e-6)
+
