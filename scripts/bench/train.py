@@ -8,11 +8,13 @@ Three configs: a small one (4 layers, 256 wide, 8 heads, 8 x 128 tokens) with GP
 HF's GPT2LMHeadModel (its default sdpa attention, dropout off), `cross_entropy` on the logits, `clip_grad_norm_` and
 `torch.optim.AdamW` with the same decay groups, on as many threads as NumPy's BLAS uses. The engines take turns, step by
 step; each time is the median of `--repeats` steps after a warm-up. The peak memory of the 124M step is each engine's in
-a fresh process (VmHWM). Where our time goes: one more step with the backward's functions wrapped in stopwatches
-(exclusive times: a part's callees are not in it). scripts/benchmark.py runs these rows as its "training" part, with
-torch under HF's name.
+a fresh process (VmHWM). The small config's step once more in a fresh process that never calls keep_freed_memory(),
+glibc's default allocator for both engines, as a program that imports them runs them. Where our time goes: one more step
+with the backward's functions wrapped in stopwatches (exclusive times: a part's callees are not in it).
+scripts/benchmark.py runs these rows as its "training" part, with torch under HF's name.
 """
 import argparse
+import json
 import time
 
 import numpy as np
@@ -130,6 +132,28 @@ def peak_rss_mb(config, engine):
     return int(fresh_process(PEAK_RSS, config, engine).split()[-1]) / 1e6
 
 
+# --- a program's step: glibc's default allocator, as a program that imports both engines runs them ---
+
+LIBRARY_STEP = """
+import json, sys
+from scripts.bench import train as b
+from gpt2_numpy import cores
+from scripts.bench.harness import in_turns, wall_seconds
+hparams, shape = b.CONFIGS[sys.argv[1]]
+cores.set_threads(int(sys.argv[3]))  # the parent's count, for both engines (torch_step gives torch OpenBLAS's)
+engines = {"ours": b.our_step, "torch": b.torch_step}
+steps = {name: engines[name](hparams, b.random_params(hparams, seed=0), *b.batch(hparams, shape))
+         for name in sys.argv[4:]}
+print(json.dumps(in_turns({name: wall_seconds(step) for name, step in steps.items()}, int(sys.argv[2]))))
+"""
+
+
+def library_seconds(config, repeats, engines):  # -> {engine: median seconds} of steps in turns in a fresh process
+    # that never calls keep_freed_memory(): train_step keeps its own largest arrays (allocator.kept_scratch), and this
+    # row shows it does
+    return json.loads(fresh_process(LIBRARY_STEP, config, repeats, blas_threads(), *engines).splitlines()[-1])
+
+
 def train_rows(repeats, compare_torch, theirs=TORCH):  # -> the table rows (torch's values under theirs), breakdown
     rows, parts = [], {}
     for config, (hparams, shape) in CONFIGS.items():
@@ -147,6 +171,10 @@ def train_rows(repeats, compare_torch, theirs=TORCH):  # -> the table rows (torc
     if compare_torch:
         memory[theirs] = peak_rss_mb(config_124m, "torch")
     rows.append(row(f"peak RSS of a train step, {config_124m} (MB, fresh process)", "lower", memory))
+    config = next(iter(CONFIGS))
+    library = library_seconds(config, repeats, ["ours", "torch"] if compare_torch else ["ours"])
+    rows.append(row(f"train step, {config}, without keep_freed_memory() (s, fresh process)", "lower",
+                    {OURS: library["ours"], **({theirs: library["torch"]} if compare_torch else {})}))
     return rows, breakdown_lines(parts)
 
 
