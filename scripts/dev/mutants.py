@@ -6,7 +6,7 @@ tests that catch it.
 Every mutant must be caught. The test files that catch each part (the word before each mutant's colon):
 
     model,fast,cores (default)  tests/unit/test_model.py tests/unit/test_fast.py tests/unit/test_cores.py
-    backward                    tests/unit/test_fast_backward.py
+    backward                    tests/unit/test_fast_backward.py tests/unit/test_backward.py
     train,commands,optim,save   tests/cli/test_train_resume.py tests/cli/test_train_vocab.py tests/unit/test_optim.py
     commands                    tests/cli/test_commands.py
     intervene                   tests/unit/test_edits.py
@@ -80,7 +80,13 @@ MUTANTS = [  # (what, file, text, replacement)
     ("threads: scratch keeps an array of another shape", "gpt2_numpy/allocator.py",
      "if kept is None or kept.shape != tuple(shape) or kept.dtype != dtype:", "if kept is None:"),
     ("threads: scratch keeps arrays before keep_freed_memory", "gpt2_numpy/allocator.py",
-     "    if not keeping[\"on\"]:\n        return np.empty(shape, dtype)\n", ""),
+     "keeping[\"on\"] or getattr(holding, \"depth\", 0)", "True"),
+    ("threads: scratch keeps arrays after kept_scratch's block", "gpt2_numpy/allocator.py",
+     "        holding.depth -= 1\n", "        pass\n"),
+    ("threads: release_scratch frees nothing", "gpt2_numpy/allocator.py", "    scratches.__dict__.clear()\n",
+     "    pass\n"),
+    ("train: a step keeps nothing for the next", "gpt2_numpy/training.py",
+     "with step_cores(inputs, wte.shape[1]), kept_scratch():", "with step_cores(inputs, wte.shape[1]):"),
     ("train: a step's AdamW takes the unclipped gradient", "gpt2_numpy/training.py",
      "grad_scale=clip_scale(grad_norm)", "grad_scale=1.0"),
     ("fast: each part of attention's queries one query short", "gpt2_numpy/fast.py",
@@ -516,6 +522,13 @@ MUTANTS = [  # (what, file, text, replacement)
      "(1 / (sums * len(targets)))", "(1 / sums)"),
     ("backward: the loss's gradient without the target's share", "gpt2_numpy/fast_backward.py",
      "    logits[target_at] -= sums\n", ""),
+    ("backward: the loss without the exp's shift", "gpt2_numpy/fast_backward.py",
+     "np.log(sums) + np.reshape(shift, -1) - target_logits", "np.log(sums) - target_logits"),
+    ("backward: the loss's exp unshifted at any max", "gpt2_numpy/fast.py",
+     "if x.size >= UNSHIFTED_FROM and -UNSHIFTED < top.min() and top.max() < UNSHIFTED:",
+     "if x.size >= UNSHIFTED_FROM:"),
+    ("backward: the training attention's weights not divided by their sums", "gpt2_numpy/fast_backward.py",
+     "        exp_scores /= fast.row_sums(exp_scores)[..., None]\n", ""),
     ("backward: the lm head's dx without the row scales", "gpt2_numpy/fast_backward.py", "    d_x *= scales\n", ""),
     ("backward: dwte from the unscaled hidden state", "gpt2_numpy/fast_backward.py", "rows_x * scales", "rows_x"),
     ("optim: a clipped step scales the squared gradient once", "gpt2_numpy/optim.py", "grad_scale**2", "grad_scale"),
