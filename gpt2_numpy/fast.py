@@ -210,8 +210,8 @@ def exp_in_place(x):  # [..., n] -> c, [..., 1] or 0.0; x becomes e^(x - c), c c
     # Below UNSHIFTED_FROM elements (a decode step's scores), the check's two reductions cost more than the pass they
     # save
     top = x.max(axis=-1, keepdims=True)
-    if x.size >= UNSHIFTED_FROM and -UNSHIFTED < top.min() and top.max() < UNSHIFTED:  # False for NaN, and for -inf
-        np.exp(x, out=x)  # (a row of scores with no key)
+    if x.size >= UNSHIFTED_FROM and -UNSHIFTED < top.min() and top.max() < UNSHIFTED:  # False for NaN, and for
+        np.exp(x, out=x)  # -inf (a row of scores with no key)
         return 0.0
     np.exp(np.subtract(x, top, out=x), out=x)
     return top
