@@ -190,17 +190,12 @@ def attention_scores(q, k):  # [..., n_head, n_q, d_head], [..., n_head, n_k, d_
 def attention(q, k, v, mask):  # [..., n_head, n_q, d_head], [..., n_head, n_k, d_head] x2, [..., n_q, n_k] -> like q
     scores = attention_scores(q, k)
     scores += mask  # in place here and below: the [..., n_head, n_q, n_k] scores are the largest array
-    weights = scores_exp(scores)
+    exp_in_place(scores)  # the scores are e^(s - c) now: the weights before their division
     # model.attention's softmax(scores + mask) v as (e^s v) / Σ e^s: the division runs over [n_q, d_head], not over
     # [n_q, n_k]; v first, for a C-ordered result as above; the sums as dot products with ones, as in normalize()
-    out = einsum("...kd,...qk->...qd", v, weights, n_macs=weights.size * v.shape[-1])
-    out /= row_sums(weights)[..., None]
+    out = einsum("...kd,...qk->...qd", v, scores, n_macs=scores.size * v.shape[-1])
+    out /= row_sums(scores)[..., None]
     return out
-
-
-def scores_exp(scores):  # [..., n] -> [..., n] in place: e^(scores - c), c constant along each row
-    exp_in_place(scores)
-    return scores
 
 
 def exp_in_place(x):  # [..., n] -> c, [..., 1] or 0.0; x becomes e^(x - c), c constant along each row

@@ -148,9 +148,9 @@ def attention_forward(q, k, v, mask):  # model.attention -> [..., n_head, n_q, d
     def some_heads(at):
         scores = np.matmul(q[at] * scale, k[at].swapaxes(-1, -2), out=weights[at])
         scores += mask
-        exp_scores = fast.scores_exp(scores)
-        exp_scores /= fast.row_sums(exp_scores)[..., None]
-        np.matmul(exp_scores, v[at], out=out[at])
+        fast.exp_in_place(scores)
+        scores /= fast.row_sums(scores)[..., None]
+        np.matmul(scores, v[at], out=out[at])
 
     each_head(some_heads, q, k)
     return out, weights
