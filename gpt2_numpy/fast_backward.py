@@ -19,13 +19,14 @@ leading batch axis works too ("..." in shapes).
 """
 import math
 from contextlib import contextmanager
+from functools import lru_cache, partial
 
 import numpy as np
 
 from gpt2_numpy import cores, fast
 from gpt2_numpy.allocator import scratch
 from gpt2_numpy.checks import check_heads, check_inputs
-from gpt2_numpy.model import causal_mask, merge_heads, split_heads
+from gpt2_numpy.model import causal_mask, split_heads
 
 GELU_C = math.sqrt(2 / math.pi)  # gelu(x) = ½x(1 + tanh(GELU_C (x + 0.044715x³)))
 # the cross-entropy's chunks hold this many times fast.CHUNK elements: a dozen Python calls a chunk, each holding the
@@ -50,13 +51,14 @@ def linear_forward(x, w, b):  # model.linear -> [..., n_out]
 
 
 def linear_backward(d_out, x, w):  # [..., n_out], [..., n_in], [n_in, n_out] -> [..., n_in], {"w", "b"}
-    # y = x w + b: dx = dy wᵀ, dw = xᵀ dy and db = Σ dy, both summed over every position
-    # Within cores.all_cores() the two products, as many multiply-adds each, share one split: on two threads each
-    # runs whole on one (10% faster here than each in pieces on both); in pieces, dx goes by rows (all of w, the
-    # smaller, and some rows of dy), dw by columns (dy's)
+    # y = x w + b: dx = dy wᵀ, dw = xᵀ dy and db = Σ dy = 1ᵀ dy, both summed over every position
+    # Within cores.all_cores() the products share one split: on two threads dx runs whole on one and dw, then db, on
+    # the other (10% faster here than each in pieces on both; db as a sum beside them cost a step 2 ms of one thread
+    # alone); in pieces, dx goes by rows (all of w, the smaller, and some rows of dy), dw and db by columns (dy's)
     rows_x, rows_d = rows(x), rows(d_out)
-    d_x, d_w = cores.matmuls(cores.Product(rows_d, w.T, over=cores.ROWS), cores.Product(rows_x.T, rows_d))
-    return d_x.reshape(*x.shape), {"w": d_w, "b": rows_d.sum(axis=0)}
+    d_x, d_w, d_b = cores.matmuls(cores.Product(rows_d, w.T, over=cores.ROWS), cores.Product(rows_x.T, rows_d),
+                                  cores.Product(fast.ones(len(rows_d), rows_d.dtype)[None], rows_d))
+    return d_x.reshape(*x.shape), {"w": d_w, "b": d_b[0]}
 
 
 # --- GELU (its forward is fast.gelu) ---
@@ -107,18 +109,22 @@ def layer_norm_forward(x, g, b, eps=1e-5):  # model.layer_norm -> [..., n], kept
 
 
 def layer_norm_backward_kept(d_out, kept, g):  # [..., n], layer_norm_forward's kept, [n] -> [..., n], {"g", "b"}
-    # dx = (ĝ - mean(ĝ) - x̂ mean(ĝ x̂))/σ with ĝ = g dy; dg = Σ dy x̂, db = Σ dy. In place on ĝ, a fresh array
+    # dx = (ĝ - mean(ĝ) - x̂ mean(ĝ x̂))/σ with ĝ = g dy; dg = Σ dy x̂, db = Σ dy. In place on ĝ, a fresh array;
+    # dg and db summed by each piece over its rows while they are in cache, the pieces' sums added up in order
     rows_d, x_hat, inv_sigma, n = rows(d_out), rows(kept["x_hat"]), rows(kept["inv_sigma"]), d_out.shape[-1]
     d_x = np.empty(rows_d.shape, d_out.dtype)
+    sums = {}
 
     def some_rows(piece):  # shared among the cores within cores.all_cores(), as layer_norm_forward's
+        sums[piece.start] = (rows_d[piece] * x_hat[piece]).sum(axis=0), rows_d[piece].sum(axis=0)
         d = np.multiply(g, rows_d[piece], out=d_x[piece])
         d -= d.mean(axis=-1, keepdims=True)  # mean(x̂) = 0, so this leaves d's product with x̂ as it was
         d -= x_hat[piece] * (np.vecdot(d, x_hat[piece])[:, None] / n)
         d *= inv_sigma[piece]
 
     cores.split(some_rows, len(rows_d), item_size=n)
-    return d_x.reshape(d_out.shape), {"g": (rows_d * x_hat).sum(axis=0), "b": rows_d.sum(axis=0)}
+    d_g, d_b = (sum(parts) for parts in zip(*(sums[start] for start in sorted(sums))))
+    return d_x.reshape(d_out.shape), {"g": d_g, "b": d_b}
 
 
 # --- softmax (its forward is model.softmax) ---
@@ -136,13 +142,15 @@ def softmax_backward_in_place(d_out, y):  # [..., n], [..., n] (the softmax's ou
 # --- attention: softmax(q kᵀ/√d + mask) v ---
 
 
-def attention_forward(q, k, v, mask):  # model.attention -> [..., n_head, n_q, d_head], weights [..., n_head, n_q, n_k]
+def attention_forward(q, k, v, mask, out=None):  # model.attention -> [..., n_head, n_q, d_head] (in out if given),
+    # weights [..., n_head, n_q, n_k]
     # model.attention's two lines, keeping the weights for the backward (recomputing them there would cost another
     # q kᵀ and softmax per layer): the scores made in the weights' own memory, with q scaled first as
     # fast.attention_scores does, and the softmax in place on them as the tuned pass takes it (e^x unshifted where
     # that is safe, the row sums as dot products), where model.softmax(scores + mask) would make three more arrays of
     # the weights' size. Every product below is a matmul, one BLAS call per head
-    out, weights = np.empty(q.shape, q.dtype), np.empty((*q.shape[:-1], k.shape[-2]), q.dtype)
+    out = np.empty(q.shape, q.dtype) if out is None else out
+    weights = np.empty((*q.shape[:-1], k.shape[-2]), q.dtype)
     scale = 1 / math.sqrt(q.shape[-1])
 
     def some_heads(at):
@@ -156,10 +164,11 @@ def attention_forward(q, k, v, mask):  # model.attention -> [..., n_head, n_q, d
     return out, weights
 
 
-def attention_backward_kept(d_out, q, k, v, weights):  # [..., n_head, n_q, d_head], q, k, v, [..., n_head, n_q, n_k]
+def attention_backward_kept(d_out, q, k, v, weights, out=None):  # [..., n_head, n_q, d_head], q, k, v,
+    # [..., n_head, n_q, n_k] -> d_q, d_k, d_v (in out's three arrays if given)
     # out = w v, w = softmax(q kᵀ/√d + mask): dv = wᵀ dout, dw = dout vᵀ, ds = softmax'(dw), dq = ds k/√d, dk = dsᵀ q/√d
     # (the mask: none). The 1/√d scales k and q, [n, d_head] each, instead of ds, [n_q, n_k]
-    d_q, d_k, d_v = (np.empty(a.shape, a.dtype) for a in (q, k, v))
+    d_q, d_k, d_v = (np.empty(a.shape, a.dtype) for a in (q, k, v)) if out is None else out
     scale = 1 / math.sqrt(q.shape[-1])
 
     def some_heads(at):
@@ -195,20 +204,31 @@ def each_head(work, q, k):  # work(at) for index tuples `at` that cover q's and 
 # --- multi-head attention: c_proj(merge(attention(split(c_attn(x))))) ---
 
 
+@lru_cache(maxsize=4)
+def shared_causal_mask(n_seq):  # -> model.causal_mask(n_seq), read-only: made once for every layer of every step
+    mask = causal_mask(n_seq)
+    mask.flags.writeable = False
+    return mask
+
+
 def mha_forward(x, c_attn, c_proj, n_head):  # model.mha -> [..., n_seq, n_embd], kept
     q, k, v = (split_heads(a, n_head) for a in np.split(linear_forward(x, **c_attn), 3, axis=-1))
-    out, weights = attention_forward(q, k, v, causal_mask(x.shape[-2]))
-    heads = merge_heads(out)
+    # each head's output written straight into its columns of merge_heads' layout (a BLAS call writes rows of any
+    # stride), where merge_heads would copy them there
+    heads = np.empty(x.shape, x.dtype)
+    weights = attention_forward(q, k, v, shared_causal_mask(x.shape[-2]), out=split_heads(heads, n_head))[1]
     return linear_forward(heads, **c_proj), {"x": x, "q": q, "k": k, "v": v, "weights": weights, "heads": heads}
 
 
 def mha_backward(d_out, kept, c_attn, c_proj, n_head):  # [..., n_seq, n_embd], mha_forward's kept -> dx, grads
     # the chain rule, from c_proj back to c_attn
     d_heads, g_proj = linear_backward(d_out, kept["heads"], c_proj["w"])
-    # split_heads and merge_heads are each other's inverse, so each one's backward is the other
-    d_q, d_k, d_v = attention_backward_kept(split_heads(d_heads, n_head), kept["q"], kept["k"], kept["v"],
-                                            kept["weights"])
-    d_qkv = np.concatenate([merge_heads(d_q), merge_heads(d_k), merge_heads(d_v)], axis=-1)  # the backward of split
+    # split_heads and merge_heads are each other's inverse, so each one's backward is the other: d_q, d_k and d_v
+    # written straight into their heads' columns of d_qkv, as the forward writes its heads (the backward of the
+    # split of c_attn's output into q, k, v and heads, without merge_heads' copies and a concatenation)
+    d_qkv = np.empty((*d_heads.shape[:-1], 3 * d_heads.shape[-1]), d_heads.dtype)
+    attention_backward_kept(split_heads(d_heads, n_head), kept["q"], kept["k"], kept["v"], kept["weights"],
+                            out=[split_heads(part, n_head) for part in np.split(d_qkv, 3, axis=-1)])
     d_x, g_attn = linear_backward(d_qkv, kept["x"], c_attn["w"])
     return d_x, {"c_attn": g_attn, "c_proj": g_proj}
 
@@ -258,7 +278,12 @@ def block_backward(d_out, kept, ln_1, attn, ln_2, mlp, n_head):  # [..., n_seq, 
 def embedding_backward_into(d_x, inputs, d_wte, n_ctx):  # [..., n_seq, n_embd], int [..., n_seq], [n_vocab, n_embd]
     # each row's gradient goes back to the rows it was read from, summed over repeats -> dwte, dwpe. wte is tied to
     # the output head: its share comes in as d_wte, and the embedding's is added to it
-    np.add.at(d_wte, inputs.reshape(-1), rows(d_x))  # in place: a fresh [n_vocab, n_embd] would cost 150 MB and a pass
+    # in place (d_wte C-ordered, as a product's output is): a fresh [n_vocab, n_embd] would cost 150 MB and a pass. As
+    # element indices into the flat d_wte, not row indices into the 2-D one: np.add.at runs a 1-D index through its
+    # fast loop, 5 times as fast here at 8 x 128 tokens, and adds the repeats of a row in the same order
+    n_embd = d_x.shape[-1]
+    at = np.add.outer(inputs.reshape(-1) * n_embd, np.arange(n_embd))
+    np.add.at(d_wte.reshape(-1), at.reshape(-1), d_x.reshape(-1))
     d_wpe = np.zeros((n_ctx, d_x.shape[-1]), d_x.dtype)
     d_wpe[: d_x.shape[-2]] = d_x.reshape(-1, *d_x.shape[-2:]).sum(axis=0)
     return d_wte, d_wpe
@@ -267,38 +292,63 @@ def embedding_backward_into(d_x, inputs, d_wte, n_ctx):  # [..., n_seq, n_embd],
 # --- the output head: logits = x wteᵀ, and the loss ---
 
 
-def cross_entropy_in_place(logits, targets):  # [..., n_vocab] (overwritten), int [...] -> (mean loss, float), row
-    # scales [...]
+def cross_entropy_in_place(logits, targets, head=None):  # [..., n_vocab] (overwritten), int [...] -> (mean loss,
+    # float), row scales [...]; head: (x [..., n_embd], wte [n_vocab, n_embd]) when logits = x wteᵀ
     # loss = mean(log Σ exp(logits) - logits[target]), and dlogits = (softmax(logits) - onehot(target)) / n_positions
     # = s (e^(logits - c) - onehot(target) Σ e^(logits - c)), with one scale s = 1 / (n_positions Σ e^(logits - c)) a
     # row, c constant along it (scaled_gradient_rows). The logits become the bracket in place, a chunk of rows at a
     # time (each pass over a chunk runs in cache), where model.softmax would make three [n_positions, n_vocab]
     # temporaries (200 MB each at 4 x 256 tokens of GPT-2's vocabulary) and a pass over each; the scales are
-    # lm_head_backward_scaled's to apply
+    # lm_head_backward_scaled's to apply. Given the head, a chunk takes e^x before knowing that it may (exp_fits), and
+    # a chunk that may not has its logits made again: the first one that fails leaves the rest to check first
     flat, targets = rows(logits), targets.reshape(-1)
     pieces = fast.chunks(len(flat), -(-flat.shape[-1] // CE_CHUNKS))
     losses = np.empty(len(pieces))  # each chunk's summed loss, added up in order: the same sum on any team
     sums = np.empty(len(flat), flat.dtype)
     ones = np.ones(flat.shape[-1], flat.dtype)
+    guessing = {"on": head is not None}
+
+    def remake(piece):  # the chunk's logits made again, and the chunks after it checked first
+        guessing["on"] = False
+        np.matmul(rows(head[0])[piece], head[1].T, out=flat[piece])
 
     def some_chunks(share):  # within cores.all_cores() the chunks are shared among the cores
         for i in range(len(pieces))[share]:
-            losses[i] = scaled_gradient_rows(flat[pieces[i]], targets[pieces[i]], ones, sums[pieces[i]])
+            piece = pieces[i]
+            losses[i] = scaled_gradient_rows(flat[piece], targets[piece], ones, sums[piece],
+                                             partial(remake, piece) if guessing["on"] else None)
 
     cores.split(some_chunks, len(pieces), item_size=flat.size // len(pieces))
     return sum(losses.tolist()) / len(targets), (1 / (sums * len(targets))).reshape(logits.shape[:-1])
 
 
-def scaled_gradient_rows(logits, targets, ones, sums):  # [n, n_vocab] (made dlogits / s), int [n], [n_vocab] of ones
-    # -> the summed loss; sums [n] made Σ e^(logits - c)
+def scaled_gradient_rows(logits, targets, ones, sums, remake=None):  # [n, n_vocab] (made dlogits / s), int [n],
+    # [n_vocab] of ones -> the summed loss; sums [n] made Σ e^(logits - c); remake(): the logits made again
     # the same softmax and loss for any c constant along a row: c = 0 where exp cannot overflow, else the row's max
     # (fast.exp_in_place); loss = log Σ e^(logits - c) + c - logits[target]
     target_at = (np.arange(len(targets)), targets)
     target_logits = logits[target_at]
-    shift = fast.exp_in_place(logits)
-    np.matmul(logits, ones, out=sums)  # the sums as a product on one thread: 2.5x as fast as sum(axis=-1) here
+    if remake is not None and exp_fits(logits, ones, sums):
+        shift = 0.0
+    else:
+        if remake is not None:
+            remake()
+        shift = fast.exp_in_place(logits)
+        np.matmul(logits, ones, out=sums)  # the sums as a product on one thread: 2.5x as fast as sum(axis=-1) here
     logits[target_at] -= sums
     return float((np.log(sums) + np.reshape(shift, -1) - target_logits).sum(dtype=np.float64))
+
+
+def exp_fits(logits, ones, sums):  # [n, n_vocab] made e^logits, [n_vocab] of ones, sums [n] made Σ e^logits ->
+    # whether e^x unshifted was as good as exp_in_place's
+    # Σ e^x bounds each row's max m on both sides, e^m ≤ Σ ≤ n_vocab e^m: within (n_vocab e^-50, e^50) it puts m
+    # within ±fast.UNSHIFTED, exp_in_place's rule for taking e^x unshifted, without its pass for the maxes (False for
+    # a sum that overflowed, and for NaN)
+    with np.errstate(over="ignore"):  # e^x or a sum beyond float32 is inf, and fails the check
+        np.exp(logits, out=logits)
+        np.matmul(logits, ones, out=sums)
+    low, high = len(ones) * math.exp(-fast.UNSHIFTED), math.exp(fast.UNSHIFTED)
+    return bool(np.all((low < sums) & (sums < high)))
 
 
 def lm_head_backward_scaled(d_logits, row_scales, x, wte, d_wte=None):  # [..., n_seq, n_vocab] and [..., n_seq]
@@ -358,7 +408,7 @@ def loss_and_grads(inputs, targets, params, n_head, d_wte=None):  # int [..., n_
         x_f, ln_f_kept = layer_norm_forward(x, **ln_f)
         # the step's largest array, its pages faulted in anew at every step but for scratch()
         logits = scratch("logits", (inputs.size, len(wte)), x_f.dtype)
-        loss, row_scales = cross_entropy_in_place(cores.matmul(rows(x_f), wte.T, out=logits), targets)
+        loss, row_scales = cross_entropy_in_place(cores.matmul(rows(x_f), wte.T, out=logits), targets, (x_f, wte))
         d_x_f, d_wte_head = lm_head_backward_scaled(logits, row_scales, x_f, wte, d_wte)
         d_x, g_ln_f = layer_norm_backward_kept(d_x_f, ln_f_kept, ln_f["g"])
         block_grads = []

@@ -138,14 +138,25 @@ def test_training_attention_takes_its_softmax_without_overflow_or_underflow(offs
     np.testing.assert_allclose(out, model.attention(q, k, v, mask), atol=1e-4)
 
 
+@pytest.mark.parametrize("guess", [False, True])  # given the head, e^x is taken before the check, and undone by it
 @pytest.mark.parametrize("offset", [0, 200, -200])  # logits within ±fast.UNSHIFTED (e^x taken as it is), and beyond:
 # e^200 overflows float32, and e^-200 vanishes (0 / 0)
-def test_tuned_cross_entropy_takes_its_exp_without_overflow_or_underflow(offset, monkeypatch):
+def test_tuned_cross_entropy_takes_its_exp_without_overflow_or_underflow(offset, guess, monkeypatch):
     monkeypatch.setattr(fast, "UNSHIFTED_FROM", 1)  # the check at any size
-    logits, targets = normal(4, 9) * 3 + offset, np.array([0, 8, 3, 3])
-    loss, d_logits = backward.cross_entropy(logits, targets)  # float64, shifted by each row's max
-    scaled = logits.astype(np.float32)
-    tuned_loss, row_scales = fast_backward.cross_entropy_in_place(scaled, targets)
+    monkeypatch.setattr(fast_backward, "CE_CHUNKS", 1)  # with CHUNK 9, a chunk a row: a failed guess remakes one row
+    monkeypatch.setattr(fast, "CHUNK", 9)
+    # logits = x wteᵀ, x's last column 1 and wte's offset: every logit moves by offset, but for the first row's
+    x, wte, targets = normal(4, 5), normal(9, 5), np.array([0, 8, 3, 3])
+    x[:, -1], x[0, -1], wte[:, -1] = 1, 0, offset
+    x, wte = x.astype(np.float32), wte.astype(np.float32)
+    logits = x @ wte.T
+    loss, d_logits = backward.cross_entropy(logits.astype(np.float64), targets)  # shifted by each row's max
+    guesses, exp_fits = [], fast_backward.exp_fits
+    monkeypatch.setattr(fast_backward, "exp_fits", lambda *args: guesses.append(exp_fits(*args)) or guesses[-1])
+    scaled = logits.copy()
+    tuned_loss, row_scales = fast_backward.cross_entropy_in_place(scaled, targets, (x, wte) if guess else None)
     assert tuned_loss == pytest.approx(loss, abs=1e-4)  # float32 logits near ±200 hold 5 digits after the point
     np.testing.assert_allclose(scaled * row_scales[..., None], d_logits, atol=1e-6)
+    # the first row that fails the guess, the second, is made again, and the rows after it are checked first
+    assert guesses == ([] if not guess else [True] * 4 if offset == 0 else [True, False])
 

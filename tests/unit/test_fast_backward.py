@@ -95,9 +95,12 @@ def textbook_loss(inputs, targets, params, n_head):  # model.py's logits and the
     return np.mean(log_z - np.take_along_axis(logits, targets[..., None], -1)[..., 0])
 
 
-def test_grads_match_finite_differences_in_float64():
+# logit_scale 1000: logits in the hundreds, beyond ±fast.UNSHIFTED, where the loss's e^x is taken again shifted
+@pytest.mark.parametrize("logit_scale", [1, 1000])
+def test_grads_match_finite_differences_in_float64(logit_scale):
     hparams = {"n_vocab": 19, "n_ctx": 8, "n_embd": 12, "n_head": 3, "n_layer": 2}
     params = float64(random_params(hparams, seed=7))
+    params["ln_f"]["g"] *= logit_scale
     rng = np.random.default_rng(8)
     inputs, targets = rng.integers(0, hparams["n_vocab"], (2, 2, 7))
     inputs[0, :3] = inputs[1, 4]  # repeated tokens: their embedding gradients must add up
