@@ -77,10 +77,9 @@ def gelu_backward_chunk(d_out, x, y, out):  # [n] x3 -> out [n]: gelu_backward_k
     out.fill(0.5)
     s = np.divide(y, x, out=out, where=x != 0)
     slope = x * x
-    slope *= 3 * 0.044715
-    slope += 1
-    slope *= x
-    slope *= 2 * GELU_C  # 2cx(1 + 3·0.044715x²)
+    slope *= 2 * GELU_C * 3 * 0.044715
+    slope += 2 * GELU_C
+    slope *= x  # 2cx(1 + 3·0.044715x²) as x(2c + 2c·3·0.044715x²): a pass fewer
     slope *= np.subtract(1, s, dtype=s.dtype)
     slope += 1
     s *= slope
