@@ -106,10 +106,12 @@ def test_the_tuned_forms_training_runs_equal_the_formulas(chunk, monkeypatch):
     y, d_out = model.softmax(normal(3, 5, dtype=f32)), normal(3, 5, dtype=f32)
     close(fast_backward.softmax_backward_in_place(d_out.copy(), y), backward.softmax_backward(d_out, y))
 
-    q, k, v, d_out = (normal(2, 3, 4, 5, dtype=f32) for _ in range(4))
-    weights = fast_backward.attention_forward(q, k, v, model.causal_mask(4))[1]
-    close(fast_backward.attention_backward_kept(d_out, q, k, v, weights),
-          backward.attention_backward(d_out, q, k, v, model.causal_mask(4)))
+    q, k, v, d_out = (normal(2, 3, 7, 5, dtype=f32) for _ in range(4))
+    for query_block in (64, 3):  # the queries in one block, and in three (the last of one query)
+        monkeypatch.setattr(fast_backward, "QUERY_BLOCK", query_block)
+        weights = fast_backward.attention_forward(q, k, v, model.causal_mask(7))[1]
+        close(fast_backward.attention_backward_kept(d_out, q, k, v, weights),
+              backward.attention_backward(d_out, q, k, v, model.causal_mask(7)))
 
     # the head's gradient from the loss's, which cross_entropy_in_place leaves as a [..., n_vocab] array and a
     # scale a row, and lm_head_backward_scaled applies to the products' smaller sides
@@ -127,9 +129,11 @@ def test_the_tuned_forms_training_runs_equal_the_formulas(chunk, monkeypatch):
           backward.embedding_backward(d_x, inputs, 7, 5))
 
 
+@pytest.mark.parametrize("query_block", [64, 2])  # one block of queries, and three (the last of one query)
 @pytest.mark.parametrize("offset", [0, 200, -200])  # scores within ±fast.UNSHIFTED, and beyond (as the logits below)
-def test_training_attention_takes_its_softmax_without_overflow_or_underflow(offset, monkeypatch):
+def test_training_attention_takes_its_softmax_without_overflow_or_underflow(offset, query_block, monkeypatch):
     monkeypatch.setattr(fast, "UNSHIFTED_FROM", 1)  # the check at any size
+    monkeypatch.setattr(fast_backward, "QUERY_BLOCK", query_block)
     q, k, v = (normal(2, 3, 5, 8) for _ in range(3))
     q[..., 0], k[..., 0] = 1, offset * np.sqrt(8)  # every score q kᵀ / √8 moves by offset
     mask = model.causal_mask(5)
