@@ -15,6 +15,7 @@ scripts/benchmark.py runs these rows as its "training" part, with torch under HF
 """
 import argparse
 import json
+import threading
 import time
 
 import numpy as np
@@ -82,17 +83,22 @@ TIMED = {  # module -> the functions a step calls through its globals, each time
 
 
 def our_parts(step):  # -> {function: exclusive seconds, "total": seconds} of one step()
-    seconds, stack = {}, []  # stack: the time spent in callees of each running timed call
+    # A part that runs on several threads at once (each its own sequences: fast_backward.by_sequences) counts the mean
+    # of its threads' times, about its share of the step's
+    by_thread, calls = {}, threading.local()  # (thread, function) -> seconds; calls.stack: the time spent in callees
+    # of each of the thread's running timed calls
 
     def stopwatch(name, function):
         def timed(*args, **kwargs):
+            stack = calls.__dict__.setdefault("stack", [])
             start = time.perf_counter()
             stack.append(0.0)
             try:
                 return function(*args, **kwargs)
             finally:
                 elapsed = time.perf_counter() - start
-                seconds[name] = seconds.get(name, 0.0) + elapsed - stack.pop()
+                key = threading.get_ident(), name
+                by_thread[key] = by_thread.get(key, 0.0) + elapsed - stack.pop()
                 if stack:
                     stack[-1] += elapsed
         return timed
@@ -103,11 +109,14 @@ def our_parts(step):  # -> {function: exclusive seconds, "total": seconds} of on
     try:
         start = time.perf_counter()
         step()
-        seconds["total"] = time.perf_counter() - start
+        total = time.perf_counter() - start
     finally:
         for module, name, function in originals:
             setattr(module, name, function)
-    seconds["rest (lm head forward matmul, head splits and merges, residual adds, Python)"] = (
+    seconds = {name: float(np.mean([value for (_, part), value in by_thread.items() if part == name]))
+               for name in {name for _, name in by_thread}}
+    seconds["total"] = total
+    seconds["rest (lm head forward matmul, residual adds, Python)"] = (
         seconds["total"] - sum(value for name, value in seconds.items() if name != "total"))
     return seconds
 
