@@ -18,6 +18,7 @@ mean cross-entropy of next-token prediction and its gradient for every param. Fl
 leading batch axis works too ("..." in shapes).
 """
 import math
+import threading
 from contextlib import contextmanager
 from functools import lru_cache, partial
 
@@ -426,7 +427,7 @@ def loss_and_grads(inputs, targets, params, n_head, d_wte=None):  # int [..., n_
         x_f = np.empty((inputs.size, wte.shape[1]), wte.dtype)  # ln_f's output, a row a position
         kept = {}
 
-        def forward(piece):  # as model.gpt2, these sequences through the blocks and ln_f
+        def forward(piece, rank):  # as model.gpt2, these sequences through the blocks and ln_f
             x = wte[sequences[piece]] + wpe[np.arange(n_seq)]
             blocks_kept = []
             for block_params in params["blocks"]:
@@ -434,49 +435,80 @@ def loss_and_grads(inputs, targets, params, n_head, d_wte=None):  # int [..., n_
                 blocks_kept.append(block_kept)
             normed, ln_f_kept = layer_norm_forward(x, **ln_f)
             x_f[piece.start * n_seq: piece.stop * n_seq] = rows(normed)
-            kept[piece.start] = blocks_kept, ln_f_kept, normed.shape
+            kept[rank] = blocks_kept, ln_f_kept, normed.shape
 
         by_sequences(forward, len(sequences))
         # the step's largest array, its pages faulted in anew at every step but for scratch()
         logits = scratch("logits", (inputs.size, len(wte)), x_f.dtype)
         loss, row_scales = cross_entropy_in_place(cores.matmul(x_f, wte.T, out=logits), targets, (x_f, wte))
         d_x_f, d_wte_head = lm_head_backward_scaled(logits, row_scales, x_f, wte, d_wte)
-        d_x, grads = np.empty_like(x_f), {}
+        d_x, grads = np.empty_like(x_f), InOrder()
+        n_layer = len(params["blocks"])
 
-        def backward(piece):  # these sequences back through ln_f and the blocks
+        def backward(piece, rank):  # these sequences back through ln_f and the blocks, their shares of the gradients
+            # added up as they come
             positions = slice(piece.start * n_seq, piece.stop * n_seq)
-            blocks_kept, ln_f_kept, shape = kept[piece.start]
+            blocks_kept, ln_f_kept, shape = kept[rank]
             d, g_ln_f = layer_norm_backward_kept(d_x_f[positions].reshape(shape), ln_f_kept, ln_f["g"])
-            block_grads = []
-            for block_params, block_kept in zip(reversed(params["blocks"]), reversed(blocks_kept)):
-                d, block_grad = block_backward(d, block_kept, **block_params, n_head=n_head)
-                block_grads.append(block_grad)
+            grads.add(rank, "ln_f", g_ln_f)
+            for layer in reversed(range(n_layer)):
+                d, block_grad = block_backward(d, blocks_kept[layer], **params["blocks"][layer], n_head=n_head)
+                grads.add(rank, layer, block_grad)
             d_x[positions] = rows(d)
-            grads[piece.start] = {"blocks": block_grads[::-1], "ln_f": g_ln_f}
 
         by_sequences(backward, len(sequences))
-        summed = grads.pop(0)  # each piece's share of the gradients, added up in order
-        for start in sorted(grads):
-            for (_, total), (_, share) in zip(flatten(summed), flatten(grads[start])):
-                total += share
         # the embedding's share + the head's
         d_wte, d_wpe = embedding_backward_into(d_x.reshape(*inputs.shape, -1), inputs, d_wte_head, wpe.shape[0])
-        return loss, {"wte": d_wte, "wpe": d_wpe, **summed}
+        sums = grads.sums
+        return loss, {"wte": d_wte, "wpe": d_wpe, "blocks": [sums[layer] for layer in range(n_layer)],
+                      "ln_f": sums["ln_f"]}
 
 
-def by_sequences(work, n_sequences):  # work(piece) for slices that cover range(n_sequences): within cores.all_cores()
-    # each thread of a team that divides the sequences evenly takes its share of them whole, and runs every pass over
-    # them alone; else one piece takes them all, its passes shared by the team
+def by_sequences(work, n_sequences):  # work(piece, rank) for slices that cover range(n_sequences), rank 0, 1, ... in
+    # their order: within cores.all_cores() each thread of a team that divides the sequences evenly takes its share of
+    # them whole, and runs every pass over them alone; else one piece takes them all, its passes shared by the team
     # A block's passes shared by the team hand pieces over some 20 times a layer, each time both threads waiting on
     # the slower one; by sequences, once for the blocks forward and once back: 15 ms a step less at 4 layers x 256,
     # 8 x 128 tokens on 2 threads here. The output head's products stay shared by the team, each thread reading
     # part of wte instead of all of it
-    if cores.team_size() > 1 and n_sequences % cores.team_size() == 0:
-        cores.split(partial(alone, work), n_sequences, item_size=cores.MIN_WORK)
+    team = cores.team_size()
+    if team > 1 and n_sequences % team == 0:  # split() gives each thread n_sequences / team of them
+        cores.split(partial(alone, work, n_sequences // team), n_sequences, item_size=cores.MIN_WORK)
     else:
-        work(slice(0, n_sequences))
+        work(slice(0, n_sequences), 0)
 
 
-def alone(work, piece):  # work(piece) with every split in it on this thread
+class InOrder:
+    """Sums of shares that the pieces of a split make, each added as it comes but in the pieces' order (rank 0, 1,
+    ...), whatever the threads' timing: the same sums on any schedule. A share that comes before those of the ranks
+    before it waits, parked, for the thread that adds theirs to add it too: no thread waits for another, and the
+    shares held beside the sums are no more than the pieces are apart (a piece's gradients for the 124M shape's blocks
+    are 340 MB: a sum at the end would hold one such share a thread)."""
+
+    def __init__(self):
+        self.sums, self.parked, self.summed, self.adding = {}, {}, {}, set()  # summed: key -> the ranks added
+        self.lock = threading.Lock()
+
+    def add(self, rank, key, share):  # share: a tree of arrays; sums[key] holds it once every rank before it is in
+        with self.lock:
+            self.parked.setdefault(key, {})[rank] = share
+            if key in self.adding:  # another thread adds to this sum now, and takes this share when its turn comes
+                return
+            self.adding.add(key)
+        while True:
+            with self.lock:
+                share = self.parked[key].pop(self.summed.get(key, 0), None)
+                if share is None:  # the next rank's has yet to come: its thread adds it
+                    self.adding.discard(key)
+                    return
+                self.summed[key] = self.summed.get(key, 0) + 1
+            if key not in self.sums:
+                self.sums[key] = share
+            else:  # this thread's alone while key is in adding
+                for (_, total), (_, part) in zip(flatten(self.sums[key]), flatten(share)):
+                    total += part
+
+
+def alone(work, per_piece, piece):  # work(piece, its rank) with every split in it on this thread
     with cores.one_core():
-        work(piece)
+        work(piece, piece.start // per_piece)

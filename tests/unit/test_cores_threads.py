@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -164,9 +165,10 @@ def a_step(ids, params):  # -> (loss, grads, params after clipping and AdamW, th
 
 @pytest.mark.parametrize("size", TEAMS)
 def test_a_training_step_in_a_team_equals_one_thread(size, monkeypatch):
-    # the loss, every gradient, the clipped norm and the updated weights; 3 rows of 6 heads: a thread's share of
-    # attention's 18 heads spans rows, except with 3 threads
-    ids = np.random.default_rng(5).integers(0, TRAIN_HPARAMS["n_vocab"], (2, 3, 20))
+    # the loss, every gradient, the clipped norm and the updated weights; 6 rows of 6 heads: the blocks by sequences
+    # in teams of 2 and 3 (fast_backward.by_sequences), op by op in one of 16, where a thread's share of attention's
+    # 36 heads spans rows
+    ids = np.random.default_rng(5).integers(0, TRAIN_HPARAMS["n_vocab"], (2, 6, 20))
     with cores.one_core():
         alone = a_step(ids, random_params(TRAIN_HPARAMS, seed=7))
     splits = in_a_team(monkeypatch, size)
@@ -185,6 +187,46 @@ def test_a_training_step_in_a_team_equals_one_thread(size, monkeypatch):
         compared += settled.sum()
         np.testing.assert_allclose(got[settled], expected[settled], rtol=0, atol=LR / 10, err_msg=path)
     assert compared > 0.99 * sum(grad.size for _, grad in flatten(alone[1]))
+
+
+@pytest.mark.timeout(30)
+def test_a_piece_of_the_backward_that_raises_stops_the_others_and_its_exception_comes_out(monkeypatch):
+    # by sequences, the pieces' shares of a layer's gradients are added in their order, a later one's parked until
+    # the one before it comes: one that raises before its share comes must leave no thread waiting for it (a hang),
+    # and its own exception is the one raised
+    ids = np.random.default_rng(5).integers(0, TRAIN_HPARAMS["n_vocab"], (2, 4, 20))  # 4 sequences: 2 a thread
+    splits = in_a_team(monkeypatch, 2)
+    block_backward = fast_backward.block_backward
+
+    def failing_first(*args, **kwargs):  # the first piece's (the calling thread's) fails
+        if threading.current_thread() is threading.main_thread():
+            raise ValueError("the first piece's layer")
+        return block_backward(*args, **kwargs)
+
+    monkeypatch.setattr(fast_backward, "block_backward", failing_first)
+    with pytest.raises(ValueError, match="the first piece's layer"):
+        fast_backward.loss_and_grads(*ids, random_params(TRAIN_HPARAMS, seed=7), TRAIN_HPARAMS["n_head"])
+    assert [slice(0, 2), slice(2, 4)] in [sorted(pieces, key=lambda piece: piece.start) for pieces in splits]
+
+
+def test_the_pieces_shares_of_the_gradients_add_up_in_their_order_whatever_comes_first(monkeypatch):
+    # by sequences in a team of 3, each layer's gradients are 3 shares added up: first the calling thread's late,
+    # then the others', and the sums must be the same to the bit (float32 addition is not associative)
+    ids = np.random.default_rng(5).integers(0, TRAIN_HPARAMS["n_vocab"], (2, 6, 20))
+    params = random_params(TRAIN_HPARAMS, seed=7)
+    in_a_team(monkeypatch, 3)
+    block_backward, runs = fast_backward.block_backward, []
+    for late_is_main in (True, False):
+        def late(*args, late_is_main=late_is_main, **kwargs):
+            if (threading.current_thread() is threading.main_thread()) == late_is_main:
+                time.sleep(0.02)
+            return block_backward(*args, **kwargs)
+
+        monkeypatch.setattr(fast_backward, "block_backward", late)
+        runs.append(dict(flatten(fast_backward.loss_and_grads(*ids, params, TRAIN_HPARAMS["n_head"])[1])))
+    assert runs[0].keys() == runs[1].keys()
+    for path in runs[0]:
+        assert np.array_equal(runs[0][path], runs[1][path]), path
 
 
 def test_train_steps_on_kept_arrays_equal_steps_on_new_ones(monkeypatch):
