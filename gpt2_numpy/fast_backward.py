@@ -468,9 +468,9 @@ def by_sequences(work, n_sequences):  # work(piece, rank) for slices that cover 
     # their order: within cores.all_cores() each thread of a team that divides the sequences evenly takes its share of
     # them whole, and runs every pass over them alone; else one piece takes them all, its passes shared by the team
     # A block's passes shared by the team hand pieces over some 20 times a layer, each time both threads waiting on
-    # the slower one; by sequences, once for the blocks forward and once back: 15 ms a step less at 4 layers x 256,
-    # 8 x 128 tokens on 2 threads here. The output head's products stay shared by the team, each thread reading
-    # part of wte instead of all of it
+    # the slower one; by sequences, once for the blocks forward and once back: 4 to 18 ms a step less at 4 layers x
+    # 256, 8 x 128 tokens on 2 threads here (two runs, in turns in one process). The output head's products stay
+    # shared by the team, each thread reading part of wte instead of all of it
     team = cores.team_size()
     if team > 1 and n_sequences % team == 0:  # split() gives each thread n_sequences / team of them
         cores.split(partial(alone, work, n_sequences // team), n_sequences, item_size=cores.MIN_WORK)
