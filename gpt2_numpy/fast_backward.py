@@ -301,12 +301,16 @@ def block_backward(d_out, kept, ln_1, attn, ln_2, mlp, n_head):  # [..., n_seq, 
 def embedding_backward_into(d_x, inputs, d_wte, n_ctx):  # [..., n_seq, n_embd], int [..., n_seq], [n_vocab, n_embd]
     # each row's gradient goes back to the rows it was read from, summed over repeats -> dwte, dwpe. wte is tied to
     # the output head: its share comes in as d_wte, and the embedding's is added to it
-    # in place (d_wte C-ordered, as a product's output is): a fresh [n_vocab, n_embd] would cost 150 MB and a pass. As
-    # element indices into the flat d_wte, not row indices into the 2-D one: np.add.at runs a 1-D index through its
-    # fast loop, 5 times as fast here at 8 x 128 tokens, and adds the repeats of a row in the same order
-    n_embd = d_x.shape[-1]
-    at = np.add.outer(inputs.reshape(-1) * n_embd, np.arange(n_embd))
-    np.add.at(d_wte.reshape(-1), at.reshape(-1), d_x.reshape(-1))
+    # in place: a fresh [n_vocab, n_embd] would cost 150 MB and a pass. Into a C-ordered d_wte (a product's output,
+    # train_step's) as element indices into its flat view, not row indices into the 2-D one: np.add.at runs a 1-D
+    # index through its fast loop, 5 times as fast here at 8 x 128 tokens, and adds the repeats of a row in the same
+    # order. Any other layout (a caller's lent array) has no flat view, and takes the rows
+    if d_wte.flags.c_contiguous:
+        n_embd = d_x.shape[-1]
+        at = np.add.outer(inputs.reshape(-1) * n_embd, np.arange(n_embd))
+        np.add.at(d_wte.reshape(-1), at.reshape(-1), d_x.reshape(-1))
+    else:
+        np.add.at(d_wte, inputs.reshape(-1), rows(d_x))
     d_wpe = np.zeros((n_ctx, d_x.shape[-1]), d_x.dtype)
     d_wpe[: d_x.shape[-2]] = d_x.reshape(-1, *d_x.shape[-2:]).sum(axis=0)
     return d_wte, d_wpe

@@ -550,6 +550,8 @@ MUTANTS = [  # (what, file, text, replacement)
     ("backward: the embedding's gradient at the rows' first elements", "gpt2_numpy/fast_backward.py",
      "np.add.outer(inputs.reshape(-1) * n_embd, np.arange(n_embd))",
      "np.add.outer(inputs.reshape(-1), np.arange(n_embd))"),
+    ("backward: the embedding's gradient by flat indices into a lent array of any layout",
+     "gpt2_numpy/fast_backward.py", "    if d_wte.flags.c_contiguous:", "    if True:"),
     ("threads: by sequences, the shares of a layer's gradients added as they come, in any order",
      "gpt2_numpy/fast_backward.py", "self.parked[key].pop(self.summed.get(key, 0), None)",
      "self.parked[key].pop(rank, None)"),

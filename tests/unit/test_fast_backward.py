@@ -55,6 +55,17 @@ def test_wte_gradient_holds_both_shares(reference, case):  # so the wte comparis
     assert len(unused) > 0 and not embedding[unused].any()
 
 
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_wte_gradient_in_a_lent_array_of_either_layout_equals_torch(reference, order):
+    # loss_and_grads writes wte's gradient into the array a caller lends, whatever its layout: the embedding's share
+    # goes in by flat indices into a C-ordered one, which a Fortran-ordered one has none of
+    hparams, params, ref = reference
+    lent = np.empty(params["wte"].shape, params["wte"].dtype, order=order)
+    _, grads = loss_and_grads(ref["batch/inputs"], ref["batch/targets"], params, hparams["n_head"], d_wte=lent)
+    assert grads["wte"] is lent
+    assert np.abs(lent - ref["batch/wte"]).max() <= 1e-4 * np.abs(ref["batch/wte"]).max()
+
+
 def test_positions_past_the_sequence_get_no_gradient(reference):
     hparams, params, ref = reference
     _, grads = loss_and_grads(ref["single/inputs"], ref["single/targets"], params, hparams["n_head"])
