@@ -292,13 +292,16 @@ def team_size():  # -> the threads that share each split() here: 1 outside a lon
     return getattr(team, "size", None) or 1
 
 
-def split(work, n_items, item_size=MIN_WORK):  # work(piece) for contiguous slices that cover range(n_items), one per
-    # thread; item_size: the elements (or multiply-adds) of one item, of which each thread gets MIN_WORK at least
+def split(work, n_items, item_size=MIN_WORK, lead=0):  # work(piece) for contiguous slices that cover range(n_items),
+    # one per thread; item_size: the elements (or multiply-adds) of one item, of which each thread gets MIN_WORK at
+    # least; lead: items that the calling thread, the first piece's, takes beyond an even share, as long as every other
+    # thread keeps one at least
     n_threads = min(team_size(), n_items, max(1, n_items * item_size // MIN_WORK))
     if n_threads <= 1:
         work(slice(0, n_items))
         return
-    bounds = [n_items * i // n_threads for i in range(n_threads + 1)]
+    lead = min(lead, (n_items - n_threads) // n_threads)
+    bounds = [0, *(lead + (n_items - lead) * i // n_threads for i in range(1, n_threads + 1))]
     pieces = [slice(start, stop) for start, stop in zip(bounds, bounds[1:])]
     if not pool_lock.acquire(blocking=False):  # the pool runs another thread's split (two passes at once) or this
         for piece in pieces:  # thread's own (a split within a piece): these pieces run here, one after another

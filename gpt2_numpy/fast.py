@@ -32,7 +32,9 @@ PLAIN_EINSUM_MACS = 1 << 18  # up to this many multiply-adds, einsum's own loop 
 FEW_ROWS = 32  # 2 to FEW_ROWS rows (a batch's decode step) multiply a weight piece by piece (few_rows_product())
 FEW_ROWS_PIECE = 32  # outputs per piece of few_rows_product() on a column-major weight: 768 x 32 floats, 96 KB
 ROW_MAJOR_PIECE = 64  # ... on a row-major weight: 64 contiguous floats (256 bytes) of each of its rows
-FORM_TRIALS = 3  # a batch step's products of each kind timed this many times in each form before one is chosen
+FEW_ROWS_LEAD = 4  # pieces that the thread splitting a few rows' product takes beyond an even share (few_rows_product)
+FORM_TRIALS = 12  # a batch step's products of each kind timed this many times in each form before one is chosen: the
+# first two steps of a 12-layer model, beyond the spin of OpenBLAS's workers from the prompt's pass (in_faster_form)
 # OpenBLAS's AVX-512 kernels, with which a batch's few-row products run fastest on column-major weights
 COLUMN_MAJOR_KERNELS = {"SkylakeX", "Cooperlake", "SapphireRapids"}  # inference_layout
 FORMS = {}  # (n_rows, w's shape, order and dtype, threads) -> the form that ran it faster here, or the timings so far
@@ -228,7 +230,9 @@ def split_qkv(x, n_head):  # [..., n_seq, 3*n_embd] -> [3, ..., n_head, n_seq, d
 
 
 def causal_attention(q, k, v, mask):  # attention's shapes; the queries are the last n_q of the n_k positions
-    if min(cores.team_size(), q.shape[-2]) == 1:  # one core, or one query (every decode step, a batch's too): no
+    if q.shape[-2] == 1 and q.ndim > 3 and cores.team_size() > 1:  # a batch's decode step: its rows shared
+        return rows_shared(q, k, v, mask)
+    if min(cores.team_size(), q.shape[-2]) == 1:  # one core, or one query (a decode step of one sequence): no
         return query_blocks(q, k, v, mask)  # output array to fill, no copy into it
     # The queries are independent: within cores.all_cores() the team shares them, as the elementwise passes (exp above
     # all) would otherwise run on one core while the others wait. Each thread takes a run of queries of every head, of
@@ -244,6 +248,21 @@ def causal_attention(q, k, v, mask):  # attention's shapes; the queries are the 
             out[..., queries, :] = query_blocks(*visible(q, k, v, mask, queries))
 
     cores.split(some_queries, len(bounds) - 1)
+    return out
+
+
+def rows_shared(q, k, v, mask):  # causal_attention of a batch's decode step: [n_rows, n_head, 1, d_head], its keys
+    # and values [n_rows, n_head, n_k, d_head], mask [n_rows or 1, 1, 1, n_k] -> like q
+    # One query a row leaves no queries to share, but the rows are independent: within a batch step's pass each
+    # thread takes some rows, their cached keys and values read from memory on its own core (a step's 12 layers read
+    # 47 MB of them at 80 positions, 8 rows): 0.7 ms less of a 40 ms step here, in turns step by step
+    out = np.empty_like(q)
+    own_rows = mask.ndim == q.ndim and len(mask) == len(q)  # a padded batch's mask has a row each
+
+    def some_rows(piece):
+        out[piece] = attention(q[piece], k[piece], v[piece], mask[piece] if own_rows else mask)
+
+    cores.split(some_rows, len(q), item_size=k[0].size)  # a row's keys: the multiply-adds of its scores
     return out
 
 
@@ -337,7 +356,10 @@ def in_faster_form(rows, w):  # [n, n_in] @ [n_in, n_out] -> [n, n_out], in the 
     # Whether a few rows' product runs faster by pieces (few_rows_product) or whole (cores.matmul: within a pass, by
     # the team's columns) depends on OpenBLAS's kernels and the machine: SkylakeX's kernels run pieces faster, Haswell's
     # the whole (bounds.py --few-rows). So each kind of product is timed where it runs: its first 2 * FORM_TRIALS
-    # calls take the two forms in turn, and the one of the lower median runs it from then on. The two differ only in
+    # calls take the two forms in turn, and the one of the faster best trial runs it from then on: a busy core only
+    # ever adds to a call's time. For about 0.1 s after the prompt's pass, OpenBLAS's workers still spin on the cores,
+    # and a call may wait 3 to 7 ms for one, more than the forms differ: three trials each, by their median, took the
+    # slower form for one of the four weights in about a third of fresh processes here. The two differ only in
     # the order of float32 roundings: a batch's logits may differ in their last digits from one process to the next,
     # as they do between thread counts. Only a batch's decode steps choose: one sequence's numbers stay the same
     key = (len(rows), w.shape, w.T.flags.c_contiguous, w.dtype, cores.team_size())
@@ -349,7 +371,7 @@ def in_faster_form(rows, w):  # [n, n_in] @ [n_in, n_out] -> [n, n_out], in the 
     out = form(rows, w)
     chosen[form].append(time.perf_counter() - start)
     if min(map(len, chosen.values())) == FORM_TRIALS:
-        FORMS[key] = min(chosen, key=lambda each: np.median(chosen[each]))
+        FORMS[key] = min(chosen, key=lambda each: min(chosen[each]))
     return out
 
 
@@ -381,7 +403,12 @@ def few_rows_product(rows, w):  # [n, n_in], [n_in, n_out] -> [n, n_out] (a tran
     # each), and within a pass the shares go to the team, OpenBLAS on one thread each: OpenBLAS's own threads on so
     # small a piece would wait for each other more than they multiply. The pieces follow w's order: column-major, as
     # (wᵀ rowsᵀ)ᵀ, wᵀ's rows of contiguous floats, the weight the product's long side; row-major, as rows @ w's
-    # columns, each piece a run of contiguous floats of every row (bounds.py --few-rows)
+    # columns, each piece a run of contiguous floats of every row (bounds.py --few-rows). The calling thread takes
+    # FEW_ROWS_LEAD pieces more than each other thread (cores.split's lead): it starts at once, while each other thread
+    # first wakes (here, a virtual machine's idle core, a lock's round trip between two threads took 52 us against 17
+    # on one core), and a caller that ends first sleeps until the last piece ends, another wake-up. A batch step's
+    # product takes 0.1 to 1 ms, so that wait was a tenth of the step: 4 pieces cut 1.2 to 1.35 ms of a 37 to 42 ms
+    # step of 8 rows here (2 and 3 pieces 0.8 to 1.4, 8 none), in turns step by step
     n_in, n_out = w.shape
     dtype = np.result_type(rows, w)
     if w.T.flags.c_contiguous:
@@ -397,7 +424,7 @@ def few_rows_product(rows, w):  # [n, n_in], [n_in, n_out] -> [n, n_out] (a tran
 
     n_pieces = n_out // width
     cores.split(lambda pieces: product(slice(pieces.start * width, pieces.stop * width)), n_pieces,
-                item_size=width * n_in * len(rows))  # a piece's multiply-adds
+                item_size=width * n_in * len(rows), lead=FEW_ROWS_LEAD)  # a piece's multiply-adds
     tail = slice(n_pieces * width, n_out)  # the last outputs, fewer than a piece
     np.matmul(rows, w[:, tail], out=out[:, tail])
     return out

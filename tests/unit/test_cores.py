@@ -45,7 +45,8 @@ def test_openblas_core_is_the_kernel_name_in_openblas_own_configuration():
     assert core and core in get_config().decode().split()  # e.g. "OpenBLAS 0.3.31 ... DYNAMIC_ARCH ... SkylakeX ..."
 
 
-def pieces_run(n_items, team_size, monkeypatch):  # -> [(piece, thread id)] of one split() in a team of team_size
+def pieces_run(n_items, team_size, monkeypatch, lead=0):  # -> [(piece, thread id)] of one split() in a team of
+    # team_size
     monkeypatch.setattr(cores.team, "size", team_size, raising=False)
     ran, lock = [], threading.Lock()
 
@@ -53,7 +54,7 @@ def pieces_run(n_items, team_size, monkeypatch):  # -> [(piece, thread id)] of o
         with lock:
             ran.append((piece, threading.get_ident()))
 
-    cores.split(work, n_items)
+    cores.split(work, n_items, lead=lead)
     return ran
 
 
@@ -68,6 +69,22 @@ def test_split_runs_each_item_once_in_contiguous_pieces_one_per_thread(n_items, 
     assert max(sizes) - min(sizes) <= 1 and min(sizes) >= 1
     callers = [piece for piece, thread in ran if thread == threading.get_ident()]
     assert callers == [slice(0, pieces[0][1])]  # the caller takes the first piece, the pool's threads the others
+
+
+@pytest.mark.parametrize("n_items, team, caller_s, others",
+                         [(24, 2, 14, [10]), (72, 3, 26, [23, 23]), (13, 3, 6, [3, 4]), (5, 3, 1, [2, 2]), (3, 3, 1, [1, 1])])
+def test_a_split_s_lead_goes_to_its_caller_and_leaves_each_other_thread_an_item(n_items, team, caller_s, others,
+                                                                                 monkeypatch):
+    # a lead of 4: the caller takes 4 items, then an even share of the rest with the others (24 on 2 threads: 4 + 10
+    # and 10; 72 on 3: 4 + 22, 23 and 23). A lead larger than what every thread has beyond one item shrinks to that
+    # (13 on 3: 3 + 3, 3 and 4; 5 on 3: none)
+    ran = pieces_run(n_items, team, monkeypatch, lead=4)
+    pieces = sorted((piece.start, piece.stop) for piece, _ in ran)
+    assert pieces[0][0] == 0 and pieces[-1][1] == n_items
+    assert all(stop == next_start for (_, stop), (next_start, _) in zip(pieces, pieces[1:]))  # no gap, no overlap
+    callers = [piece for piece, thread in ran if thread == threading.get_ident()]
+    assert [piece.stop - piece.start for piece in callers] == [caller_s]
+    assert [stop - start for start, stop in pieces[1:]] == others
 
 
 def test_without_a_team_split_runs_everything_on_the_calling_thread(monkeypatch):

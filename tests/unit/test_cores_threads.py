@@ -90,6 +90,27 @@ def test_each_split_pass_in_a_team_equals_one_thread(size, monkeypatch):
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5 * np.abs(expected).max())
 
 
+@pytest.mark.parametrize("size", TEAMS)
+@pytest.mark.parametrize("padded", [True, False])
+def test_a_batch_decode_step_s_attention_shares_its_rows_and_equals_one_thread(size, padded, monkeypatch):
+    # one query a row, each row its own padding (a ragged batch's mask: a row each), or one mask for every row: a row
+    # given another row's mask, or a piece's rows written to other rows of the output, differs from one thread
+    rng = np.random.default_rng(size)
+    q, k, v = rng.standard_normal((5, 3, 4, 1, 8), dtype=np.float32), *rng.standard_normal((2, 5, 3, 4, 9, 8),
+                                                                                             dtype=np.float32)
+    q, k, v = q[:, 0], k[:, 0], v[:, 0]  # [5 rows, 3 heads, 1 or 9 positions, 8]
+    pad = np.array([0, 3, 1, 8, 5]) if padded else np.zeros(5, int)
+    mask = fast.offset_causal_mask(1, 9) + fast.padding_mask(pad, 8, 1) if padded else fast.offset_causal_mask(1, 9)
+    with cores.one_core():
+        alone = fast.causal_attention(q, k, v, mask)
+    splits = in_a_team(monkeypatch, size)
+    shared = fast.causal_attention(q, k, v, mask)
+    assert [len(pieces) for pieces in splits] == ([min(size, 5)] if size > 1 else [])  # a piece of rows a thread
+    np.testing.assert_array_equal(shared, alone)  # each row's own operations, whoever runs them
+    expected = [fast.attention(q[row], k[row, :, pad[row]:], v[row, :, pad[row]:], 0) for row in range(5)]
+    np.testing.assert_allclose(shared, np.stack(expected), rtol=1e-5, atol=1e-6)  # each row sees its real keys
+
+
 @pytest.mark.parametrize("n_q, n_k, n_parts", [(1024, 1024, 2), (1024, 1024, 16), (40, 40, 3), (300, 1000, 7),
                                                  (5, 5, 5)])
 def test_attention_parts_share_the_causal_work_equally(n_q, n_k, n_parts):
@@ -305,8 +326,9 @@ def batch_step_products(rng):  # -> [(a batch decode step's product, in float64 
 def test_a_batch_step_s_few_rows_product_covers_every_piece_when_two_threads_share_them(openblas, monkeypatch):
     # the pieces are shared among the team, each share one stacked product: at one thread, which the other tests pin,
     # a share's bounds taken wrong would pass; at 2 they leave pieces unwritten. Outside a pass, OpenBLAS on 2 threads
-    monkeypatch.setattr(fast, "FEW_ROWS_PIECE", 3)  # 23 outputs: 7 pieces of 3, 3 and 4 to the two threads, and 2 more
-    monkeypatch.setattr(fast, "ROW_MAJOR_PIECE", 4)  # ... 5 of 4, 2 and 3, and 3 more
+    monkeypatch.setattr(fast, "FEW_ROWS_PIECE", 3)  # 23 outputs: 7 pieces of 3, 4 to the caller (a lead of 2) and 3
+    # to the other thread, and 2 more
+    monkeypatch.setattr(fast, "ROW_MAJOR_PIECE", 4)  # ... 5 of 4, 3 (a lead of 1) and 2, and 3 more
     monkeypatch.setattr(cores, "MIN_WORK", 1)  # so small a product shared all the same
     cores.set_threads(2)
     assert openblas[1]() == 2 and cores.blas_threads() == 2
