@@ -72,7 +72,8 @@ def test_split_runs_each_item_once_in_contiguous_pieces_one_per_thread(n_items, 
 
 
 @pytest.mark.parametrize("n_items, team, caller_s, others",
-                         [(24, 2, 14, [10]), (72, 3, 26, [23, 23]), (13, 3, 6, [3, 4]), (5, 3, 1, [2, 2]), (3, 3, 1, [1, 1])])
+                         [(24, 2, 14, [10]), (72, 3, 26, [23, 23]), (13, 3, 6, [3, 4]), (5, 3, 1, [2, 2]),
+                          (3, 3, 1, [1, 1])])
 def test_a_split_s_lead_goes_to_its_caller_and_leaves_each_other_thread_an_item(n_items, team, caller_s, others,
                                                                                  monkeypatch):
     # a lead of 4: the caller takes 4 items, then an even share of the rest with the others (24 on 2 threads: 4 + 10
