@@ -359,9 +359,9 @@ def in_faster_form(rows, w):  # [n, n_in] @ [n_in, n_out] -> [n, n_out], in the 
     # calls take the two forms in turn, and the one of the faster best trial runs it from then on: a busy core only
     # ever adds to a call's time. For about 0.1 s after the prompt's pass, OpenBLAS's workers still spin on the cores,
     # and a call may wait 3 to 7 ms for one, more than the forms differ: three trials each, by their median, took the
-    # slower form for one of the four weights in about a third of fresh processes here. The two differ only in
-    # the order of float32 roundings: a batch's logits may differ in their last digits from one process to the next,
-    # as they do between thread counts. Only a batch's decode steps choose: one sequence's numbers stay the same
+    # slower form for one of the four weights in 5 of 12 fresh processes here. The two differ only in the order of
+    # float32 roundings: a batch's logits may differ in their last digits from one process to the next, as they do
+    # between thread counts. Only a batch's decode steps choose: one sequence's numbers stay the same
     key = (len(rows), w.shape, w.T.flags.c_contiguous, w.dtype, cores.team_size())
     chosen = FORMS.setdefault(key, {few_rows_product: [], cores.matmul: []})
     if not isinstance(chosen, dict):
