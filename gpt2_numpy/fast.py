@@ -252,7 +252,7 @@ def causal_attention(q, k, v, mask):  # attention's shapes; the queries are the 
 
 
 def rows_shared(q, k, v, mask):  # causal_attention of a batch's decode step: [n_rows, n_head, 1, d_head], its keys
-    # and values [n_rows, n_head, n_k, d_head], mask [n_rows or 1, 1, 1, n_k] -> like q
+    # and values [n_rows, n_head, n_k, d_head], a mask that broadcasts to [n_rows, n_head, 1, n_k] -> like q
     # One query a row leaves no queries to share, but the rows are independent: within a batch step's pass each
     # thread takes some rows, their cached keys and values read from memory on its own core (a step's 12 layers read
     # 47 MB of them at 80 positions, 8 rows): 0.7 ms less of a 40 ms step here, in turns step by step
@@ -407,7 +407,7 @@ def few_rows_product(rows, w):  # [n, n_in], [n_in, n_out] -> [n, n_out] (a tran
     # FEW_ROWS_LEAD pieces more than each other thread (cores.split's lead): it starts at once, while each other thread
     # first wakes (here, a virtual machine's idle core, a lock's round trip between two threads took 52 us against 17
     # on one core), and a caller that ends first sleeps until the last piece ends, another wake-up. A batch step's
-    # product takes 0.1 to 1 ms, so that wait was a tenth of the step: 4 pieces cut 1.2 to 1.35 ms of a 37 to 42 ms
+    # product takes 0.1 to 1 ms, so that wait was a tenth of the step: 4 pieces cut 1.1 to 1.35 ms of a 37 to 42 ms
     # step of 8 rows here (2 and 3 pieces 0.8 to 1.4, 8 none), in turns step by step
     n_in, n_out = w.shape
     dtype = np.result_type(rows, w)
