@@ -124,14 +124,19 @@ def test_attention_parts_share_the_causal_work_equally(n_q, n_k, n_parts):
 
 
 @pytest.mark.parametrize("size", TEAMS)
-def test_a_whole_pass_in_a_team_equals_one_thread(size, monkeypatch):
+@pytest.mark.parametrize("rows_each", [fast.ROWS_EACH, 1])  # 40 rows: the linear layers by columns, then by rows
+def test_a_whole_pass_in_a_team_equals_one_thread(size, rows_each, monkeypatch):
     params = random_params(HPARAMS, seed=7)
     ids = np.random.default_rng(2).integers(0, HPARAMS["n_vocab"], (2, 20))
     with cores.one_core():
         alone = fast.gpt2(ids, **params, n_head=HPARAMS["n_head"])
-    splits = in_a_team(monkeypatch, size)
+    monkeypatch.setattr(fast, "ROWS_EACH", rows_each)
+    splits, ways, matmul = in_a_team(monkeypatch, size), [], cores.matmul
+    monkeypatch.setattr(cores, "matmul", lambda *args, over=cores.COLUMNS, **kwargs: ways.append(over) or
+                        matmul(*args, over=over, **kwargs))
     shared = fast.gpt2(ids, **params, n_head=HPARAMS["n_head"])
-    assert max(len(pieces) for pieces in splits) == size  # linear's columns outnumber any team here
+    assert max(len(pieces) for pieces in splits) == size  # linear's rows and columns outnumber any team here
+    assert set(ways) == {cores.ROWS if 40 >= rows_each * size else cores.COLUMNS}  # each linear layer's product
     assert np.abs(shared - alone).max() <= 1e-5 * np.abs(alone).max()
 
 
