@@ -66,6 +66,19 @@ def test_the_judge_flags_exceptions_other_than_checkpoint_error(runner, monkeypa
     assert outcome == "crash" and "raised TypeError: unsupported operand at test_fuzz_formats.py" in problem
 
 
+@pytest.mark.parametrize("seconds, flagged", [((1.5, 0.01), False), ((1.5, 1.4), True)])
+def test_a_load_over_the_time_limit_is_flagged_only_if_it_is_as_slow_again(runner, monkeypatch, seconds, flagged):
+    load, times = runner.load, iter(seconds)  # each load of the undamaged index, taking these CPU seconds in turn
+
+    def timed(*args):
+        outcome, _, peak = load(*args)
+        return outcome, next(times), peak
+
+    monkeypatch.setattr(runner, "load", timed)
+    _, problem = runner.run(index_case(runner, lambda records: records))
+    assert problem.endswith("took 1.40 s") if flagged else problem is None
+
+
 @pytest.mark.parametrize("seconds, peak, message, problem", [
     (1.5, 0, None, "took 1.50 s"),
     (0.01, 10**8, None, "allocated 100,000,000 bytes, over"),

@@ -21,7 +21,9 @@ from scripts.common.fuzzing.tf_mutations import (raw_bytes, record_starts, state
                                                  tf_footer, tf_key_edit, tf_record_edit, tf_relayout)
 
 SECONDS_LIMIT = 1.0  # CPU seconds per load: every fixture loads in milliseconds, so this only catches runaway work;
-# CPU time, not wall time, which a stalled VM or a busy neighbour stretches (a load once took 1.12 s of it in CI)
+# CPU time, not wall time, which a stalled VM or a busy neighbour stretches. A load over it is timed again, and the
+# faster time counts: in two CI runs of the whole suite one load took 1.12 and 1.27 s of CPU where the same cases alone
+# take milliseconds, other work charged to it (a garbage collection, the kernel's on a page fault)
 MEMORY_FACTOR, MEMORY_SLACK = 4, 2**20  # peak allocation allowed: 4x the files' bytes, plus 1 MiB for small files
 
 
@@ -231,6 +233,8 @@ class Runner:
         replace(path, case.data)
         try:
             (kind, value), seconds, peak = self.load(fixture, case.verify)
+            if seconds > SECONDS_LIMIT:  # runaway work is as slow the second time; a one-off stall is not
+                seconds = min(seconds, self.load(fixture, case.verify)[1])
             problem = self.judge(case, kind, value, seconds, peak)
         finally:
             replace(path, self.files[fixture.name][name])
