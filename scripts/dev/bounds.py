@@ -11,15 +11,20 @@
   the benchmark's bounds on each row come from these two rates (roofline.py);
 - the training step of `--only training` (4 layers × 256 wide, 8 × 128 tokens, GPT-2's 50,257 tokens): the time of its
   lm head's three products (the logits, their gradient into the hidden state and into wte) and of one elementwise pass
-  over the logits (np.exp), which no step can do without;
+  over the logits (np.exp), which no step can do without; then a floor for a step of NumPy's kernels: those three
+  products, its blocks' linear layers alone, forward and backward, each thread its share of the sequences at once as
+  a step shares them (fast_backward's functions), and at the read rate the bytes of the two passes no such step can do
+  without, the logits' exp (each logit read and written once: NumPy has no product that applies it as it writes) and
+  AdamW's (every weight's param, gradient and both moments read, all but the gradient written);
 - a batch of 8's decode step: its products alone, 8 rows through every layer's four weights (fast.linear) and the lm
   head (fast.lm_head), on seeded random weights of the 124M shape laid out as generate lays them out;
 - once, for cores.py's design: the CPU time OpenBLAS's idle workers take in a 0.3 s sleep after a product on 2
   threads (their spin), what handing a piece to a thread of our pool costs (a split of no work, on 2 threads), and the
   share of GELU's time on [1024, 3072] that its chunks' calls hold the GIL for (the same calls on one element), at
   chunks of 2^15 and of fast.CHUNK.
-Each time is the median of 5 runs (3 for the lm head's and the batch step's) after a warm-up, as the benchmark's are
-(the two rates: the best of 7); the arrays are seeded random float32.
+Each time is the median of 5 runs (3 for the exp pass and the batch step's) after a warm-up, as the benchmark's are
+(the two rates: the best of 7; the training step's products, which make its floor: the best of 5); the arrays are
+seeded random float32.
 
 --line measures where cores.NARROW stands instead: models of GPT-2's vocabulary and widths from 32 to 768 decode 20
 tokens after a 1-token prompt and run a pass of 128 positions, on OpenBLAS's 2 threads (set_threads(2)) and on one, in
@@ -34,27 +39,42 @@ workers sleep), then one sequence's decode step: its products of one row, x @ w 
 (printed); OPENBLAS_CORETYPE=Haswell gives an AVX-512 machine the AVX2 kernels that AMD's Zen runs too.
 """
 import argparse
+import math
 import time
 from contextlib import nullcontext
 
 import numpy as np
 
-from gpt2_numpy import cores, fast
+from gpt2_numpy import cores, fast, fast_backward
 from gpt2_numpy.console import plural
 from gpt2_numpy.params import random_params
 from scripts.bench import busy, roofline
 from scripts.bench.harness import HPARAMS_124M, fail, in_turns, median_seconds, wall_seconds
+from scripts.bench.train import CONFIGS
+
+TRAINING_HPARAMS, TRAINING_SHAPE = CONFIGS["4 layers x 256 wide, 8 x 128 tokens"]  # --only training's step
+TRAINING_REPEATS = 5  # the floor's products are the best of this many runs, as the rates are the best of theirs
+ADAMW_PASSES = 7  # floats AdamW moves a weight: its param, gradient and two moments read, all but the gradient written
+
 
 def bounds_lines(count, rng, params):  # -> the printed lines for `count` threads
     cores.set_threads(count)
     read_rate, flop_rate = roofline.measured_rates()
     step_bytes = roofline.FLOAT * roofline.n_weights(HPARAMS_124M)
-    hidden = rng.standard_normal((1024, 256), dtype=np.float32)
-    head = rng.standard_normal((50257, 256), dtype=np.float32)
-    grad = rng.standard_normal((1024, 50257), dtype=np.float32)
-    products = [median_seconds(product, 3) for product in (lambda: hidden @ head.T, lambda: grad @ head,
-                                                         lambda: grad.T @ hidden)]
+    n_positions, n_vocab = math.prod(TRAINING_SHAPE), TRAINING_HPARAMS["n_vocab"]
+    hidden = rng.standard_normal((n_positions, TRAINING_HPARAMS["n_embd"]), dtype=np.float32)
+    head = rng.standard_normal((n_vocab, TRAINING_HPARAMS["n_embd"]), dtype=np.float32)
+    grad = rng.standard_normal((n_positions, n_vocab), dtype=np.float32)
+    # each into an array made once, as a step's (allocator.scratch, train_step's d_wte): a new one a time would add
+    # its page faults
+    logits, d_hidden, d_head = np.empty_like(grad), np.empty_like(hidden), np.empty_like(head)
+    products = [roofline.best_seconds(product, TRAINING_REPEATS) for product in (
+        lambda: np.matmul(hidden, head.T, out=logits), lambda: np.matmul(grad, head, out=d_hidden),
+        lambda: np.matmul(grad.T, hidden, out=d_head))]
     exp_pass = median_seconds(lambda: np.exp(grad), 3)
+    blocks = roofline.best_seconds(training_blocks_products(rng, count), TRAINING_REPEATS)
+    exp_bytes, adamw_bytes = 2 * grad.nbytes, ADAMW_PASSES * roofline.FLOAT * training_weights()
+    floor = sum(products) + blocks + (exp_bytes + adamw_bytes) / read_rate
     n_embd = HPARAMS_124M["n_embd"]
     rows, wide = (rng.standard_normal((8, n), dtype=np.float32) for n in (n_embd, 4 * n_embd))
     batch_products = median_seconds(lambda: batch_step_products(rows, wide, params), 3)
@@ -66,7 +86,45 @@ def bounds_lines(count, rng, params):  # -> the printed lines for `count` thread
             f"  training step's lm head: logits {products[0]:.3f} s, gradient into the hidden state "
             f"{products[1]:.3f} s, into wte {products[2]:.3f} s, together {sum(products):.3f} s; one pass over the "
             f"logits (np.exp) {exp_pass:.3f} s",
+            f"  training step's floor: those products, its blocks' linear layers alone, forward and backward "
+            f"{blocks:.3f} s, and at the read rate the logits' exp pass ({exp_bytes / 1e6:.0f} MB) "
+            f"{exp_bytes / read_rate:.3f} s and AdamW's ({adamw_bytes / 1e6:.0f} MB) {adamw_bytes / read_rate:.3f} s: "
+            f"together {floor:.3f} s",
             f"  a batch of 8's decode step, its products alone (every weight, 8 rows): {batch_products * 1e3:.1f} ms"]
+
+
+def training_blocks_products(rng, count):  # -> run(): the training step's blocks' linear layers, forward and
+    # backward, on count threads, each alone on its share of the sequences at once, as fast_backward.by_sequences
+    # shares them (all on one thread where count does not divide the sequences)
+    n_embd, n_layer = TRAINING_HPARAMS["n_embd"], TRAINING_HPARAMS["n_layer"]
+    n_sequences, n_seq = TRAINING_SHAPE
+    shares = count if n_sequences % count == 0 else 1
+    n_rows = n_sequences * n_seq // shares
+    layers = [(rng.standard_normal((n_in, n_out), dtype=np.float32) * 0.02, np.zeros(n_out, np.float32))
+              for n_in, n_out in linear_shapes(n_embd) * n_layer]
+    inputs = [(rng.standard_normal((shares, n_rows, w.shape[0]), dtype=np.float32),
+               rng.standard_normal((shares, n_rows, w.shape[1]), dtype=np.float32)) for w, _ in layers]
+
+    def share(piece):  # this thread's rows through every layer's product forward, then both backward
+        with cores.one_core():
+            for rank in range(piece.start, piece.stop):
+                for (w, b), (x, d_out) in zip(layers, inputs):
+                    fast_backward.linear_forward(x[rank], w, b)
+                for (w, _), (x, d_out) in zip(layers[::-1], inputs[::-1]):
+                    fast_backward.linear_backward(d_out[rank], x[rank], w)
+
+    def run():  # on the threads set_threads(count) gave
+        with cores.all_cores():
+            cores.split(share, shares, item_size=cores.MIN_WORK)
+    return run
+
+
+def training_weights():  # -> the floats AdamW updates: every weight of the model, wpe's too
+    return roofline.n_weights(TRAINING_HPARAMS) + TRAINING_HPARAMS["n_ctx"] * TRAINING_HPARAMS["n_embd"]
+
+
+def linear_shapes(n_embd):  # -> [(n_in, n_out)]: a block's four linear layers, c_attn, attn c_proj, c_fc, mlp c_proj
+    return [(n_embd, 3 * n_embd), (n_embd, n_embd), (n_embd, 4 * n_embd), (4 * n_embd, n_embd)]
 
 
 def few_rows_lines(counts):  # -> the printed lines of --few-rows: a batch of 8's products, and one row's, in each form

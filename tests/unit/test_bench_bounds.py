@@ -1,6 +1,6 @@
 """The benchmark's bounds (scripts/bench/roofline.py) and the decode goal that reads them (scripts/bench/goals.py), at
 made-up rates: what each kind of row must read and multiply, from GPT-2 124M's published size and the count of its
-products, not from our own output."""
+products, not from our own output. And the work scripts/dev/bounds.py times for the training step's floor."""
 import pytest
 
 from scripts.bench import goals, roofline
@@ -49,3 +49,33 @@ def test_decode_meets_its_goal_at_90_percent_of_its_bound_below_1_5_times_hf(our
     found = next(v for v in goals.verdicts(rows, count=1) if v["goal"].startswith("decode 16 + 128 ≥ 1.5×"))
     assert found["met"] is met
     assert found["share"] == pytest.approx(ours / limit)
+
+
+def test_the_training_floors_adamw_moves_every_weight_of_the_models_params_wpe_included():
+    from gpt2_numpy.params import flatten, random_params
+    from scripts.dev import bounds
+
+    n_weights = sum(leaf.size for _, leaf in flatten(random_params(bounds.TRAINING_HPARAMS, seed=0)))
+    assert bounds.training_weights() == n_weights
+
+
+def test_the_training_floors_blocks_run_each_threads_share_of_the_sequences_through_every_linear_layer(monkeypatch):
+    # as fast_backward.by_sequences shares a step: 8 sequences of 128 on 2 threads are 512 rows each, on 3 (which
+    # does not divide 8) all 1,024 on one
+    import numpy as np
+
+    from gpt2_numpy import fast_backward
+    from scripts.dev import bounds
+
+    calls = []
+    monkeypatch.setattr(fast_backward, "linear_forward", lambda x, w, b: calls.append(("forward", x.shape, w.shape)))
+    monkeypatch.setattr(fast_backward, "linear_backward",
+                        lambda d, x, w: calls.append(("backward", x.shape, w.shape)))
+    n_embd, n_layer = bounds.TRAINING_HPARAMS["n_embd"], bounds.TRAINING_HPARAMS["n_layer"]
+    weights = [(n_embd, 3 * n_embd), (n_embd, n_embd), (n_embd, 4 * n_embd), (4 * n_embd, n_embd)] * n_layer
+    for count, shares, n_rows in [(2, 2, 512), (3, 1, 1024)]:
+        calls.clear()
+        bounds.training_blocks_products(np.random.default_rng(0), count)()
+        expected = [("forward", (n_rows, n_in), (n_in, n_out)) for n_in, n_out in weights]
+        expected += [("backward", (n_rows, n_in), (n_in, n_out)) for n_in, n_out in weights[::-1]]
+        assert sorted(calls) == sorted(expected * shares)
