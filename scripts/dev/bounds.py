@@ -108,7 +108,7 @@ def training_blocks_products(rng, count):  # -> run(): the training step's block
     def share(piece):  # this thread's rows through every layer's product forward, then both backward
         with cores.one_core():
             for rank in range(piece.start, piece.stop):
-                for (w, b), (x, d_out) in zip(layers, inputs):
+                for (w, b), (x, _) in zip(layers, inputs):
                     fast_backward.linear_forward(x[rank], w, b)
                 for (w, _), (x, d_out) in zip(layers[::-1], inputs[::-1]):
                     fast_backward.linear_backward(d_out[rank], x[rank], w)
