@@ -96,12 +96,11 @@ def bounds_lines(count, rng, params):  # -> the printed lines for `count` thread
 def training_blocks_products(rng, count):  # -> run(): the training step's blocks' linear layers, forward and
     # backward, on count threads, each alone on its share of the sequences at once, as fast_backward.by_sequences
     # shares them (all on one thread where count does not divide the sequences)
-    n_embd, n_layer = TRAINING_HPARAMS["n_embd"], TRAINING_HPARAMS["n_layer"]
     n_sequences, n_seq = TRAINING_SHAPE
     shares = count if n_sequences % count == 0 else 1
     n_rows = n_sequences * n_seq // shares
-    layers = [(rng.standard_normal((n_in, n_out), dtype=np.float32) * 0.02, np.zeros(n_out, np.float32))
-              for n_in, n_out in linear_shapes(n_embd) * n_layer]
+    layers = [(layer["w"], layer["b"]) for block in random_params(TRAINING_HPARAMS, seed=0)["blocks"]
+              for layer in linear_layers(block)]
     inputs = [(rng.standard_normal((shares, n_rows, w.shape[0]), dtype=np.float32),
                rng.standard_normal((shares, n_rows, w.shape[1]), dtype=np.float32)) for w, _ in layers]
 
@@ -121,10 +120,6 @@ def training_blocks_products(rng, count):  # -> run(): the training step's block
 
 def training_weights():  # -> the floats AdamW updates: every weight of the model, wpe's too
     return roofline.n_weights(TRAINING_HPARAMS) + TRAINING_HPARAMS["n_ctx"] * TRAINING_HPARAMS["n_embd"]
-
-
-def linear_shapes(n_embd):  # -> [(n_in, n_out)]: a block's four linear layers, c_attn, attn c_proj, c_fc, mlp c_proj
-    return [(n_embd, 3 * n_embd), (n_embd, n_embd), (n_embd, 4 * n_embd), (4 * n_embd, n_embd)]
 
 
 def few_rows_lines(counts):  # -> the printed lines of --few-rows: a batch of 8's products, and one row's, in each form
